@@ -1,0 +1,42 @@
+# `make demo` and `make test` work on a fresh machine: each creates .venv when missing, installs
+# torch first (TORCH_SPEC, so that pip never pulls a CUDA build you did not ask for), then the
+# package with what the target needs, then runs.
+#   GPU users:  make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-fast lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
+
+# Stamp files: reinstall when pyproject.toml changes.
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@ $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(BIN)/codeloop demo
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff over everything; mypy --strict over the pure core (types, config, sandbox, reward, algo).
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check codeloop tests
+	$(BIN)/ruff format --check codeloop tests
+	$(BIN)/mypy $(wildcard codeloop/types.py codeloop/config.py codeloop/sandbox codeloop/reward codeloop/algo)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from codeloop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,124 @@
+"""The `codeloop` command line. Nothing imports this module.
+
+Each subcommand parses its arguments and calls into the package. A subcommand whose part is not
+built yet says so on stderr and exits with status 2: no fake output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from codeloop import __version__
+from codeloop.config import ConfigError, load_config, to_toml
+
+NOT_BUILT = 2
+
+# Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
+PLANNED: dict[str, tuple[str, str]] = {
+    "sandbox serve": ("run the code-execution HTTP server", "sandbox (issue 8)"),
+    "sandbox bench": ("benchmark the sandbox against fresh python3 calls", "sandbox (issue 8)"),
+    "serve": ("serve a transformers model over an OpenAI-compatible API", "rollout (issue 4)"),
+    "sft": ("non-reasoning SFT on multi-turn tool-use chat data", "trainer (issue 5)"),
+    "train": ("GRPO-RoC reinforcement learning", "trainer (issue 5)"),
+    "recipe": ("run a multi-stage recipe from a config file", "recipe (issue 6)"),
+    "eval": ("evaluate a model: avg@k, pass@k, maj@k, tool statistics", "eval (issue 7)"),
+    "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
+    "demo": (
+        "the rStar2-Agent recipe end to end on a CPU in minutes: a synthetic task, a locally "
+        "trained tokenizer and tiny model, SFT, three RL stages with GRPO-RoC, a report",
+        "the main job (issue 6)",
+    ),
+    "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
+    "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
+    "data stats": ("summarise a problem file", "data (issue 7)"),
+    "bench sandbox": ("sandbox throughput and latency vs fresh interpreters", "issue 8"),
+    "bench reward": ("verifier throughput vs plain math-verify", "issue 3"),
+    "bench scheduler": ("rollout scheduler policies in simulation", "issue 4"),
+    "bench rollout": ("trajectories/s of the transformers engine", "issue 4"),
+    "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
+}
+
+
+def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
+    what, where = PLANNED[name]
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"codeloop {name}: not built yet ({what}); tracked in {where}.", file=sys.stderr)
+        return NOT_BUILT
+
+    return run
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.file, args.overrides)
+    except ConfigError as err:
+        print(f"codeloop config show: {err}", file=sys.stderr)
+        return 2
+    sys.stdout.write(to_toml(cfg))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="codeloop",
+        description="Agentic RL for language models that reason with a Python tool.",
+    )
+    parser.add_argument("--version", action="version", version=f"codeloop {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    group_help = {
+        "sandbox": "code execution service",
+        "bench": "benchmarks (ratios against a baseline measured in the same run)",
+        "data": "dataset curation",
+    }
+    for name in PLANNED:
+        head, _, tail = name.partition(" ")
+        if tail:
+            if head not in groups:
+                group = commands.add_parser(head, help=group_help[head])
+                groups[head] = group.add_subparsers(dest="sub", metavar="SUBCOMMAND",
+                                                    required=True)  # fmt: skip
+            sub = groups[head].add_parser(tail, help=PLANNED[name][0])
+        else:
+            sub = commands.add_parser(head, help=PLANNED[name][0])
+        sub.set_defaults(run=_not_built(name), accepts_anything=True)
+    config = commands.add_parser("config", help="inspect configs")
+    config_sub = config.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
+    show = config_sub.add_parser(
+        "show",
+        help="print the resolved config as TOML",
+        usage="codeloop config show [FILE] [--section.key VALUE ...]",
+        epilog="Overrides are TOML values: --algo.clip_high 0.3, --sandbox.urls '[\"http://h:8800\"]'",
+    )
+    show.add_argument("file", nargs="?", help="a TOML config file (defaults when omitted)")
+    show.set_defaults(run=_config_show)
+    return parser
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the first dotted option: `[..., FILE, --algo.clip_high, 0.3]` -> (head, tail).
+
+    Override values may look like options (`-1`) or positionals, so argparse never sees them.
+    """
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            return list(argv[:i]), list(argv[i:])
+    return list(argv), []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    head, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(head)
+    if unknown and not getattr(args, "accepts_anything", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = overrides
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,488 @@
+"""One typed config tree: nested dataclasses, TOML files, dotted command-line overrides.
+
+Every field carries its help text and, where it has one, the rStar2-Agent report's value as its
+default. `load_config(path, overrides)` reads a TOML file, then applies overrides such as
+`--algo.clip_high 0.3`. Unknown keys, wrong types and out-of-range values raise `ConfigError`
+with a message that names the key, where it came from (file or command line) and what was
+expected. No I/O happens at import; this module imports neither torch nor any engine.
+
+Conventions: there is no `None` in TOML, so "unset" is spelled `0` (numbers: "auto"/"off") or
+`""` (strings); the help text of each such field says which.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import operator
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, mistyped or out of range; the message says which and where."""
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A documented config field with optional bounds (inclusive ge/le, exclusive gt/lt)."""
+    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+DEFAULT_PRELOAD = ["math", "fractions", "itertools", "collections", "functools",
+                   "numpy", "sympy", "scipy"]  # fmt: skip
+
+
+@dataclass
+class SandboxConfig:
+    """Code execution: the warm worker pool, its limits, the HTTP server and the client."""
+
+    urls: list[str] = knob([], "Sandbox servers to spread calls over; empty = in-process pool.")
+    workers: int = knob(0, "Warm worker processes; 0 = one per CPU core.", ge=0)
+    timeout_s: float = knob(10.0, "Default wall-clock limit of one call, seconds.", gt=0)
+    memory_mb: int = knob(1024, "Default memory limit of one call, MiB.", ge=32)
+    max_timeout_s: float = knob(60.0, "Largest timeout a request may ask for, seconds.", gt=0)
+    max_memory_mb: int = knob(4096, "Largest memory limit a request may ask for, MiB.", ge=32)
+    max_output_bytes: int = knob(65536, "Cap on captured stdout and on stderr, bytes.", ge=1024)
+    preload: list[str] = knob(DEFAULT_PRELOAD, "Modules each warm worker imports once.")
+    require_isolation: bool = knob(False, "Refuse to start unless every isolation feature works.")
+    host: str = knob("127.0.0.1", "Address the sandbox server binds to.")
+    port: int = knob(8800, "Port of the sandbox server.", ge=1, le=65535)
+    max_queue: int = knob(1024, "Queued calls before the server answers 429.", ge=1)
+    session_idle_timeout_s: float = knob(300.0, "Idle seconds before a session ends.", gt=0)
+    max_sessions: int = knob(64, "Live stateful sessions at most.", ge=0)
+    client_batch_size: int = knob(64, "Client sends a batch when it holds this many calls.", ge=1)
+    client_flush_ms: float = knob(2.0, "Client sends a partial batch after this delay, ms.", ge=0)
+    client_retries: int = knob(3, "Retries of infrastructure faults (never of user code).", ge=0)
+
+
+@dataclass
+class RolloutConfig:
+    """The multi-turn agent loop, the inference engines and the scheduler."""
+
+    backend: Literal["transformers", "openai"] = knob(
+        "transformers", "Engine: in-process transformers, or OpenAI-compatible servers."
+    )
+    endpoints: list[str] = knob([], "Base URLs of OpenAI-compatible servers (backend=openai).")
+    scheduler: Literal["kv_aware", "least_outstanding", "static"] = knob(
+        "kv_aware", "How trajectories are assigned to engines (report: kv_aware)."
+    )
+    max_turns: int = knob(30, "Assistant turns at most per trajectory.", ge=1)
+    max_response_tokens: int = knob(
+        8192, "Response budget, model and tool tokens together (report stage 1: 8K).", ge=1
+    )
+    max_tokens_per_turn: int = knob(0, "Tokens one assistant turn may sample; 0 = no cap.", ge=0)
+    temperature: float = knob(1.0, "Sampling temperature during training.", ge=0)
+    top_p: float = knob(1.0, "Nucleus sampling threshold during training.", gt=0, le=1)
+    max_tool_response_chars: int = knob(
+        2048, "Tool output shown to the model; longer output keeps head and tail.", ge=64
+    )
+    chat_template: str = knob("", "Path to a Jinja chat template; empty = rStar2-Agent's.")
+
+
+@dataclass
+class RewardConfig:
+    """Answer extraction and equivalence checking (binary, answer-only reward)."""
+
+    fallback_last_boxed: bool = knob(
+        False, "Without <answer>, use the last \\boxed{} of the assistant's own text."
+    )
+    fallback_answer_phrase: bool = knob(False, "Also accept 'the answer is ...' phrases.")
+    deadline_s: float = knob(5.0, "Hard deadline per symbolic check; overrun scores 0.", gt=0)
+    workers: int = knob(0, "Verifier worker processes; 0 = one per CPU core.", ge=0)
+
+
+@dataclass
+class AlgoConfig:
+    """GRPO-RoC: resampling, advantages and the clipped policy loss."""
+
+    group_size: int = knob(16, "G: trajectories kept per prompt (report: 16).", ge=1)
+    oversample: int = knob(2, "Sample oversample x G per prompt, keep G (report: 2).", ge=1)
+    resample: Literal["roc", "roc_released", "none"] = knob(
+        "roc",
+        "roc: the report's Resample-on-Correct; roc_released: the released code's "
+        "deterministic variant; none: plain GRPO on the first G.",
+    )
+    drop_zero_signal_groups: bool = knob(
+        False, "Drop groups whose kept rewards are all equal and refill from extra prompts."
+    )
+    clip_low: float = knob(0.2, "Lower PPO clip: ratio >= 1 - clip_low.", gt=0, lt=1)
+    clip_high: float = knob(0.28, "Upper PPO clip (clip-higher): ratio <= 1 + clip_high.", gt=0)
+    dual_clip: float = knob(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.",
+                            ge=0)  # fmt: skip
+    adv_eps: float = knob(1e-6, "Added to the group std in the advantage denominator.", gt=0)
+
+
+@dataclass
+class TrainerConfig:
+    """The policy, optimiser, checkpoints and logs."""
+
+    model: str = knob("Qwen/Qwen3-14B-Base", "Model path or hub name (report: Qwen3-14B-Base).")
+    output_dir: str = knob("runs/default", "Run directory: checkpoints, logs, trajectories.")
+    seed: int = knob(0, "Seed for data order, sampling and resampling.")
+    prompts_per_step: int = knob(512, "Prompts per RL step (report: 512).", ge=1)
+    max_steps: int = knob(510, "RL steps in all (report: 510 over three stages).", ge=0)
+    lr: float = knob(1e-6, "AdamW learning rate (report: 1e-6).", gt=0)
+    warmup_steps: int = knob(20, "Linear warm-up steps, then constant (report: 20).", ge=0)
+    weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
+    grad_clip: float = knob(1.0, "Gradient-norm clipping threshold (report: 1.0).", gt=0)
+    updates_per_step: int = knob(1, "Optimiser steps (mini-batches) per rollout batch.", ge=1)
+    micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
+    recompute_old_logprobs: bool = knob(
+        False, "Recompute old logprobs with the trainer instead of using the engine's."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = knob(
+        "auto", "Parameter dtype; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    checkpoint_every: int = knob(50, "Steps between checkpoints; 0 = only at the end.", ge=0)
+    keep_checkpoints: int = knob(3, "Most recent checkpoints kept on disk.", ge=1)
+
+
+@dataclass
+class DataConfig:
+    """Training problems: where they come from and how they are curated."""
+
+    train: str = knob("", "Training problems: a JSONL/Parquet file or a hub dataset name.")
+    problem_field: str = knob("problem", "Field that holds the problem text.")
+    answer_field: str = knob("answer", "Field that holds the gold answer.")
+    id_field: str = knob("id", "Field that holds a unique problem id; empty = line number.")
+    integer_answers_only: bool = knob(True, "Keep only problems with integer answers (report).")
+    decontaminate: list[str] = knob([], "Benchmark files whose 8-grams are removed from training.")
+    ngram: int = knob(8, "n of the n-gram decontamination (report: 8).", ge=1)
+
+
+@dataclass
+class StageConfig:
+    """One stage of a multi-stage recipe."""
+
+    name: str = knob("", "Stage name, used for its run sub-directory.")
+    steps: int = knob(0, "RL steps in this stage.", ge=0)
+    overrides: dict[str, Any] = knob({}, "Dotted config keys set for this stage only.")
+    refilter: bool = knob(False, "Before the stage keep only problems the policy finds hard.")
+    refilter_samples: int = knob(8, "Samples per problem when refiltering.", ge=1)
+    refilter_max_pass_rate: float = knob(
+        0.99, "Keep problems whose pass rate is at most this.", ge=0, le=1
+    )
+    reset_optimizer: bool = knob(False, "Start the stage with a fresh optimiser state.")
+
+
+@dataclass
+class RecipeConfig:
+    """A list of stages run in order, each continuing from the previous policy."""
+
+    stages: list[StageConfig] = knob([], "Stages in order; empty = one stage of trainer.max_steps.")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation protocol (defaults: the report's)."""
+
+    benchmarks: list[str] = knob([], "Benchmark files (JSONL) to evaluate on.")
+    k: int = knob(16, "Samples per problem (avg@k, pass@k, maj@k).", ge=1)
+    temperature: float = knob(0.6, "Sampling temperature (report: 0.6).", ge=0)
+    top_p: float = knob(0.95, "Nucleus sampling threshold.", gt=0, le=1)
+    max_turns: int = knob(30, "Assistant turns at most (report: 30).", ge=1)
+    max_response_tokens: int = knob(32768, "Response budget per trajectory.", ge=1)
+
+
+@dataclass
+class Config:
+    """The whole tree."""
+
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and checking
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls, globalns=vars(sys.modules[__name__]))
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(get_args(tp)[0])}"
+    if origin is dict:
+        return "a table"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, str(tp)
+    )
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the field type `tp`; return it converted (int -> float, tables)."""
+    origin = get_origin(tp)
+    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (Union, types.UnionType):  # "unset" is 0 or "" instead (see module docstring)
+        raise ConfigError(f"{where}: unions are not supported in the config tree")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise bad
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        item = get_args(tp)[0]
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, where)  # type: ignore[arg-type]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise ConfigError(f"{where}: unsupported field type {tp}")
+
+
+def _check_range(f: dataclasses.Field[Any], value: Any, where: str) -> None:
+    bounds = [("ge", ">=", operator.ge), ("gt", ">", operator.gt),
+              ("le", "<=", operator.le), ("lt", "<", operator.lt)]  # fmt: skip
+    for key, symbol, holds in bounds:
+        bound = f.metadata.get(key)
+        if bound is not None and not holds(value, bound):
+            raise ConfigError(f"{where}: must be {symbol} {bound}, got {value!r}")
+
+
+def _unknown_key(cls: type, key: str, where: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return ConfigError(f"{where}: unknown key; {hint}{cls.__name__} has: {', '.join(names)}")
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    hints = _hints(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        key_where = f"{where}.{key}" if where else key
+        if key not in by_name:
+            raise _unknown_key(cls, key, key_where)
+        kwargs[key] = _coerce(value, hints[key], key_where)
+        _check_range(by_name[key], kwargs[key], key_where)
+    return cls(**kwargs)
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in table.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def _resolve(cfg: Config, dotted: str) -> tuple[Any, dataclasses.Field[Any], Any]:
+    """Find the object holding `dotted`'s last field; return (holder, field, field type)."""
+    parts = dotted.split(".")
+    holder: Any = cfg
+    for i, part in enumerate(parts):
+        path = ".".join(parts[: i + 1])
+        if isinstance(holder, list):
+            if not part.isdigit() or int(part) >= len(holder):
+                raise ConfigError(f"{path}: expected an index below {len(holder)}")
+            holder = holder[int(part)]
+            continue
+        by_name = {f.name: f for f in dataclasses.fields(holder)}
+        if part not in by_name:
+            raise _unknown_key(type(holder), part, path)
+        f, tp = by_name[part], _hints(type(holder))[part]
+        if i == len(parts) - 1:
+            return holder, f, tp
+        is_table_list = get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0])
+        if not (dataclasses.is_dataclass(tp) or is_table_list):
+            raise ConfigError(f"{path}: is {_type_name(tp)}, not a table")
+        holder = getattr(holder, part)
+    raise ConfigError(f"{dotted}: names a section, not a field")
+
+
+def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
+    """Set one dotted key on `cfg` in place, with the same checks as a file value."""
+    try:
+        holder, f, tp = _resolve(cfg, dotted)
+        if dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{dotted}: names a section, not a field")
+        coerced = _coerce(value, tp, dotted)
+        _check_range(f, coerced, dotted)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    setattr(holder, f.name, coerced)
+
+
+def _parse_cli_value(cfg: Config, dotted: str, text: str) -> Any:
+    """Command-line values are TOML literals (`0.3`, `true`, `["a", "b"]`); strings may be bare."""
+    try:
+        _, _, tp = _resolve(cfg, dotted)
+    except ConfigError as err:
+        raise ConfigError(f"command line: {err}") from None
+    if tp is str or (get_origin(tp) is Literal and isinstance(get_args(tp)[0], str)):
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise ConfigError(
+            f"command line: {dotted}: expected {_type_name(tp)}, got {text!r}"
+        ) from None
+
+
+def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
+    """`["--algo.clip_high", "0.3", "--trainer.seed=1"]` -> `[("algo.clip_high", "0.3"), ...]`."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(
+                f"command line: expected an override like --section.key VALUE, got {arg!r}"
+            )
+        if "=" in arg:
+            key, text = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"command line: {arg} needs a value")
+            key, text = arg[2:], args[i + 1]
+            i += 2
+        pairs.append((key, text))
+    return pairs
+
+
+def _check_stage_overrides(cfg: Config, source: str) -> None:
+    for i, stage in enumerate(cfg.recipe.stages):
+        trial = copy.deepcopy(cfg)
+        for key, value in _flatten(stage.overrides):
+            if key.startswith("recipe."):
+                raise ConfigError(f"{source}: recipe.stages[{i}].overrides.{key}: a stage "
+                                  "cannot change the recipe")  # fmt: skip
+            set_value(trial, key, value, f"{source}: recipe.stages[{i}].overrides")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then the TOML file at `path` (if any), then command-line `overrides`."""
+    cfg = Config()
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: no such config file") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{source}: not valid TOML: {err}") from None
+        try:
+            cfg = _build(Config, data, "")
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+    for key, text in parse_overrides(overrides):
+        set_value(cfg, key, _parse_cli_value(cfg, key, text), "command line")
+    _check_stage_overrides(cfg, source)
+    return cfg
+
+
+def stage_config(cfg: Config, index: int) -> Config:
+    """The config a recipe stage runs with: `cfg` plus the stage's overrides."""
+    stage = cfg.recipe.stages[index]
+    resolved = copy.deepcopy(cfg)
+    for key, value in _flatten(stage.overrides):
+        set_value(resolved, key, value, f"recipe.stages[{index}].overrides")
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in _flatten(value))
+        return "{" + items + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _toml_table(obj: Any, header: str, with_help: bool) -> list[str]:
+    lines = [f"[{header}]"] if header else []
+    nested: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            nested.append((f.name, value))
+            continue
+        if dataclasses.is_dataclass(value):
+            nested.append((f.name, value))
+            continue
+        if with_help and f.metadata.get("help"):
+            lines.append(f"# {f.metadata['help']}")
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    for name, value in nested:
+        sub = f"{header}.{name}" if header else name
+        if isinstance(value, list):
+            for item in value:
+                lines += ["", f"[[{sub}]]", *_toml_table(item, "", False)]
+        else:
+            lines += ["", *_toml_table(value, sub, with_help)]
+    return lines
+
+
+def to_toml(cfg: Config, with_help: bool = True) -> str:
+    """The resolved config as TOML that `load_config` reads back to an equal `Config`."""
+    return "\n".join(_toml_table(cfg, "", with_help)).lstrip("\n") + "\n"

@@ -1,0 +1,62 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codeloop.cli import PLANNED, main, split_overrides
+from codeloop.config import load_config
+
+TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "view", "demo", "data",
+             "bench", "config"]  # fmt: skip
+
+
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in TOP_LEVEL:
+        assert f"    {name} " in out or f"    {name}\n" in out, name
+
+
+@pytest.mark.parametrize("name", sorted(PLANNED))
+def test_unbuilt_subcommands_say_so_and_fail(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(name.split() + ["--anything", "x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no fake output
+    assert f"codeloop {name}: not built yet" in captured.err
+    assert "issue" in captured.err
+
+
+def test_config_show_prints_a_loadable_resolved_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    recipe = repo / "configs" / "rstar2_agent.toml"
+    assert main(["config", "show", str(recipe), "--algo.clip_high", "0.3"]) == 0
+    shown = tmp_path / "shown.toml"
+    shown.write_text(capsys.readouterr().out)
+    assert load_config(shown) == load_config(recipe, ["--algo.clip_high", "0.3"])
+
+
+def test_config_show_reports_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--algo.clip_low", "-0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "command line: algo.clip_low: must be > 0, got -0.1" in err
+
+
+def test_split_overrides_keeps_negative_values_away_from_argparse() -> None:
+    assert split_overrides(["config", "show", "f.toml", "--algo.clip_high", "-1"]) == (
+        ["config", "show", "f.toml"], ["--algo.clip_high", "-1"]
+    )  # fmt: skip
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "codeloop"
+    assert script.exists(), "run `pip install -e .` (make test does)"
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "config" in done.stdout and "demo" in done.stdout
+    done = subprocess.run([str(script), "demo"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not built yet" in done.stderr

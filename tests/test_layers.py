@@ -1,0 +1,85 @@
+"""The layering of DESIGN.md holds: checked by walking every import in the package's source.
+
+types/config < sandbox, reward, algo, data < rollout < trainer < recipe, eval < cli. A module
+may import its own layer or lower ones. sandbox, reward and algo import neither transformers,
+an inference engine nor ray. Heavy optional packages are imported inside functions only.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "codeloop"
+
+RANK = {"__init__": 0, "__main__": 5, "types": 0, "config": 0,
+        "sandbox": 1, "reward": 1, "algo": 1, "data": 1,
+        "rollout": 2, "trainer": 3, "recipe": 4, "eval": 4, "cli": 5}  # fmt: skip
+ENGINE_FREE = {"sandbox", "reward", "algo"}
+ENGINES = {"transformers", "vllm", "sglang", "ray"}
+LAZY_ONLY = {"vllm", "sglang", "ray", "tensorboard"}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module top level?) for every import statement in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top_level) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, id(node) in top_level))
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise AssertionError(f"{path}: use absolute imports (codeloop.x), not relative ones")
+    return found
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _violations() -> list[str]:
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = _part(path)
+        assert part in RANK, f"{path}: new top-level part {part!r}: give it a layer in this test"
+        for module, at_top in _imports(path):
+            root = module.split(".")[0]
+            if root == "codeloop" and module != "codeloop":
+                target = module.split(".")[1]
+                if RANK.get(target, 99) > RANK[part]:
+                    problems.append(f"{path}: {part} (layer {RANK[part]}) imports {module}")
+            if part in ENGINE_FREE and root in ENGINES:
+                problems.append(f"{path}: {part} must not import {root}")
+            if root in LAZY_ONLY and at_top:
+                problems.append(f"{path}: import {root} inside the function that needs it")
+    return problems
+
+
+def test_layers_hold() -> None:
+    assert _violations() == []
+
+
+def test_the_checker_catches_violations(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    fake = tmp_path / "codeloop"
+    (fake / "algo").mkdir(parents=True)
+    (fake / "algo" / "loss.py").write_text(
+        "import ray\nfrom codeloop.trainer import loop\nimport transformers\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    problems = _violations()
+    assert len(problems) == 4, problems  # ray twice (engine, top level), trainer, transformers
+    assert any("imports codeloop.trainer" in p for p in problems)
+
+
+def test_importing_the_core_stays_light() -> None:
+    code = (
+        "import sys, codeloop, codeloop.types, codeloop.config, codeloop.cli\n"
+        "heavy = {'torch', 'transformers', 'numpy', 'sympy'} & set(sys.modules)\n"
+        "print(sorted(heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
