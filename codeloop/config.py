@@ -54,6 +54,17 @@ DEFAULT_PRELOAD = ["math", "fractions", "itertools", "collections", "functools",
                    "numpy", "sympy", "scipy"]  # fmt: skip
 
 
+# Exercises sympy's solver, simplifier and integrator and numpy's linear algebra on throwaway
+# inputs: a fresh child then skips ~20 lazy imports (sympy solve: 58 ms -> 18 ms on a 2-core box).
+DEFAULT_WARMUP = (
+    "import sympy as sp, numpy as np\n"
+    "y = sp.symbols('y')\n"
+    "sp.solve(y**2 - 2*y - 8, y); sp.simplify(sp.sin(y)**2 + sp.cos(y)**2)\n"
+    "sp.factorint(1234567); sp.integrate(y**2, y); sp.Rational(3, 7) + sp.sqrt(8)\n"
+    "np.linalg.solve(np.eye(3), np.ones(3))\n"
+)
+
+
 @dataclass
 class SandboxConfig:
     """Code execution: the warm worker pool, its limits, the HTTP server and the client."""
@@ -66,6 +77,11 @@ class SandboxConfig:
     max_memory_mb: int = knob(4096, "Largest memory limit a request may ask for, MiB.", ge=32)
     max_output_bytes: int = knob(65536, "Cap on captured stdout and on stderr, bytes.", ge=1024)
     preload: list[str] = knob(DEFAULT_PRELOAD, "Modules each warm worker imports once.")
+    warmup: str = knob(
+        DEFAULT_WARMUP,
+        "Code each warm worker runs once before forking, so that lazy imports and first-call "
+        "set-up are paid once, not per call. Empty = none.",
+    )
     require_isolation: bool = knob(False, "Refuse to start unless every isolation feature works.")
     host: str = knob("127.0.0.1", "Address the sandbox server binds to.")
     port: int = knob(8800, "Port of the sandbox server.", ge=1, le=65535)

@@ -1,0 +1,1 @@
+"""Code execution for model-written Python (placeholder docstring, rewritten below)."""
