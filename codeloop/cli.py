@@ -11,14 +11,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from codeloop import __version__
-from codeloop.config import ConfigError, load_config, to_toml
+from codeloop.config import ConfigError, load_config, set_value, to_toml
 
 NOT_BUILT = 2
 
 # Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
 PLANNED: dict[str, tuple[str, str]] = {
-    "sandbox serve": ("run the code-execution HTTP server", "sandbox (issue 8)"),
-    "sandbox bench": ("benchmark the sandbox against fresh python3 calls", "sandbox (issue 8)"),
     "serve": ("serve a transformers model over an OpenAI-compatible API", "rollout (issue 4)"),
     "sft": ("non-reasoning SFT on multi-turn tool-use chat data", "trainer (issue 5)"),
     "train": ("GRPO-RoC reinforcement learning", "trainer (issue 5)"),
@@ -33,7 +31,6 @@ PLANNED: dict[str, tuple[str, str]] = {
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "data stats": ("summarise a problem file", "data (issue 7)"),
-    "bench sandbox": ("sandbox throughput and latency vs fresh interpreters", "issue 8"),
     "bench reward": ("verifier throughput vs plain math-verify", "issue 3"),
     "bench scheduler": ("rollout scheduler policies in simulation", "issue 4"),
     "bench rollout": ("trajectories/s of the transformers engine", "issue 4"),
@@ -61,6 +58,68 @@ def _config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sandbox_serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+        for key in ("host", "port", "workers"):
+            if getattr(args, key) is not None:
+                set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
+        if args.require_isolation:
+            cfg.sandbox.require_isolation = True
+    except ConfigError as err:
+        print(f"codeloop sandbox serve: {err}", file=sys.stderr)
+        return 2
+    import asyncio
+    import logging
+
+    from codeloop.sandbox.pool import IsolationError
+    from codeloop.sandbox.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        asyncio.run(serve(cfg.sandbox))
+    except IsolationError as err:
+        print(f"codeloop sandbox serve: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sandbox_bench(args: argparse.Namespace) -> int:
+    from codeloop.sandbox import bench
+
+    return bench.main(args.extra)
+
+
+def _add_sandbox_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    bench: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    sandbox = commands.add_parser("sandbox", help="code execution service")
+    sub = sandbox.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the code-execution HTTP server",
+        usage="codeloop sandbox serve [options] [--sandbox.key VALUE ...]",
+    )
+    serve.add_argument("--config", help="TOML config file (its [sandbox] section is used)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8800)")
+    serve.add_argument("--workers", type=int, help="warm workers (default: one per core)")
+    serve.add_argument(
+        "--require-isolation",
+        action="store_true",
+        help="refuse to start when an isolation feature is missing",
+    )
+    serve.set_defaults(run=_sandbox_serve)
+    for group in (sub, bench):
+        parser = group.add_parser(
+            "sandbox" if group is bench else "bench",
+            add_help=False,
+            help="sandbox throughput and latency vs fresh interpreters",
+        )
+        parser.set_defaults(run=_sandbox_bench, passes_extra=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codeloop",
@@ -70,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     group_help = {
-        "sandbox": "code execution service",
         "bench": "benchmarks (ratios against a baseline measured in the same run)",
         "data": "dataset curation",
     }
+    bench = commands.add_parser("bench", help=group_help["bench"])
+    groups["bench"] = bench.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
+    _add_sandbox_commands(commands, groups["bench"])
     for name in PLANNED:
         head, _, tail = name.partition(" ")
         if tail:
@@ -84,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub = groups[head].add_parser(tail, help=PLANNED[name][0])
         else:
             sub = commands.add_parser(head, help=PLANNED[name][0])
-        sub.set_defaults(run=_not_built(name), accepts_anything=True)
+        sub.set_defaults(run=_not_built(name), passes_extra=True)
     config = commands.add_parser("config", help="inspect configs")
     config_sub = config.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     show = config_sub.add_parser(
@@ -113,9 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     head, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, unknown = parser.parse_known_args(head)
-    if unknown and not getattr(args, "accepts_anything", False):
+    if unknown and not getattr(args, "passes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = overrides
+    args.overrides, args.extra = overrides, unknown
     code: int = args.run(args)
     return code
 

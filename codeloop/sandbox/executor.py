@@ -114,6 +114,7 @@ class ChildSpec:
     stderr_fd: int
     trailer_fd: int
     uid: int | None  # None: keep the current uid (host is not root)
+    proc_fd: int | None
     limits: isolation.Limits
     timeout_s: float
 
@@ -133,6 +134,10 @@ def _fresh_stdio() -> None:
 def setup_child(spec: ChildSpec) -> None:
     """Turn a freshly forked zygote copy into an isolated, unprivileged sandbox process."""
     os.setsid()
+    # Lowest CPU priority, first thing: however many children spin, the zygote and the server
+    # still get the CPU to fork, enforce deadlines and answer.
+    isolation.lower_autogroup(spec.proc_fd)
+    os.nice(19)
     for target, fd in (
         (0, spec.stdin_fd),
         (1, spec.stdout_fd),

@@ -37,7 +37,8 @@ from codeloop.types import ExecStatus
 HEADER = struct.Struct(">I")
 F_SETPIPE_SZ = 1031
 HARD_KILL_GRACE_S = 0.25  # after the soft SIGALRM, give the child this long before SIGKILL
-EXIT_DRAIN_S = 1.0  # after the child exits, wait at most this long for its pipes to close
+EXIT_DRAIN_S = 1.0
+STARTS_PER_TURN = 8  # after the child exits, wait at most this long for its pipes to close
 
 
 def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -172,14 +173,15 @@ class Zygote:
             address_space_bytes=self.base_vm_bytes + int(request["memory_mb"]) * (1 << 20),
         )
         spec = executor.ChildSpec(
-            workdir,
-            stdin_r,
-            pipes[0][1],
-            pipes[1][1],
-            pipes[2][1],
-            uid if self.root.can_setuid else None,
-            limits,
-            timeout_s,
+            workdir=workdir,
+            stdin_fd=stdin_r,
+            stdout_fd=pipes[0][1],
+            stderr_fd=pipes[1][1],
+            trailer_fd=pipes[2][1],
+            uid=uid if self.root.can_setuid else None,
+            proc_fd=self.root.proc_fd,
+            limits=limits,
+            timeout_s=timeout_s,
         )
         isolation.new_pid_namespace_for_next_child(self.root)
         started = time.monotonic()
@@ -254,6 +256,7 @@ class Zygote:
         for call in list(self.calls.values()):
             if call.wait_status is None and now >= call.deadline and not call.timed_out:
                 call.timed_out = True
+                isolation.restore_priority(self.root.proc_fd, call.pid)
                 os.kill(call.pid, signal.SIGKILL)  # PID 1 of its namespace: takes all with it
             elif call.wait_status is not None and (
                 not call.open_fds or now - call.exited_at > EXIT_DRAIN_S
@@ -267,9 +270,11 @@ class Zygote:
 
     def run(self) -> None:
         while self.running:
-            while self.queue and self.free_uids:
+            # A few starts per turn, so that deadlines are enforced while a burst is forked.
+            for _ in range(min(STARTS_PER_TURN, len(self.queue), len(self.free_uids))):
                 self._start(self.queue.popleft())
-            for key, _ in self.selector.select(self._next_timeout(time.monotonic())):
+            timeout = 0.0 if self.queue and self.free_uids else self._next_timeout(time.monotonic())
+            for key, _ in self.selector.select(timeout):
                 if key.data == self._on_control:
                     self._on_control(key.fd)
                 elif isinstance(key.data, Call):

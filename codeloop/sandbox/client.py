@@ -1,0 +1,148 @@
+"""`SandboxClient`: the async client of one or more sandbox servers.
+
+Concurrent `execute` calls are gathered into batches, sent when `client_batch_size` calls wait,
+`client_flush_ms` after the first, or at once when no batch is in flight; each batch goes to
+the server with the fewest requests outstanding. Infrastructure faults (connection errors,
+429/503, other 5xx, a broken response) are retried with exponential backoff on any server;
+user-code failures are results and never retried. Every request gets exactly one result, in
+order: after the last retry it gets a `sandbox_error` result, never an exception. A batch
+retried after its response was lost runs twice on the servers; callers still see one result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from codeloop.config import SandboxConfig
+from codeloop.types import ExecRequest, ExecResult, ExecStatus
+
+BACKOFF_BASE_S = 0.05
+BACKOFF_MAX_S = 2.0
+HTTP_SLACK_S = 30.0  # added to the largest per-call timeout of a batch
+
+
+class _Infra(Exception):
+    """A fault of the transport or the server, worth a retry."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SandboxClient:
+    """`async with SandboxClient(urls, cfg) as sandbox: await sandbox.execute(request)`."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        cfg: SandboxConfig | None = None,
+        transport: aiohttp.BaseConnector | None = None,
+    ):
+        if not urls:
+            raise ValueError("SandboxClient needs at least one server URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.cfg = cfg or SandboxConfig()
+        self.outstanding = dict.fromkeys(self.urls, 0)
+        self._connector = transport
+        self._session: aiohttp.ClientSession | None = None
+        self._buffer: list[tuple[ExecRequest, asyncio.Future[ExecResult]]] = []
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> SandboxClient:
+        connector = self._connector or aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(connector=connector)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._flush()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        self._buffer.append((request, future))
+        # Nothing in flight means nobody to batch with: send now rather than wait the delay.
+        if len(self._buffer) >= self.cfg.client_batch_size or not self._tasks:
+            self._flush()
+        elif self._flush_handle is None:
+            delay_s = self.cfg.client_flush_ms / 1000
+            self._flush_handle = asyncio.get_running_loop().call_later(delay_s, self._flush)
+        return await future
+
+    async def execute_batch(self, requests: Sequence[ExecRequest]) -> list[ExecResult]:
+        return list(await asyncio.gather(*(self.execute(r) for r in requests)))
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        batch, self._buffer = self._buffer, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[ExecRequest, asyncio.Future[ExecResult]]]) -> None:
+        requests = [request for request, _ in batch]
+        try:
+            results = await self._post_with_retries(requests)
+        except Exception as err:  # noqa: BLE001 - every caller must get a result, whatever broke
+            results = [
+                ExecResult(ExecStatus.SANDBOX_ERROR, stderr=f"sandbox client: {err}")
+                for _ in requests
+            ]
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def _post_with_retries(self, requests: list[ExecRequest]) -> list[ExecResult]:
+        attempts = self.cfg.client_retries + 1
+        for attempt in range(attempts):
+            url = min(self.urls, key=lambda u: (self.outstanding[u], random.random()))
+            self.outstanding[url] += len(requests)
+            try:
+                return await self._post(url, requests)
+            except _Infra as err:
+                if attempt == attempts - 1:
+                    message = f"sandbox unavailable after {attempts} attempts: {err}"
+                    return [ExecResult(ExecStatus.SANDBOX_ERROR, stderr=message) for _ in requests]
+                backoff = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
+                await asyncio.sleep(err.retry_after_s or backoff * (0.5 + random.random()))
+            finally:
+                self.outstanding[url] -= len(requests)
+        raise AssertionError("unreachable")
+
+    async def _post(self, url: str, requests: list[ExecRequest]) -> list[ExecResult]:
+        assert self._session is not None, "use `async with SandboxClient(...)`"
+        longest = max((r.timeout_s or self.cfg.timeout_s) for r in requests)
+        timeout = aiohttp.ClientTimeout(total=longest + HTTP_SLACK_S)
+        body = [r.to_dict() for r in requests]
+        try:
+            async with self._session.post(
+                f"{url}/v1/execute/batch", json=body, timeout=timeout
+            ) as response:
+                if response.status in (429, 503) or response.status >= 500:
+                    retry_after = response.headers.get("Retry-After")
+                    raise _Infra(
+                        f"{url} answered {response.status}",
+                        float(retry_after) if retry_after else None,
+                    )
+                payload: Any = await response.json()
+                if response.status != 200:  # 4xx: our request is wrong; retrying cannot help
+                    message = (
+                        payload.get("error", str(payload)) if isinstance(payload, dict) else ""
+                    )
+                    return [ExecResult(ExecStatus.REJECTED, stderr=message) for _ in requests]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as err:
+            raise _Infra(f"{url}: {type(err).__name__}: {err}") from None
+        if not isinstance(payload, list) or len(payload) != len(requests):
+            raise _Infra(f"{url} returned {len(payload)} results for {len(requests)} requests")
+        return [ExecResult.from_dict(item) for item in payload]

@@ -1,0 +1,172 @@
+"""The sandbox HTTP server: a JSON API in front of a `WorkerPool`.
+
+Endpoints: `POST /v1/execute` (one request object), `POST /v1/execute/batch` (a JSON list of
+request objects; results come back as a list in the same order), `GET /healthz`,
+`GET /metrics` (Prometheus text). A malformed body or a request outside the server's limits is
+a 400 with a message; when more than `max_queue` calls wait, new calls get 429 with
+Retry-After; while shutting down, 503. On SIGTERM/SIGINT the server stops listening, answers
+the calls already in flight, then stops its workers. Built by `build_app`/`serve`: nothing
+listens at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from codeloop.config import SandboxConfig
+from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
+from codeloop.types import ExecRequest, ExecResult
+
+log = logging.getLogger("codeloop.sandbox")
+RETRY_AFTER_S = "1"
+MAX_BODY_BYTES = 64 << 20
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _parse(item: Any, where: str) -> ExecRequest:
+    try:
+        return ExecRequest.from_dict(item)
+    except (TypeError, ValueError) as err:
+        raise _BadRequest(f"{where}: {err}") from None
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json(loads=json.loads)
+    except ValueError as err:
+        raise _BadRequest(f"body is not valid JSON: {err}") from None
+
+
+def _error(status: int, message: str) -> web.Response:
+    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class SandboxServer:
+    def __init__(self, pool: WorkerPool, cfg: SandboxConfig):
+        self.pool = pool
+        self.cfg = cfg
+        self.isolation: dict[str, Any] = {}
+        self.shutting_down = False
+
+    def _refuse(self, count: int) -> web.Response | None:
+        if self.shutting_down:
+            return _error(503, "the sandbox server is shutting down")
+        if self.pool.queue_depth + count > self.cfg.max_queue:
+            return _error(429, f"queue full ({self.pool.queue_depth} calls waiting)")
+        return None
+
+    async def execute(self, request: web.Request) -> web.Response:
+        try:
+            call = _parse(await _json_body(request), "request")
+        except _BadRequest as err:
+            return _error(400, str(err))
+        problem = validate(call, self.cfg)
+        if problem is not None:
+            return _error(400, f"request: {problem}")
+        refusal = self._refuse(1)
+        if refusal is not None:
+            return refusal
+        result = await self.pool.execute(call)
+        return web.json_response(result.to_dict())
+
+    async def execute_batch(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            if not isinstance(body, list):
+                raise _BadRequest("body must be a JSON list of request objects")
+            calls = [_parse(item, f"request [{i}]") for i, item in enumerate(body)]
+        except _BadRequest as err:
+            return _error(400, str(err))
+        refusal = self._refuse(len(calls))
+        if refusal is not None:
+            return refusal
+        # Limits are checked per item: a bad item gets a `rejected` result, the rest still run.
+        results: list[ExecResult] = await self.pool.execute_batch(calls)
+        return web.json_response([r.to_dict() for r in results])
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        alive = sum(w.alive for w in self.pool.workers)
+        body = {
+            "ok": alive > 0 and not self.shutting_down,
+            "workers": len(self.pool.workers),
+            "workers_alive": alive,
+            "isolation": self.isolation,
+        }
+        return web.json_response(body, status=200 if body["ok"] else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(self.pool), content_type="text/plain")
+
+
+def render_metrics(pool: WorkerPool) -> str:
+    m = pool.metrics
+    lines = [
+        "# TYPE sandbox_in_flight gauge",
+        f"sandbox_in_flight {pool.in_flight}",
+        "# TYPE sandbox_queue_depth gauge",
+        f"sandbox_queue_depth {pool.queue_depth}",
+        "# TYPE sandbox_workers_alive gauge",
+        f"sandbox_workers_alive {sum(w.alive for w in pool.workers)}",
+        "# TYPE sandbox_calls_total counter",
+    ]
+    lines += [f'sandbox_calls_total{{status="{s}"}} {n}' for s, n in sorted(m.by_status.items())]
+    lines.append("# TYPE sandbox_latency_seconds histogram")
+    cumulative = 0
+    for bound, count in zip([*map(str, LATENCY_BUCKETS_S), "+Inf"], m.buckets, strict=True):
+        cumulative += count
+        lines.append(f'sandbox_latency_seconds_bucket{{le="{bound}"}} {cumulative}')
+    lines += [
+        f"sandbox_latency_seconds_sum {m.latency_sum_s:.6f}",
+        f"sandbox_latency_seconds_count {cumulative}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def build_app(server: SandboxServer) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.add_routes(
+        [
+            web.post("/v1/execute", server.execute),
+            web.post("/v1/execute/batch", server.execute_batch),
+            web.get("/healthz", server.healthz),
+            web.get("/metrics", server.metrics),
+        ]
+    )
+    return app
+
+
+async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then drain: calls in flight are answered before exit."""
+    pool = WorkerPool(cfg)
+    server = SandboxServer(pool, cfg)
+    server.isolation = await pool.start()
+    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    await site.start()
+    log.info(
+        "sandbox serving on http://%s:%d with %d workers", cfg.host, cfg.port, len(pool.workers)
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    server.shutting_down = True
+    await site.stop()  # no new connections
+    while pool.in_flight:  # answer what was accepted
+        await asyncio.sleep(0.05)
+    await runner.cleanup()
+    await pool.close()
