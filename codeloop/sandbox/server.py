@@ -61,7 +61,8 @@ class SandboxServer:
     def _refuse(self, count: int) -> web.Response | None:
         if self.shutting_down:
             return _error(503, "the sandbox server is shutting down")
-        if self.pool.queue_depth + count > self.cfg.max_queue:
+        would_wait = self.pool.in_flight + count - self.pool.capacity
+        if would_wait > self.cfg.max_queue:
             return _error(429, f"queue full ({self.pool.queue_depth} calls waiting)")
         return None
 

@@ -1,0 +1,158 @@
+"""SandboxClient against scripted fake servers on loopback, and against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from codeloop.config import SandboxConfig
+from codeloop.sandbox.client import SandboxClient
+from codeloop.types import ExecRequest, ExecStatus
+
+FAST = SandboxConfig(client_retries=3, client_flush_ms=5.0, client_batch_size=16)
+
+
+def _ok(request: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "ok", "stdout": f"ran {request['code']}"}
+
+
+async def _fake(handler: Callable[[web.Request], Any]) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v1/execute/batch", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_batches_concurrent_calls_and_keeps_order() -> None:
+    posts: list[int] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        posts.append(len(body))
+        await asyncio.sleep(0.05)
+        return web.json_response([_ok(r) for r in body])
+
+    async def main() -> list[str]:
+        runner, url = await _fake(handler)
+        async with SandboxClient([url], FAST) as client:
+            results = await client.execute_batch([ExecRequest(str(i)) for i in range(40)])
+        await runner.cleanup()
+        return [r.stdout for r in results]
+
+    assert asyncio.run(main()) == [f"ran {i}" for i in range(40)]
+    assert sum(posts) == 40 and len(posts) <= 4  # first call alone, then batches of <= 16
+    assert max(posts) == 16
+
+
+def test_retries_infrastructure_faults_then_succeeds() -> None:
+    hits = {"n": 0}
+
+    async def flaky(request: web.Request) -> web.Response:
+        hits["n"] += 1
+        if hits["n"] == 1:
+            return web.json_response({"error": "busy"}, status=503, headers={"Retry-After": "0.01"})
+        if hits["n"] == 2:
+            return web.Response(text="not json", status=200)
+        return web.json_response([_ok(r) for r in await request.json()])
+
+    async def main() -> Any:
+        runner, url = await _fake(flaky)
+        async with SandboxClient([url], FAST) as client:
+            result = await client.execute(ExecRequest("x"))
+        await runner.cleanup()
+        return result
+
+    result = asyncio.run(main())
+    assert (result.status, result.stdout, hits["n"]) == (ExecStatus.OK, "ran x", 3)
+
+
+def test_user_code_failures_and_4xx_are_not_retried() -> None:
+    hits = {"n": 0}
+
+    async def handler(request: web.Request) -> web.Response:
+        hits["n"] += 1
+        body = await request.json()
+        if body[0]["code"] == "bad":
+            return web.json_response({"error": "request [0]: nope"}, status=400)
+        return web.json_response([{"status": "error", "error_type": "ZeroDivisionError"}])
+
+    async def main() -> list[Any]:
+        runner, url = await _fake(handler)
+        async with SandboxClient([url], FAST) as client:
+            a = await client.execute(ExecRequest("1/0"))
+            b = await client.execute(ExecRequest("bad"))
+        await runner.cleanup()
+        return [a, b]
+
+    a, b = asyncio.run(main())
+    assert (a.status, a.error_type) == (ExecStatus.ERROR, "ZeroDivisionError")
+    assert (b.status, b.stderr) == (ExecStatus.REJECTED, "request [0]: nope")
+    assert hits["n"] == 2
+
+
+def test_every_request_gets_exactly_one_result_when_all_servers_are_down() -> None:
+    cfg = SandboxConfig(client_retries=2, client_flush_ms=1.0)
+
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    async def main() -> list[Any]:
+        runner, url = await _fake(broken)
+        dead = "http://127.0.0.1:9"  # discard port: connection refused on loopback
+        async with SandboxClient([url, dead], cfg) as client:
+            results = await client.execute_batch([ExecRequest(str(i)) for i in range(7)])
+        await runner.cleanup()
+        return results
+
+    results = asyncio.run(main())
+    assert len(results) == 7
+    assert {r.status for r in results} == {ExecStatus.SANDBOX_ERROR}
+    assert "after 3 attempts" in results[0].stderr
+
+
+def test_spreads_batches_over_servers_by_outstanding_requests() -> None:
+    seen: dict[str, int] = {"a": 0, "b": 0}
+
+    def make(name: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            body = await request.json()
+            seen[name] += len(body)
+            await asyncio.sleep(0.2)
+            return web.json_response([_ok(r) for r in body])
+
+        return handler
+
+    async def main() -> None:
+        runner_a, url_a = await _fake(make("a"))
+        runner_b, url_b = await _fake(make("b"))
+        async with SandboxClient([url_a, url_b], FAST) as client:
+            await client.execute_batch([ExecRequest(str(i)) for i in range(64)])
+        await runner_a.cleanup()
+        await runner_b.cleanup()
+
+    asyncio.run(main())
+    assert seen["a"] + seen["b"] == 64
+    assert min(seen.values()) >= 16, seen  # both servers carried a real share
+
+
+def test_against_the_real_server_every_result_is_its_own() -> None:
+    from test_sandbox_server import Server
+
+    srv = Server()
+    try:
+
+        async def main() -> list[str]:
+            async with SandboxClient([srv.url], SandboxConfig(client_batch_size=32)) as client:
+                calls = [client.execute(ExecRequest(f"print({i} ** 2)")) for i in range(300)]
+                return [r.stdout for r in await asyncio.gather(*calls)]
+
+        assert asyncio.run(main()) == [f"{i**2}\n" for i in range(300)]
+    finally:
+        assert srv.stop() == 0

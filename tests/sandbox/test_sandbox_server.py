@@ -1,0 +1,156 @@
+"""The HTTP server, run as users run it: `codeloop sandbox serve` in a subprocess on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, *extra: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(self.port),
+             "--workers", "1", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stdout.read()  # type: ignore[union-attr]
+            try:
+                if self.get("/healthz")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("server did not start")
+
+    def request(self, path: str, body: bytes | None = None) -> tuple[int, Any, dict[str, str]]:
+        req = urllib.request.Request(self.url + path, data=body, method="POST" if body else "GET",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                raw = response.read().decode()
+                status, headers = response.status, dict(response.headers)
+        except urllib.error.HTTPError as err:
+            raw, status, headers = err.read().decode(), err.code, dict(err.headers)
+        try:
+            return status, json.loads(raw), headers
+        except ValueError:
+            return status, raw, headers
+
+    def get(self, path: str) -> tuple[int, Any, dict[str, str]]:
+        return self.request(path)
+
+    def post(self, path: str, payload: Any) -> tuple[int, Any, dict[str, str]]:
+        return self.request(path, json.dumps(payload).encode())
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server("--sandbox.max_queue", "1")
+    yield srv
+    srv.stop()
+
+
+def test_healthz_reports_isolation(server: Server) -> None:
+    status, body, _ = server.get("/healthz")
+    assert status == 200 and body["ok"] and body["workers_alive"] == 1
+    assert "network_namespace" in body["isolation"]["active"] + list(body["isolation"]["missing"])
+
+
+def test_execute_one(server: Server) -> None:
+    status, body, _ = server.post("/v1/execute", {"code": "print(2 ** 10)"})
+    assert status == 200
+    assert (body["status"], body["stdout"]) == ("ok", "1024\n")
+
+
+def test_batch_results_come_back_in_order(server: Server) -> None:
+    batch = [{"code": f"import time; time.sleep({0.3 - i * 0.1:.1f}); print({i})"}
+             for i in range(3)]  # fmt: skip
+    batch += [{"code": "1/0"}, {"code": "print(1)", "timeout_s": -1}]
+    status, body, _ = server.post("/v1/execute/batch", batch)
+    assert status == 200
+    assert [r["stdout"] for r in body[:3]] == ["0\n", "1\n", "2\n"]
+    assert [r["status"] for r in body] == ["ok", "ok", "ok", "error", "rejected"]
+    assert "timeout_s must be" in body[4]["stderr"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [("/v1/execute", b"{not json", "body is not valid JSON"),
+     ("/v1/execute", b'{"code": "1", "cmd": "x"}', "unknown field(s) ['cmd']"),
+     ("/v1/execute", b'{"stdin": ""}', "missing field(s) ['code']"),
+     ("/v1/execute", b'{"code": "1", "memory_mb": 999999}', "memory_mb must be an integer"),
+     ("/v1/execute/batch", b'{"code": "1"}', "body must be a JSON list"),
+     ("/v1/execute/batch", b'[{"code": "1"}, {"cod": "1"}]', "request [1]: ExecRequest")],
+)  # fmt: skip
+def test_bad_requests_get_400_with_a_message(
+    server: Server, path: str, body: bytes, message: str
+) -> None:
+    status, payload, _ = server.request(path, body)
+    assert status == 400
+    assert message in payload["error"]
+
+
+def test_full_queue_answers_429_with_retry_after(server: Server) -> None:
+    # One worker has 128 slots and max_queue is 1: 200 calls at once cannot be queued.
+    status, payload, headers = server.post("/v1/execute/batch", [{"code": "1"}] * 200)
+    assert status == 429 and "queue full" in payload["error"]
+    assert headers["Retry-After"] == "1"
+    assert (
+        server.post("/v1/execute", {"code": "print('still fine')"})[1]["stdout"] == "still fine\n"
+    )
+
+
+def test_metrics_count_calls_by_status(server: Server) -> None:
+    server.post("/v1/execute", {"code": "raise KeyError(1)"})
+    status, text, _ = server.get("/metrics")
+    assert status == 200
+    assert 'sandbox_calls_total{status="error"}' in text
+    assert 'sandbox_latency_seconds_bucket{le="+Inf"}' in text
+    assert "sandbox_in_flight 0" in text and "sandbox_queue_depth 0" in text
+
+
+def test_graceful_shutdown_answers_calls_in_flight() -> None:
+    srv = Server()
+    answers: list[Any] = []
+    call = threading.Thread(
+        target=lambda: answers.append(
+            srv.post("/v1/execute", {"code": "import time; time.sleep(1.5); print('finished')"})
+        )
+    )
+    call.start()
+    time.sleep(0.5)
+    assert srv.stop() == 0
+    call.join(10)
+    assert answers and answers[0][0] == 200 and answers[0][1]["stdout"] == "finished\n"
+    with pytest.raises(OSError):
+        srv.get("/healthz")
+
+
+def test_require_isolation_starts_on_a_capable_host() -> None:
+    srv = Server("--require-isolation")
+    assert srv.get("/healthz")[1]["isolation"]["missing"] == {}
+    assert srv.stop() == 0
