@@ -7,12 +7,14 @@ the server with the fewest requests outstanding. Infrastructure faults (connecti
 user-code failures are results and never retried. Every request gets exactly one result, in
 order: after the last retry it gets a `sandbox_error` result, never an exception. A batch
 retried after its response was lost runs twice on the servers; callers still see one result.
+Calls with a `session_id` always go to the same server (a hash of the id), unbatched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,7 +68,25 @@ class SandboxClient:
         if self._session is not None:
             await self._session.close()
 
+    def _session_url(self, session_id: str) -> str:
+        """A session's calls must all reach the server that holds its state."""
+        return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+
+    async def close_session(self, session_id: str) -> bool:
+        assert self._session is not None, "use `async with SandboxClient(...)`"
+        url = self._session_url(session_id)
+        try:
+            async with self._session.post(f"{url}/v1/sessions/close",
+                                          json={"session_id": session_id}) as response:  # fmt: skip
+                return bool((await response.json()).get("closed"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False
+
     async def execute(self, request: ExecRequest) -> ExecResult:
+        if request.session_id is not None:  # pinned to one server: not batched with others
+            return (
+                await self._post_with_retries([request], self._session_url(request.session_id))
+            )[0]
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         self._buffer.append((request, future))
         # Nothing in flight means nobody to batch with: send now rather than wait the delay.
@@ -103,10 +123,12 @@ class SandboxClient:
             if not future.done():
                 future.set_result(result)
 
-    async def _post_with_retries(self, requests: list[ExecRequest]) -> list[ExecResult]:
+    async def _post_with_retries(
+        self, requests: list[ExecRequest], pinned: str | None = None
+    ) -> list[ExecResult]:
         attempts = self.cfg.client_retries + 1
         for attempt in range(attempts):
-            url = min(self.urls, key=lambda u: (self.outstanding[u], random.random()))
+            url = pinned or min(self.urls, key=lambda u: (self.outstanding[u], random.random()))
             self.outstanding[url] += len(requests)
             try:
                 return await self._post(url, requests)

@@ -4,13 +4,15 @@
 statement is a bare expression, the value's repr is printed (unless it is None); an exception
 prints a short traceback whose frames point at the user's lines (file `<code>`). The outcome is
 written as one JSON line (the trailer) on fd 3, which the zygote reads; the child then exits
-without running any cleanup of the zygote's state.
+without running any cleanup of the zygote's state. A session child (`session_main`) instead
+loops over calls read from fd 4, keeping its namespace between them.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import fcntl
 import io
 import json
 import linecache
@@ -116,7 +118,8 @@ class ChildSpec:
     uid: int | None  # None: keep the current uid (host is not root)
     proc_fd: int | None
     limits: isolation.Limits
-    timeout_s: float
+    timeout_s: float | None  # None for a session: each call sets its own
+    command_fd: int | None = None  # a session reads its calls from this pipe
 
 
 def _fresh_stdio() -> None:
@@ -138,14 +141,14 @@ def setup_child(spec: ChildSpec) -> None:
     # still get the CPU to fork, enforce deadlines and answer.
     isolation.lower_autogroup(spec.proc_fd)
     os.nice(19)
-    for target, fd in (
-        (0, spec.stdin_fd),
-        (1, spec.stdout_fd),
-        (2, spec.stderr_fd),
-        (TRAILER_FD, spec.trailer_fd),
-    ):
+    wanted = [spec.stdin_fd, spec.stdout_fd, spec.stderr_fd, spec.trailer_fd]
+    if spec.command_fd is not None:
+        wanted.append(spec.command_fd)
+    # Move every source above the targets first, so that no dup2 overwrites a later source.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in wanted]
+    for target, fd in enumerate(moved):
         os.dup2(fd, target)
-    os.closerange(TRAILER_FD + 1, 1 << 16)  # the zygote's socket, other calls' pipes, ns fds
+    os.closerange(len(wanted), 1 << 16)  # the zygote's socket, other calls' pipes, ns fds
     os.chdir(spec.workdir)
     os.environ.clear()
     os.environ.update({**CHILD_ENV, "HOME": spec.workdir, "TMPDIR": spec.workdir})
@@ -158,11 +161,11 @@ def setup_child(spec: ChildSpec) -> None:
         isolation.drop_privileges(spec.uid)
     _fresh_stdio()
     signal.signal(signal.SIGALRM, _on_soft_timeout)
-    signal.setitimer(signal.ITIMER_REAL, spec.timeout_s)
+    if spec.timeout_s is not None:
+        signal.setitimer(signal.ITIMER_REAL, spec.timeout_s)
 
 
-def child_main(spec: ChildSpec, code: str) -> NoReturn:
-    """Entry point right after fork; never returns into the zygote's code."""
+def _setup_or_exit(spec: ChildSpec) -> None:
     try:
         setup_child(spec)
     except BaseException as exc:  # noqa: BLE001 - any failure here is the sandbox's, not user's
@@ -170,8 +173,40 @@ def child_main(spec: ChildSpec, code: str) -> NoReturn:
             os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
         finally:
             os._exit(EXIT_SETUP_FAILED)
+
+
+def child_main(spec: ChildSpec, code: str) -> NoReturn:
+    """Entry point right after fork for one call; never returns into the zygote's code."""
+    _setup_or_exit(spec)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     trailer = run_cell(code, namespace)
     signal.setitimer(signal.ITIMER_REAL, 0)
     write_trailer(trailer)
     os._exit(trailer["exit_code"])
+
+
+def _read_exactly(stream: io.BufferedReader[io.FileIO], size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if data is not None and len(data) == size else None
+
+
+def session_main(spec: ChildSpec) -> NoReturn:
+    """A session: run the calls sent on fd 4 one after another in one namespace, until EOF.
+
+    Each call is framed like the zygote's messages ({"code", "stdin", "timeout_s"}); its stdin
+    is a string, its end is the trailer on fd 3. A call that overruns its time ends the session.
+    """
+    _setup_or_exit(spec)
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    commands = io.BufferedReader(io.FileIO(4, "r", closefd=False))
+    while (header := _read_exactly(commands, 4)) is not None:
+        body = _read_exactly(commands, int.from_bytes(header, "big"))
+        if body is None:
+            break
+        call = json.loads(body)
+        sys.stdin = io.StringIO(call["stdin"])
+        signal.setitimer(signal.ITIMER_REAL, float(call["timeout_s"]))
+        trailer = run_cell(call["code"], namespace)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        write_trailer(trailer)
+    os._exit(0)

@@ -59,8 +59,9 @@ def validate(request: ExecRequest, cfg: SandboxConfig) -> str | None:
         isinstance(m, bool) or not isinstance(m, int) or not 32 <= m <= cfg.max_memory_mb
     ):
         return f"memory_mb must be an integer in [32, {cfg.max_memory_mb}], got {m!r}"
-    if request.session_id is not None:
-        return "sessions are not supported by this sandbox yet"
+    sid = request.session_id
+    if sid is not None and (not isinstance(sid, str) or not 0 < len(sid) <= 256):
+        return f"session_id must be a string of 1 to 256 characters, got {sid!r}"
     return None
 
 
@@ -179,6 +180,7 @@ class WorkerPool:
         self.metrics = Metrics()
         self.in_flight = 0
         self._restarting: set[int] = set()
+        self.sessions: dict[str, tuple[_Worker, float]] = {}  # id -> (worker, last use)
 
     async def start(self) -> dict[str, Any]:
         """Start every worker; return the isolation report (raise if required and missing)."""
@@ -211,20 +213,53 @@ class WorkerPool:
             "memory_mb": request.memory_mb or self.cfg.memory_mb,
             "max_output_bytes": self.cfg.max_output_bytes,
         }
+        worker = None
+        if request.session_id is not None:
+            worker = self._session_worker(request.session_id)
+            if worker is None:
+                return ExecResult(ExecStatus.REJECTED, stderr=(
+                    f"too many live sessions ({self.cfg.max_sessions}): close finished ones "
+                    "(close_session) or raise sandbox.max_sessions"))  # fmt: skip
+            payload["session_id"] = request.session_id
+            payload["idle_timeout_s"] = self.cfg.session_idle_timeout_s
         started = time.monotonic()
         self.in_flight += 1
         try:
-            result = await self._run(payload)
+            result = await self._run(payload, worker)
         finally:
             self.in_flight -= 1
         self.metrics.observe(result, time.monotonic() - started)
         return result
 
-    async def _run(self, payload: dict[str, Any]) -> ExecResult:
+    def _session_worker(self, sid: str) -> _Worker | None:
+        """The worker holding session `sid` (new sessions go to the least busy), or None when
+        the cap on live sessions is reached."""
+        now = time.monotonic()
+        idle_s = self.cfg.session_idle_timeout_s
+        for old in [k for k, (_, used) in self.sessions.items() if now - used > idle_s]:
+            del self.sessions[old]  # the zygote has ended it too
+        if sid in self.sessions:
+            worker = self.sessions[sid][0]
+        elif len(self.sessions) >= self.cfg.max_sessions:
+            return None
+        else:
+            worker = min(self.workers, key=lambda w: (not w.alive, len(w.pending)))
+        self.sessions[sid] = (worker, now)
+        return worker
+
+    async def close_session(self, sid: str) -> bool:
+        """End session `sid` now; True when it was live."""
+        entry = self.sessions.pop(sid, None)
+        if entry is None or not entry[0].alive:
+            return False
+        result = await entry[0].submit(next(self.ids), {"close_session": sid})
+        return result.stdout == "closed"
+
+    async def _run(self, payload: dict[str, Any], worker: _Worker | None = None) -> ExecResult:
         alive = [w for w in self.workers if w.alive]
-        if not alive:
+        if not alive or (worker is not None and not worker.alive):
             return ExecResult(ExecStatus.SANDBOX_ERROR, stderr="no sandbox worker is alive")
-        worker = min(alive, key=lambda w: len(w.pending))
+        worker = worker or min(alive, key=lambda w: len(w.pending))
         result = await worker.submit(next(self.ids), payload)
         if not worker.alive:
             self._restart_soon(worker)
@@ -274,3 +309,6 @@ class LocalSandbox:
 
     async def execute_batch(self, requests: Sequence[ExecRequest]) -> list[ExecResult]:
         return await self.pool.execute_batch(requests)
+
+    async def close_session(self, session_id: str) -> bool:
+        return await self.pool.close_session(session_id)

@@ -1,7 +1,8 @@
 """The sandbox HTTP server: a JSON API in front of a `WorkerPool`.
 
 Endpoints: `POST /v1/execute` (one request object), `POST /v1/execute/batch` (a JSON list of
-request objects; results come back as a list in the same order), `GET /healthz`,
+request objects; results come back as a list in the same order), `POST /v1/sessions/close`
+(`{"session_id": ...}`: end a stateful session now), `GET /healthz`,
 `GET /metrics` (Prometheus text). A malformed body or a request outside the server's limits is
 a 400 with a message; when more than `max_queue` calls wait, new calls get 429 with
 Retry-After; while shutting down, 503. On SIGTERM/SIGINT the server stops listening, answers
@@ -95,6 +96,15 @@ class SandboxServer:
         results: list[ExecResult] = await self.pool.execute_batch(calls)
         return web.json_response([r.to_dict() for r in results])
 
+    async def close_session(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+        except _BadRequest as err:
+            return _error(400, str(err))
+        if not isinstance(body, dict) or not isinstance(body.get("session_id"), str):
+            return _error(400, 'body must be {"session_id": "..."}')
+        return web.json_response({"closed": await self.pool.close_session(body["session_id"])})
+
     async def healthz(self, request: web.Request) -> web.Response:
         alive = sum(w.alive for w in self.pool.workers)
         body = {
@@ -139,6 +149,7 @@ def build_app(server: SandboxServer) -> web.Application:
         [
             web.post("/v1/execute", server.execute),
             web.post("/v1/execute/batch", server.execute_batch),
+            web.post("/v1/sessions/close", server.close_session),
             web.get("/healthz", server.healthz),
             web.get("/metrics", server.metrics),
         ]

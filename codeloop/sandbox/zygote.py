@@ -37,8 +37,10 @@ from codeloop.types import ExecStatus
 HEADER = struct.Struct(">I")
 F_SETPIPE_SZ = 1031
 HARD_KILL_GRACE_S = 0.25  # after the soft SIGALRM, give the child this long before SIGKILL
-EXIT_DRAIN_S = 1.0
-STARTS_PER_TURN = 8  # after the child exits, wait at most this long for its pipes to close
+EXIT_DRAIN_S = 1.0  # after the child exits, wait at most this long for its pipes to close
+STARTS_PER_TURN = 8
+SESSION_ENDED = "\n[the session ended; the next call starts a fresh one]\n"
+SESSION_CPU_S = 3600  # a session's CPU limit over its whole life; each call has a wall deadline
 
 
 def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -60,37 +62,47 @@ def split_messages(buffer: bytearray) -> list[dict[str, Any]]:
 
 @dataclass
 class Call:
-    """One running child and what it has produced so far."""
+    """One request being served, and what its child has produced for it so far."""
 
     request: dict[str, Any]
-    pid: int
-    pidfd: int
-    uid: int
-    workdir: str
     started: float
     deadline: float
     cap: int
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
     trailer: bytearray = field(default_factory=bytearray)
-    open_fds: set[int] = field(default_factory=set)
     truncated: bool = False
     timed_out: bool = False
+
+
+@dataclass
+class Child:
+    """A forked sandbox process: one call's, or a session's that serves calls one by one."""
+
+    pid: int
+    pidfd: int
+    uid: int
+    workdir: str
+    pipes: dict[int, str]  # read end -> "out" | "err" | "trailer"
+    call: Call | None
+    session_id: str | None = None
+    command_fd: int | None = None
+    idle_timeout_s: float = 0.0
+    last_used: float = 0.0
     wait_status: int | None = None
     exited_at: float = 0.0
 
 
-def _status_from(call: Call) -> tuple[ExecStatus, str | None, int | None]:
+def _status_from(call: Call, wait_status: int | None) -> tuple[ExecStatus, str | None, int | None]:
     """(status, error_type, exit_code) from the trailer, the deadline and the wait status."""
-    exit_code = None
-    if call.wait_status is not None:
-        exit_code = os.waitstatus_to_exitcode(call.wait_status)
+    exit_code = None if wait_status is None else os.waitstatus_to_exitcode(wait_status)
     if call.timed_out:
         return ExecStatus.TIMEOUT, None, exit_code
     if call.trailer:
         try:
             trailer = json.loads(call.trailer.decode().splitlines()[0])
-            return ExecStatus(trailer["status"]), trailer.get("error_type"), exit_code
+            code = trailer.get("exit_code") if exit_code is None else exit_code
+            return ExecStatus(trailer["status"]), trailer.get("error_type"), code
         except (ValueError, KeyError, IndexError):
             pass  # user code wrote garbage on fd 3: fall back to the exit status
     if exit_code is None:
@@ -102,9 +114,13 @@ def _status_from(call: Call) -> tuple[ExecStatus, str | None, int | None]:
         return ExecStatus.KILLED, signal.Signals(signum).name, exit_code
     if exit_code == executor.EXIT_SETUP_FAILED:
         return ExecStatus.SANDBOX_ERROR, None, exit_code
-    return (
-        (ExecStatus.OK, None, exit_code) if exit_code == 0 else (ExecStatus.ERROR, None, exit_code)
-    )
+    return (ExecStatus.OK if exit_code == 0 else ExecStatus.ERROR), None, exit_code
+
+
+def _new_call(request: dict[str, Any]) -> Call:
+    now = time.monotonic()
+    timeout_s = float(request["timeout_s"])
+    return Call(request, now, now + timeout_s + HARD_KILL_GRACE_S, int(request["max_output_bytes"]))
 
 
 class Zygote:
@@ -112,10 +128,11 @@ class Zygote:
         self.sock = sock
         self.root = root
         self.selector = selectors.DefaultSelector()
-        self.selector.register(sock, selectors.EVENT_READ, self._on_control)
+        self.selector.register(sock, selectors.EVENT_READ, None)
         self.inbox = bytearray()
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
-        self.calls: dict[int, Call] = {}  # by pidfd
+        self.children: dict[int, Child] = {}  # by pidfd
+        self.sessions: dict[str, Child] = {}
         slots = int(settings["slots"])
         self.free_uids = list(range(int(settings["uid_base"]), int(settings["uid_base"]) + slots))
         self.base_vm_bytes = int(settings["base_vm_bytes"])
@@ -123,7 +140,7 @@ class Zygote:
         self.running = True
 
     # -- control socket -------------------------------------------------------------------
-    def _on_control(self, _fd: int) -> None:
+    def _on_control(self) -> None:
         data = self.sock.recv(1 << 20)
         if not data:  # the pool is gone: stop, children die with us (PDEATHSIG)
             self.running = False
@@ -134,8 +151,72 @@ class Zygote:
     def _answer(self, request_id: Any, result: dict[str, Any]) -> None:
         send_message(self.sock, {"id": request_id, "result": result})
 
+    def _reply(self, call: Call, wait_status: int | None, note: str = "") -> None:
+        status, error_type, exit_code = _status_from(call, wait_status)
+        self._answer(call.request["id"], {
+            "status": str(status),
+            "stdout": call.out.decode("utf-8", "replace"),
+            "stderr": call.err.decode("utf-8", "replace") + note,
+            "exit_code": exit_code,
+            "error_type": error_type,
+            "duration_s": round(time.monotonic() - call.started, 6),
+            "truncated": call.truncated,
+        })  # fmt: skip
+
+    # -- dispatching requests -------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Serve queued requests in order while uids last (a few per turn, so that deadlines
+        are enforced while a burst is being forked)."""
+        for _ in range(STARTS_PER_TURN):
+            if not self.queue:
+                return
+            request = self.queue[0]
+            if "close_session" in request:
+                self.queue.popleft()
+                self._close_session(request)
+                continue
+            sid = request.get("session_id")
+            needs_process = sid is None or sid not in self.sessions
+            if needs_process and not self.free_uids:
+                return
+            self.queue.popleft()
+            if sid is None:
+                self._spawn(request, _new_call(request))
+            else:
+                self._session_call(sid, request)
+
+    def _session_call(self, sid: str, request: dict[str, Any]) -> None:
+        child = self.sessions.get(sid)
+        if child is not None and child.wait_status is not None:  # exited, not yet reaped
+            del self.sessions[sid]
+            child = None
+        if child is not None and child.call is not None:
+            busy = f"session {sid!r} is busy with another call"
+            self._answer(request["id"], {"status": "rejected", "stderr": busy})
+            return
+        call = _new_call(request)
+        if child is None:
+            child = self._spawn(request, call, session_id=sid)
+            if child is None:
+                return
+            self.sessions[sid] = child
+        child.call = call
+        frame = json.dumps({k: request[k] for k in ("code", "stdin", "timeout_s")}).encode()
+        try:  # the session is idle, reading: a blocking write completes
+            os.write(child.command_fd or -1, HEADER.pack(len(frame)) + frame)
+        except OSError:  # it died meanwhile: its exit is reported through the pidfd
+            pass
+
+    def _close_session(self, request: dict[str, Any]) -> None:
+        child = self.sessions.pop(request["close_session"], None)
+        if child is not None and child.wait_status is None:
+            self._kill(child)
+        self._answer(request["id"], {"status": "ok", "stdout": "closed" if child else ""})
+
     # -- starting a child -----------------------------------------------------------------
-    def _start(self, request: dict[str, Any]) -> None:
+    def _spawn(
+        self, request: dict[str, Any], call: Call, session_id: str | None = None
+    ) -> Child | None:
         uid = self.free_uids.pop()
         self.seq += 1
         workdir = f"{self.root.scratch}/c{self.seq}"
@@ -144,34 +225,33 @@ class Zygote:
             os.mkdir(workdir, 0o700)
             if self.root.can_setuid:
                 os.chown(workdir, uid, uid)
-            call = self._fork(request, uid, workdir, fds)
+            child = self._fork(request, call, uid, workdir, fds, session_id)
         except OSError as err:
             for fd in fds:
                 os.close(fd)
             self.free_uids.append(uid)
             shutil.rmtree(workdir, ignore_errors=True)
-            result = {"status": "sandbox_error", "stderr": f"could not start the call: {err}"}
-            self._answer(request["id"], result)
-            return
-        self.calls[call.pidfd] = call
+            self._answer(request["id"], {"status": "sandbox_error",
+                                         "stderr": f"could not start the call: {err}"})  # fmt: skip
+            return None
+        self.children[child.pidfd] = child
+        return child
 
-    def _fork(self, request: dict[str, Any], uid: int, workdir: str, fds: list[int]) -> Call:
+    def _fork(self, request: dict[str, Any], call: Call, uid: int, workdir: str, fds: list[int],
+              session_id: str | None) -> Child:  # fmt: skip
         stdin_r, stdin_w = os.pipe()
         fds += [stdin_r, stdin_w]
-        stdin = request.get("stdin", "").encode()
+        stdin = b"" if session_id else request.get("stdin", "").encode()
         if len(stdin) > 65536:
             fcntl.fcntl(stdin_w, F_SETPIPE_SZ, len(stdin))
         if stdin:
             os.write(stdin_w, stdin)  # fits in the pipe buffer: never blocks
-        os.close(stdin_w)
-        fds.remove(stdin_w)
-        pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, trailer
+        pipes = [os.pipe() for _ in range(4 if session_id else 3)]  # out, err, trailer, command
         fds += [fd for pair in pipes for fd in pair]
         timeout_s = float(request["timeout_s"])
-        limits = isolation.Limits(
-            cpu_s=math.ceil(timeout_s) + 1,
-            address_space_bytes=self.base_vm_bytes + int(request["memory_mb"]) * (1 << 20),
-        )
+        cpu_s = SESSION_CPU_S if session_id else math.ceil(timeout_s) + 1
+        memory = int(request["memory_mb"]) * (1 << 20)
+        limits = isolation.Limits(cpu_s=cpu_s, address_space_bytes=self.base_vm_bytes + memory)
         spec = executor.ChildSpec(
             workdir=workdir,
             stdin_fd=stdin_r,
@@ -181,106 +261,133 @@ class Zygote:
             uid=uid if self.root.can_setuid else None,
             proc_fd=self.root.proc_fd,
             limits=limits,
-            timeout_s=timeout_s,
+            timeout_s=None if session_id else timeout_s,
+            command_fd=pipes[3][0] if session_id else None,
         )
         isolation.new_pid_namespace_for_next_child(self.root)
-        started = time.monotonic()
         pid = os.fork()
         if pid == 0:
+            if session_id:
+                executor.session_main(spec)
             executor.child_main(spec, request["code"])
-        for fd in (stdin_r, pipes[0][1], pipes[1][1], pipes[2][1]):
+        child_ends = [stdin_r, stdin_w, pipes[0][1], pipes[1][1], pipes[2][1]]
+        if session_id:
+            child_ends.append(pipes[3][0])
+        for fd in child_ends:
             os.close(fd)
             fds.remove(fd)
         pidfd = os.pidfd_open(pid)
-        cap = int(request["max_output_bytes"])
-        call = Call(
-            request, pid, pidfd, uid, workdir, started, started + timeout_s + HARD_KILL_GRACE_S, cap
-        )
-        for fd, sink in (
-            (pipes[0][0], call.out),
-            (pipes[1][0], call.err),
-            (pipes[2][0], call.trailer),
-        ):
+        child = Child(pid, pidfd, uid, workdir, {}, call, session_id,
+                      pipes[3][1] if session_id else None,
+                      float(request.get("idle_timeout_s", 0)), time.monotonic())  # fmt: skip
+        for fd, name in ((pipes[0][0], "out"), (pipes[1][0], "err"), (pipes[2][0], "trailer")):
             os.set_blocking(fd, False)
-            self.selector.register(fd, selectors.EVENT_READ, (call, sink))
-            call.open_fds.add(fd)
-        self.selector.register(pidfd, selectors.EVENT_READ, call)
+            self.selector.register(fd, selectors.EVENT_READ, (child, name))
+            child.pipes[fd] = name
+        self.selector.register(pidfd, selectors.EVENT_READ, child)
         fds.clear()
-        return call
+        return child
 
     # -- watching children ----------------------------------------------------------------
-    def _on_pipe(self, fd: int, call: Call, sink: bytearray) -> None:
+    def _read_pipe(self, child: Child, fd: int) -> bool:
+        """Move one read's worth to the current call; False when the pipe is empty or closed."""
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
+        name = child.pipes[fd]
         if not data:
             self.selector.unregister(fd)
             os.close(fd)
-            call.open_fds.discard(fd)
-            return
-        room = call.cap - len(sink) if sink is not call.trailer else 4096 - len(sink)
+            del child.pipes[fd]
+            return False
+        call = child.call
+        if call is None:  # a session's background thread printing between calls: dropped
+            return True
+        sink = {"out": call.out, "err": call.err, "trailer": call.trailer}[name]
+        room = (call.cap if name != "trailer" else 4096) - len(sink)
         if len(data) > room:
-            call.truncated = call.truncated or sink is not call.trailer
+            call.truncated = call.truncated or name != "trailer"
             data = data[: max(room, 0)]
         sink += data
+        return True
 
-    def _on_exit(self, call: Call) -> None:
-        self.selector.unregister(call.pidfd)
-        _, call.wait_status = os.waitpid(call.pid, 0)
-        call.exited_at = time.monotonic()
+    def _on_pipe(self, child: Child, fd: int) -> None:
+        self._read_pipe(child, fd)
+        call = child.call
+        if child.session_id and call is not None and b"\n" in call.trailer:
+            # The session flushed stdout and stderr before its trailer: take what is left.
+            for out_fd in [f for f, name in child.pipes.items() if name != "trailer"]:
+                while self._read_pipe(child, out_fd):
+                    pass
+            child.call, child.last_used = None, time.monotonic()
+            note = ""
+            if b'"status": "timeout"' in call.trailer:  # its soft deadline: the session exits
+                self.sessions.pop(child.session_id, None)
+                note = SESSION_ENDED
+            self._reply(call, None, note)
 
-    def _finish(self, call: Call) -> None:
-        for fd in list(call.open_fds):
+    def _on_exit(self, child: Child) -> None:
+        self.selector.unregister(child.pidfd)
+        _, child.wait_status = os.waitpid(child.pid, 0)
+        child.exited_at = time.monotonic()
+
+    def _kill(self, child: Child) -> None:
+        isolation.restore_priority(self.root.proc_fd, child.pid)
+        os.kill(child.pid, signal.SIGKILL)  # PID 1 of its namespace: takes all with it
+
+    def _reap(self, child: Child) -> None:
+        for fd in list(child.pipes):
             self.selector.unregister(fd)
             os.close(fd)
-        os.close(call.pidfd)
-        del self.calls[call.pidfd]
-        shutil.rmtree(call.workdir, ignore_errors=True)
-        self.free_uids.append(call.uid)
-        status, error_type, exit_code = _status_from(call)
-        self._answer(
-            call.request["id"],
-            {
-                "status": str(status),
-                "stdout": call.out.decode("utf-8", "replace"),
-                "stderr": call.err.decode("utf-8", "replace"),
-                "exit_code": exit_code,
-                "error_type": error_type,
-                "duration_s": round(call.exited_at - call.started, 6),
-                "truncated": call.truncated,
-            },
-        )
+        os.close(child.pidfd)
+        if child.command_fd is not None:
+            os.close(child.command_fd)
+        del self.children[child.pidfd]
+        if child.session_id and self.sessions.get(child.session_id) is child:
+            del self.sessions[child.session_id]
+        shutil.rmtree(child.workdir, ignore_errors=True)
+        self.free_uids.append(child.uid)
+        if child.call is not None:
+            self._reply(child.call, child.wait_status, SESSION_ENDED if child.session_id else "")
 
     def _sweep(self, now: float) -> None:
-        for call in list(self.calls.values()):
-            if call.wait_status is None and now >= call.deadline and not call.timed_out:
-                call.timed_out = True
-                isolation.restore_priority(self.root.proc_fd, call.pid)
-                os.kill(call.pid, signal.SIGKILL)  # PID 1 of its namespace: takes all with it
-            elif call.wait_status is not None and (
-                not call.open_fds or now - call.exited_at > EXIT_DRAIN_S
-            ):
-                self._finish(call)
+        for child in list(self.children.values()):
+            call = child.call
+            if child.wait_status is None:
+                if call is not None and now >= call.deadline and not call.timed_out:
+                    call.timed_out = True
+                    self._kill(child)
+                elif call is None and now - child.last_used > child.idle_timeout_s:
+                    self.sessions.pop(child.session_id or "", None)
+                    self._kill(child)
+            elif not child.pipes or now - child.exited_at > EXIT_DRAIN_S:
+                self._reap(child)
 
     def _next_timeout(self, now: float) -> float | None:
-        deadlines = [c.deadline for c in self.calls.values() if c.wait_status is None]
-        deadlines += [c.exited_at + EXIT_DRAIN_S for c in self.calls.values() if c.wait_status]
-        return max(0.0, min(deadlines) - now) if deadlines else None
+        times = []
+        for child in self.children.values():
+            if child.wait_status is not None:
+                times.append(child.exited_at + EXIT_DRAIN_S)
+            elif child.call is not None:
+                times.append(child.call.deadline)
+            else:
+                times.append(child.last_used + child.idle_timeout_s)
+        return max(0.0, min(times) - now) if times else None
 
     def run(self) -> None:
         while self.running:
-            # A few starts per turn, so that deadlines are enforced while a burst is forked.
-            for _ in range(min(STARTS_PER_TURN, len(self.queue), len(self.free_uids))):
-                self._start(self.queue.popleft())
-            timeout = 0.0 if self.queue and self.free_uids else self._next_timeout(time.monotonic())
-            for key, _ in self.selector.select(timeout):
-                if key.data == self._on_control:
-                    self._on_control(key.fd)
-                elif isinstance(key.data, Call):
+            self._dispatch()
+            busy = self.queue and self.free_uids
+            for key, _ in self.selector.select(
+                0.0 if busy else self._next_timeout(time.monotonic())
+            ):
+                if key.data is None:
+                    self._on_control()
+                elif isinstance(key.data, Child):
                     self._on_exit(key.data)
                 else:
-                    self._on_pipe(key.fd, *key.data)
+                    self._on_pipe(key.data[0], key.fd)
             self._sweep(time.monotonic())
 
 
