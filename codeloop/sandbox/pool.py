@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,10 @@ class Metrics:
 class _Worker:
     """One zygote process and the calls outstanding on it."""
 
-    def __init__(self, index: int, cfg: SandboxConfig):
+    def __init__(self, index: int, cfg: SandboxConfig, on_death: Callable[[_Worker], None]):
         self.index = index
         self.cfg = cfg
+        self.on_death = on_death
         self.pending: dict[int, asyncio.Future[ExecResult]] = {}
         self.process: asyncio.subprocess.Process | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -126,15 +127,14 @@ class _Worker:
             future = self.pending.pop(message["id"], None)
             if future is not None and not future.done():
                 future.set_result(ExecResult.from_dict(message["result"]))
-        self.alive = False
+        was_alive, self.alive = self.alive, False
         for future in self.pending.values():
             if not future.done():
-                future.set_result(
-                    ExecResult(
-                        ExecStatus.SANDBOX_ERROR, stderr="sandbox worker died during the call"
-                    )
-                )
+                died = ExecResult(ExecStatus.SANDBOX_ERROR, stderr="sandbox worker died mid-call")
+                future.set_result(died)
         self.pending.clear()
+        if was_alive:  # not stopped on purpose
+            self.on_death(self)
 
     def submit(self, call_id: int, payload: dict[str, Any]) -> asyncio.Future[ExecResult]:
         assert self.writer is not None
@@ -175,11 +175,13 @@ class WorkerPool:
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         count = cfg.workers or os.cpu_count() or 1
-        self.workers = [_Worker(i, cfg) for i in range(count)]
+        self.workers = [_Worker(i, cfg, self._restart_soon) for i in range(count)]
         self.ids = itertools.count()
         self.metrics = Metrics()
         self.in_flight = 0
         self._restarting: set[int] = set()
+        self._restart_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.sessions: dict[str, tuple[_Worker, float]] = {}  # id -> (worker, last use)
 
     async def start(self) -> dict[str, Any]:
@@ -260,30 +262,42 @@ class WorkerPool:
         if not alive or (worker is not None and not worker.alive):
             return ExecResult(ExecStatus.SANDBOX_ERROR, stderr="no sandbox worker is alive")
         worker = worker or min(alive, key=lambda w: len(w.pending))
-        result = await worker.submit(next(self.ids), payload)
-        if not worker.alive:
-            self._restart_soon(worker)
-        return result
+        return await worker.submit(next(self.ids), payload)
 
     def _restart_soon(self, worker: _Worker) -> None:
-        if worker.index in self._restarting:
+        """Replace a dead zygote, retrying with backoff until it starts or the pool closes."""
+        if worker.index in self._restarting or self._closing:
             return
         self._restarting.add(worker.index)
 
         async def restart() -> None:
+            delay_s = 0.1
             try:
-                await worker.stop()
-                await worker.start()
-                log.warning("sandbox worker %d died and was replaced", worker.index)
+                while not self._closing:
+                    await worker.stop()
+                    try:
+                        await worker.start()
+                        log.warning("sandbox worker %d died and was replaced", worker.index)
+                        return
+                    except (OSError, RuntimeError) as err:
+                        log.error("sandbox worker %d failed to restart: %s", worker.index, err)
+                        await asyncio.sleep(delay_s)
+                        delay_s = min(5.0, delay_s * 2)
             finally:
                 self._restarting.discard(worker.index)
 
-        asyncio.get_running_loop().create_task(restart())
+        task = asyncio.get_running_loop().create_task(restart())
+        self._restart_tasks.add(task)
+        task.add_done_callback(self._restart_tasks.discard)
 
     async def execute_batch(self, requests: Sequence[ExecRequest]) -> list[ExecResult]:
         return list(await asyncio.gather(*(self.execute(r) for r in requests)))
 
     async def close(self) -> None:
+        self._closing = True
+        for task in self._restart_tasks:
+            task.cancel()
+        await asyncio.gather(*self._restart_tasks, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in self.workers))
 
 

@@ -334,3 +334,20 @@ async def _start_slow_calls(sandbox: SyncSandbox):  # type: ignore[no-untyped-de
 
 async def _gather(future):  # type: ignore[no-untyped-def]
     return await future
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_while_idle_is_replaced(sandbox: SyncSandbox) -> None:
+    pool = sandbox.local.pool
+    victim = pool.workers[1].process
+    assert victim is not None
+    victim.kill()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        worker = pool.workers[1]
+        if worker.alive and worker.process is not None and worker.process.pid != victim.pid:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the dead worker was not replaced")
+    assert_healthy(sandbox)

@@ -156,3 +156,26 @@ def test_against_the_real_server_every_result_is_its_own() -> None:
         assert asyncio.run(main()) == [f"{i**2}\n" for i in range(300)]
     finally:
         assert srv.stop() == 0
+
+
+def test_session_calls_stick_to_one_server() -> None:
+    from test_sandbox_server import Server
+
+    servers = [Server(), Server()]
+    try:
+
+        async def main() -> list[str]:
+            urls = [s.url for s in servers]
+            async with SandboxClient(urls, SandboxConfig()) as client:
+                for i in range(6):
+                    await client.execute(ExecRequest(f"v{i} = {i}", session_id=f"t{i}"))
+                reads = [client.execute(ExecRequest(f"print(v{i})", session_id=f"t{i}"))
+                         for i in range(6)]  # fmt: skip
+                out = [r.stdout for r in await asyncio.gather(*reads)]
+                assert all([await client.close_session(f"t{i}") for i in range(6)])
+                return out
+
+        assert asyncio.run(main()) == [f"{i}\n" for i in range(6)]
+    finally:
+        for s in servers:
+            assert s.stop() == 0

@@ -154,3 +154,12 @@ def test_require_isolation_starts_on_a_capable_host() -> None:
     srv = Server("--require-isolation")
     assert srv.get("/healthz")[1]["isolation"]["missing"] == {}
     assert srv.stop() == 0
+
+
+def test_sessions_over_http(server: Server) -> None:
+    assert server.post("/v1/execute", {"code": "k = 7", "session_id": "h1"})[1]["status"] == "ok"
+    assert server.post("/v1/execute", {"code": "k * 6", "session_id": "h1"})[1]["stdout"] == "42\n"
+    assert server.post("/v1/sessions/close", {"session_id": "h1"})[1] == {"closed": True}
+    after = server.post("/v1/execute", {"code": "k", "session_id": "h1"})[1]
+    assert after["error_type"] == "NameError"
+    assert server.post("/v1/sessions/close", {"id": 1})[0] == 400
