@@ -90,9 +90,10 @@ def test_cannot_write_outside_the_working_directory(sandbox: SyncSandbox, target
 
 
 def test_host_files_are_invisible(sandbox: SyncSandbox) -> None:
+    # The repo path may exist when the venv lives inside it (only the venv is mounted).
     code = (
         "import os\n"
-        f"print(os.path.exists({str(REPO)!r}), os.path.exists('/root/.bashrc'))\n"
+        f"print(os.path.exists({str(REPO / 'README.md')!r}), os.path.exists('/root/.bashrc'))\n"
         "print(os.path.exists('/etc/passwd'), os.path.exists('/proc/1/environ'))\n"
         "print(sorted(os.listdir('/')))\n"
     )
@@ -101,6 +102,8 @@ def test_host_files_are_invisible(sandbox: SyncSandbox) -> None:
     assert lines[:2] == ["False False", "False False"], result
     assert set(eval(lines[2])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "root", "sbin",
                                    "tmp", "usr"}  # fmt: skip
+    listing = sandbox.execute(f"import os; print(os.listdir({str(REPO)!r}))")
+    assert listing.error_type == "FileNotFoundError" or eval(listing.stdout) == [".venv"], listing
 
 
 def test_working_directory_is_fresh_and_private(sandbox: SyncSandbox) -> None:
