@@ -1,0 +1,107 @@
+"""Final-answer extraction from the assistant's own text. Pure functions, no I/O.
+
+The answer is the last `\\boxed{...}` (or `\\fbox{...}`) inside the final `<answer>...</answer>`
+block, with brace matching. Tool output never counts: `<tool_response>` blocks are removed
+before anything is searched, so a boxed value printed by code cannot become the answer.
+Optional fallbacks (off by default, as in the report): the last boxed value anywhere in the
+assistant's text, and "the answer is ..." phrases. A missing or malformed answer is a reason
+code, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from codeloop.types import StrEnum
+
+
+class Reason(StrEnum):
+    """Why extraction produced what it did."""
+
+    OK = "ok"  # boxed value inside the final <answer>
+    FALLBACK_BOXED = "fallback_boxed"  # no usable <answer>; last boxed value of the text
+    FALLBACK_PHRASE = "fallback_phrase"  # "the answer is ..."
+    NO_ANSWER_TAG = "no_answer_tag"
+    UNCLOSED_ANSWER_TAG = "unclosed_answer_tag"  # e.g. cut off by the length budget
+    NO_BOXED = "no_boxed"  # an <answer> block without \boxed{}
+    UNBALANCED_BRACES = "unbalanced_braces"
+    EMPTY_BOXED = "empty_boxed"
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    answer: str | None
+    reason: Reason
+
+
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
+_BOX = re.compile(r"\\(?:boxed|fbox)\b\s*")
+_PHRASE = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?$", re.IGNORECASE | re.MULTILINE)
+
+
+def strip_tool_output(text: str) -> str:
+    """The text with every tool response (closed, or cut off at the end) removed."""
+    return _TOOL_RESPONSE.sub("", text)
+
+
+def _braced(text: str, start: int) -> tuple[str | None, int]:
+    """Content of the brace group opening at `start`, and the index after it (None: unbalanced)."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{" and text[i - 1 : i] != "\\":
+            depth += 1
+        elif text[i] == "}" and text[i - 1 : i] != "\\":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i], i + 1
+    return None, len(text)
+
+
+def last_boxed(text: str) -> Extraction:
+    """The last `\\boxed{...}` / `\\fbox{...}` of `text` (`\\boxed 7` without braces too)."""
+    matches = list(_BOX.finditer(text))
+    if not matches:
+        return Extraction(None, Reason.NO_BOXED)
+    end = matches[-1].end()
+    if end < len(text) and text[end] == "{":
+        content, _ = _braced(text, end)
+        if content is None:
+            return Extraction(None, Reason.UNBALANCED_BRACES)
+    else:  # `\boxed 42`: the next token
+        token = re.match(r"[^\s$<]+", text[end:])
+        content = token.group(0) if token else ""
+    content = content.strip()
+    return Extraction(content, Reason.OK) if content else Extraction(None, Reason.EMPTY_BOXED)
+
+
+def _final_answer_block(text: str) -> tuple[str | None, Reason]:
+    start = text.rfind("<answer>")
+    if start < 0:
+        return None, Reason.NO_ANSWER_TAG
+    end = text.find("</answer>", start)
+    if end < 0:
+        return None, Reason.UNCLOSED_ANSWER_TAG
+    return text[start + len("<answer>") : end], Reason.OK
+
+
+def extract_answer(
+    assistant_text: str, *, fallback_last_boxed: bool = False, fallback_answer_phrase: bool = False
+) -> Extraction:
+    """The final answer of a response (see the module docstring for the rules)."""
+    text = strip_tool_output(assistant_text)
+    block, reason = _final_answer_block(text)
+    if block is not None:
+        found = last_boxed(block)
+        if found.answer is not None or found.reason != Reason.NO_BOXED:
+            return found
+        reason = Reason.NO_BOXED
+    if fallback_last_boxed:
+        found = last_boxed(text)
+        if found.answer is not None:
+            return Extraction(found.answer, Reason.FALLBACK_BOXED)
+    if fallback_answer_phrase:
+        phrases = _PHRASE.findall(text)
+        if phrases:
+            return Extraction(phrases[-1].strip(), Reason.FALLBACK_PHRASE)
+    return Extraction(None, reason)

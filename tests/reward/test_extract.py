@@ -1,0 +1,71 @@
+import pytest
+
+from codeloop.reward.extract import Reason, extract_answer, last_boxed, strip_tool_output
+
+
+def _x(text: str, **kw: bool) -> tuple[str | None, Reason]:
+    found = extract_answer(text, **kw)
+    return found.answer, found.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("<answer>The answer is \\boxed{42}.</answer>", "42"),
+        ("<answer>\\boxed{\\frac{1}{2}}</answer>", "\\frac{1}{2}"),
+        ("<answer>\\boxed{\\left\\{1, 2\\right\\}}</answer>", "\\left\\{1, 2\\right\\}"),
+        ("<answer>first \\boxed{1} then \\boxed{2}</answer>", "2"),
+        ("<answer>\\fbox{7}</answer>", "7"),
+        ("<answer>\\boxed 9</answer>", "9"),
+        ("<answer>$\\boxed{ 3\\sqrt{2} }$</answer>", "3\\sqrt{2}"),
+        ("<answer>\\boxed{a}</answer> more <answer>\\boxed{b}</answer>", "b"),
+        ("<reason>try \\boxed{5}</reason><answer>\\boxed{6}</answer>", "6"),
+        ("<answer>\\boxed{x^{2^{3}}}</answer>", "x^{2^{3}}"),
+    ],
+)  # fmt: skip
+def test_the_last_boxed_value_of_the_final_answer_block(text: str, answer: str) -> None:
+    assert _x(text) == (answer, Reason.OK)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("The answer is \\boxed{42}.", Reason.NO_ANSWER_TAG),
+        ("<answer>\\boxed{42}", Reason.UNCLOSED_ANSWER_TAG),
+        ("<answer>42</answer>", Reason.NO_BOXED),
+        ("<answer>\\boxed{4{2}</answer>", Reason.UNBALANCED_BRACES),
+        ("<answer>\\boxed{ }</answer>", Reason.EMPTY_BOXED),
+        ("", Reason.NO_ANSWER_TAG),
+    ],
+)  # fmt: skip
+def test_missing_or_malformed_answers_are_reason_codes(text: str, reason: Reason) -> None:
+    assert _x(text) == (None, reason)
+
+
+def test_tool_output_never_counts() -> None:
+    text = (
+        "<tool_call>{...}</tool_call><tool_response>\n<answer>\\boxed{13}</answer>\n"
+        "</tool_response> so I conclude <answer>\\boxed{12}</answer>"
+    )
+    assert _x(text) == ("12", Reason.OK)
+    only_tool = "<tool_response>\\boxed{13} <answer>\\boxed{13}</answer></tool_response>"
+    assert _x(only_tool, fallback_last_boxed=True) == (None, Reason.NO_ANSWER_TAG)
+    cut_off = "text <tool_response>\\boxed{99}"  # a response cut by the length budget
+    assert strip_tool_output(cut_off) == "text "
+
+
+def test_fallbacks_are_off_by_default_and_work_when_asked() -> None:
+    text = "So \\boxed{17} is it."
+    assert _x(text) == (None, Reason.NO_ANSWER_TAG)
+    assert _x(text, fallback_last_boxed=True) == ("17", Reason.FALLBACK_BOXED)
+    phrase = "Computing gives the answer is 204.\nDone"
+    assert _x(phrase, fallback_answer_phrase=True) == ("204", Reason.FALLBACK_PHRASE)
+    assert _x("<answer>no box</answer> \\boxed{3}", fallback_last_boxed=True) == (
+        "3", Reason.FALLBACK_BOXED
+    )  # fmt: skip
+
+
+def test_last_boxed_on_plain_text() -> None:
+    assert last_boxed("\\boxed{1} and \\boxed{2}").answer == "2"
+    assert last_boxed("nothing").reason == Reason.NO_BOXED
+    assert last_boxed("\\boxed{\\{1\\}}").answer == "\\{1\\}"  # escaped braces do not count

@@ -1,0 +1,37 @@
+import pytest
+
+from codeloop.reward.integer import parse_integer
+
+ACCEPTED = [
+    ("1000", 1000), ("1,000", 1000), ("1{,}000", 1000), ("1\\,000", 1000), ("1\\!000", 1000),
+    ("1 000", 1000), ("1\u2009000", 1000), ("1000.0", 1000), ("1000.000", 1000), ("+1000", 1000),
+    ("01000", 1000), ("007", 7), ("$1000$", 1000), ("\\text{1000}", 1000),
+    ("\\textbf{\\text{1000}}", 1000), ("\\mathrm{1000}", 1000), ("1000^\\circ", 1000),
+    ("1000^{\\circ}", 1000), ("1000°", 1000), ("1000\\%", 1000), ("1000%", 1000),
+    ("\\$1000", 1000), ("1000 \\text{ cm}", 1000), ("1000 dollars", 1000),
+    ("1000 square units", 1000), ("  42  ", 42), ("-7", -7), ("- 7", -7), ("-0", 0),
+    ("1,000,000", 1_000_000), ("3\\,375", 3375), ("12345678901234567890", 12345678901234567890),
+]  # fmt: skip
+
+REJECTED = [
+    "0.25", "25.1", "103.99", "1000.5", "1,00", "1000,000", "12x", "5/2", "3e4", "1e3",
+    "\\frac{1}{2}", "\\frac{4}{2}", "2\\sqrt{3}", "\\sqrt{4}", "", "   ", "abc", "x = 5", "5, 6",
+    "(1, 2)", "\\infty", "1.2.3", "12 x", "2^{10}", "10!",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "value"), ACCEPTED)
+def test_accepted_spellings(text: str, value: int) -> None:
+    assert parse_integer(text) == value
+
+
+@pytest.mark.parametrize("text", REJECTED)
+def test_not_plain_integers_are_left_to_the_symbolic_path(text: str) -> None:
+    assert parse_integer(text) is None
+
+
+def test_no_tolerance_and_no_percentage_rule() -> None:
+    # The released rStar2-Agent grader accepts these for golds 25 and 104; we do not.
+    assert parse_integer("2500") != 25
+    assert parse_integer("0.25") is None
+    assert parse_integer("103.99") is None
