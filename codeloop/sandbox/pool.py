@@ -117,6 +117,7 @@ class _Worker:
         reader, self.writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 24)
         hello = await _read_message(reader)
         if hello is None:
+            self.writer.close()  # the zygote is gone: do not leak our end on every retry
             raise RuntimeError(f"sandbox worker {self.index} died while starting")
         self.report = hello["hello"]
         self.alive = True
@@ -205,6 +206,12 @@ class WorkerPool:
         return max(0, self.in_flight - self.capacity)
 
     async def execute(self, request: ExecRequest) -> ExecResult:
+        started = time.monotonic()
+        result = await self._execute(request)
+        self.metrics.observe(result, time.monotonic() - started)
+        return result
+
+    async def _execute(self, request: ExecRequest) -> ExecResult:
         problem = validate(request, self.cfg)
         if problem is not None:
             return ExecResult(ExecStatus.REJECTED, stderr=problem)
@@ -224,14 +231,11 @@ class WorkerPool:
                     "(close_session) or raise sandbox.max_sessions"))  # fmt: skip
             payload["session_id"] = request.session_id
             payload["idle_timeout_s"] = self.cfg.session_idle_timeout_s
-        started = time.monotonic()
         self.in_flight += 1
         try:
-            result = await self._run(payload, worker)
+            return await self._run(payload, worker)
         finally:
             self.in_flight -= 1
-        self.metrics.observe(result, time.monotonic() - started)
-        return result
 
     def _session_worker(self, sid: str) -> _Worker | None:
         """The worker holding session `sid` (new sessions go to the least busy), or None when

@@ -126,9 +126,11 @@ def test_full_queue_answers_429_with_retry_after(server: Server) -> None:
 
 def test_metrics_count_calls_by_status(server: Server) -> None:
     server.post("/v1/execute", {"code": "raise KeyError(1)"})
+    server.post("/v1/execute/batch", [{"code": "1", "timeout_s": -1}])  # a rejected item
     status, text, _ = server.get("/metrics")
     assert status == 200
     assert 'sandbox_calls_total{status="error"}' in text
+    assert 'sandbox_calls_total{status="rejected"}' in text
     assert 'sandbox_latency_seconds_bucket{le="+Inf"}' in text
     assert "sandbox_in_flight 0" in text and "sandbox_queue_depth 0" in text
 
