@@ -90,7 +90,8 @@ class SandboxRoot:
     scratch: str  # directory for per-call working directories
 
 
-def _python_paths() -> list[str]:
+def python_paths() -> list[str]:
+    """The Python installation directories the sandbox root mounts read-only."""
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     paths = set(prefixes)
     for entry in sys.path:
@@ -126,7 +127,7 @@ def _build_root(tmpfs_mb: int) -> None:
     os.makedirs(ROOT, exist_ok=True)
     mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=755")
     mounted: list[str] = []
-    for path in [*SYSTEM_PATHS, *_python_paths(), *ETC_FILES, *DEVICES]:
+    for path in [*SYSTEM_PATHS, *python_paths(), *ETC_FILES, *DEVICES]:
         if os.path.islink(path) or (os.path.exists(path) and not _covered(path, mounted)):
             _bind_readonly(path, ROOT)
             mounted.append(os.path.realpath(path))
