@@ -127,6 +127,9 @@ class RewardConfig:
     fallback_answer_phrase: bool = knob(False, "Also accept 'the answer is ...' phrases.")
     deadline_s: float = knob(5.0, "Hard deadline per symbolic check; overrun scores 0.", gt=0)
     workers: int = knob(0, "Verifier worker processes; 0 = one per CPU core.", ge=0)
+    worker_memory_mb: int = knob(
+        4096, "Address-space limit of each verifier worker; 0 = no limit.", ge=0
+    )
 
 
 @dataclass

@@ -175,7 +175,7 @@ class Trajectory:
     num_turns: int = 0  # assistant turns
     final_answer: str | None = None
     reward: float | None = None
-    text: str = ""  # decoded response, for humans only
+    text: str = ""  # decoded response; the reward reads the final answer from it
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

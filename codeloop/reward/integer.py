@@ -1,16 +1,18 @@
-"""The integer fast path: parse an answer as an integer after normalisation, exactly.
+"""The fast path: parse an answer as a plain number (an integer or a decimal), exactly.
 
 Accepted spellings of 1000: `1000`, `1,000`, `1{,}000`, `1\\,000`, `1 000`, `1000.0`, `+1000`,
 `01000`, `$1000$`, `\\text{1000}`, `1000^\\circ`, `1000°`, `1000\\%`, `1000 \\text{ cm}`,
 `1000 dollars`. There is no tolerance and no percentage rule: `2500`, `0.25` and `25.1` are not
 25 (the released rStar2-Agent grader accepts the first two and `103.99` for 104). Thousands
-separators must group digits by three (`1,00` is not an integer). Anything else — fractions,
-expressions, scientific notation — is not parsed here (`None`); the symbolic path decides.
+separators must group digits by three (`1,00` is not an integer). A decimal is read exactly
+(`0.25` is 1/4, never a float). Anything else — fractions, expressions, scientific notation —
+is not parsed here (`None`); the symbolic path decides.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|rm|bf)\s*\{([^{}]*)\}")
 _SPACES = re.compile(r"\\[,!;: ]|\\quad|\\qquad|~|\u2009|\u202f|\u00a0")
@@ -27,7 +29,7 @@ _UNIT_WORDS = re.compile(r"[A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*")
 
 def _normalise(text: str) -> str:
     text = text.strip().strip("$").strip()
-    for _ in range(3):  # nested wrappers: \text{\textbf{5}}
+    for _ in range(3 if "\\" in text else 0):  # nested wrappers: \text{\textbf{5}}
         text = _WRAPPERS.sub(r"\1", text)
     text = _SPACES.sub(" ", text)
     text = _DEGREES.sub("", text)
@@ -35,16 +37,22 @@ def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-def parse_integer(answer: str) -> int | None:
-    """The integer `answer` spells, or None when it is not plainly an integer."""
+def parse_number(answer: str) -> Fraction | None:
+    """The exact value `answer` spells when it is a plain number, else None."""
+    if answer.isdecimal() and answer.isascii():  # the common case, ~5x faster
+        return Fraction(int(answer))
     match = _NUMBER.fullmatch(_normalise(answer))
     if match is None:
         return None
-    if match["frac"] is not None and set(match["frac"]) != {"0"}:
-        return None  # 1000.5 is not an integer; 1000.0 is
     rest = match["rest"].strip()
     if rest and not _UNIT_WORDS.fullmatch(rest):
-        return None  # 12x, 5/2, 3e4, 2\sqrt{3}: not a plain integer
-    digits = re.sub(r"\D", "", match["int"])
-    value = int(digits)
+        return None  # 12x, 5/2, 3e4, 2\sqrt{3}: not a plain number
+    decimals = match["frac"] or ""
+    value = Fraction(int(re.sub(r"\D", "", match["int"]) + decimals), 10 ** len(decimals))
     return -value if match["sign"] == "-" else value
+
+
+def parse_integer(answer: str) -> int | None:
+    """The integer `answer` spells (`1000.0` included), or None when it is not plainly one."""
+    value = parse_number(answer)
+    return int(value) if value is not None and value.denominator == 1 else None

@@ -1,0 +1,96 @@
+"""Equivalence of a predicted answer and a gold answer that is not a plain integer.
+
+Pure but possibly slow (sympy can hang in C-level big-integer work), so `codeloop.reward`
+runs `equivalent` only in killable worker processes with a deadline (see `workers.py`).
+
+Order of checks:
+1. Normalised string match (`\\dfrac`→`\\frac`, `\\left`/`\\right`, spacing, `$`, `\\text{}`
+   around a whole answer, a trailing period, case for text answers).
+2. `\\pm`/`\\mp` expand into the two answers they stand for, so `\\frac{-1\\pm\\sqrt{17}}{2}`
+   equals the two roots listed in any order.
+3. math-verify's parser and comparison, with the gold wrapped in `$...$` so that a bare LaTeX
+   gold parses, and with every decimal literal rewritten as an exact fraction first, so that
+   numbers compare exactly: `0.25` is `\\frac{1}{4}`, `0.333` is not `\\frac13`, `103.99` is
+   not 104. Digit groups (`3\\,375`, `3{,}375`) are joined before parsing.
+
+Order rules (math-verify's): `\\{a, b\\}` and a bare list `a, b` (several answers) are
+unordered; a tuple `(a, b)` is ordered; `(a, b)` and `[a, b)` are also read as intervals, whose
+ends must match exactly, open or closed; an inequality equals the interval it describes
+(`x \\le 3` is `(-\\infty, 3]`). `x = 5` equals `5`, but `x = 5` does not equal `y = 5`.
+A percent sign is dropped, as on the integer path: `50\\%` is 50, not `\\frac12`. Repeating
+decimals (`0.\\overline{3}`) are not understood.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DOLLARS = re.compile(r"^\$+|\$+$")
+_SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])|\\displaystyle")
+_FRAC_STYLE = re.compile(r"\\[dt]frac")
+_SPACING = re.compile(r"\\[,!;: ]|\\quad|\\qquad|~")
+_DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ |\u2009|\u202f)(?=\d{3}(?!\d))")
+_WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
+_DECIMAL = re.compile(r"(?<![\d.])(\d*)\.(\d+)(?![\d.])")
+_PLUS_MINUS = re.compile(r"\\pm|\\mp|±|∓")
+
+
+def normalise(answer: str) -> str:
+    """A canonical surface form of a LaTeX answer, for the string-match check."""
+    text = _DOLLARS.sub("", answer.strip()).strip()
+    text = _DIGIT_GROUP.sub("", text)
+    text = _SIZING.sub("", text)
+    text = _FRAC_STYLE.sub(r"\\frac", text)
+    text = _SPACING.sub(" ", text)
+    text = text.replace("\\%", "").replace("%", "").rstrip(".").strip()
+    whole = _WHOLE_TEXT.match(text)
+    if whole:
+        text = whole.group(1).strip()
+    return "".join(text.split())
+
+
+def _exact_decimals(latex: str) -> str:
+    """Every decimal literal as an exact fraction: `0.25` -> `\\frac{025}{100}`."""
+
+    def fraction(match: re.Match[str]) -> str:
+        whole, decimals = match.group(1), match.group(2)
+        return f"\\frac{{{whole}{decimals}}}{{1{'0' * len(decimals)}}}"
+
+    return _DECIMAL.sub(fraction, latex)
+
+
+def _expand_plus_minus(latex: str) -> str:
+    """`a \\pm b` -> `a + b, a - b` (the first sign only; nested signs are rare)."""
+    match = _PLUS_MINUS.search(latex)
+    if match is None:
+        return latex
+    head, tail = latex[: match.start()], latex[match.end() :]
+    minus_first = match.group(0) in ("\\mp", "∓")
+    first, second = ("-", "+") if minus_first else ("+", "-")
+    return f"{head}{first}{tail}, {head}{second}{tail}"
+
+
+def _parsed(answer: str) -> list[object]:
+    # Imported here: the fast path in the caller uses `normalise` and must not pay for sympy.
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    latex = _exact_decimals(_expand_plus_minus(normalise(answer)))
+    extraction = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    return list(parse(f"${latex}$", extraction_config=extraction, parsing_timeout=None))
+
+
+def equivalent(pred: str, gold: str) -> bool:
+    """Whether `pred` states the same answer as `gold` (see the module docstring)."""
+    pred_form, gold_form = normalise(pred), normalise(gold)
+    if not pred_form or not gold_form:
+        return False
+    if pred_form == gold_form or (gold_form.isalpha() and pred_form.lower() == gold_form.lower()):
+        return True
+    from math_verify import verify
+
+    gold_parsed, pred_parsed = _parsed(gold), _parsed(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(
+        verify(gold_parsed, pred_parsed, timeout_seconds=None, allow_set_relation_comp=True)
+    )

@@ -1,0 +1,146 @@
+"""Trajectory (or response text) + gold answer -> binary reward with its reason.
+
+The fast path runs in the caller: extraction, then an exact comparison when both the gold and
+the prediction are plain numbers (integers or decimals, `integer.py`), else a normalised string
+match.
+Everything else goes to the killable verifier workers (`workers.py`), started on first need,
+so a batch with only integer golds and integer predictions never starts a process.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from codeloop.config import RewardConfig
+from codeloop.reward.extract import Reason, extract_answer
+from codeloop.reward.integer import parse_number
+from codeloop.reward.symbolic import normalise
+from codeloop.reward.workers import Check, VerifierPool, default_workers
+from codeloop.types import RolloutStatus, StrEnum, Trajectory
+
+
+class Verdict(StrEnum):
+    """Why a response got its reward."""
+
+    CORRECT = "correct"
+    WRONG = "wrong"
+    NO_ANSWER = "no_answer"  # extraction failed; `RewardResult.extraction` says how
+    TRUNCATED = "truncated"  # cut off by a length or turn budget: 0 whatever it says
+    ROLLOUT_ERROR = "rollout_error"  # the rollout itself failed
+    TIMEOUT = "timeout"  # the verifier overran its deadline
+    VERIFIER_ERROR = "verifier_error"  # the verifier process died
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    reward: float  # 1.0 or 0.0
+    reason: Verdict
+    extracted: str | None  # the answer as extracted, None when there is none
+    extraction: Reason  # how the answer was found, or why not
+
+
+_CHECK_VERDICT = {
+    Check.EQUAL: Verdict.CORRECT,
+    Check.NOT_EQUAL: Verdict.WRONG,
+    Check.TIMEOUT: Verdict.TIMEOUT,
+    Check.VERIFIER_ERROR: Verdict.VERIFIER_ERROR,
+}
+_NOT_SCORED = {
+    RolloutStatus.TRUNCATED_LENGTH: Verdict.TRUNCATED,
+    RolloutStatus.TRUNCATED_TURNS: Verdict.TRUNCATED,
+    RolloutStatus.ERROR: Verdict.ROLLOUT_ERROR,
+}
+
+
+def _result(verdict: Verdict, extracted: str | None, extraction: Reason) -> RewardResult:
+    return RewardResult(1.0 if verdict == Verdict.CORRECT else 0.0, verdict, extracted, extraction)
+
+
+def fast_check(pred: str, gold: str) -> bool | None:
+    """The verdict when the cheap rules decide it; None sends the pair to the workers."""
+    gold_value = parse_number(gold)
+    if gold_value is not None:
+        pred_value = parse_number(pred)
+        if pred_value is not None:
+            return pred_value == gold_value
+    if normalise(pred) == normalise(gold):
+        return True
+    return None
+
+
+class Verifier:
+    """Scores responses against gold answers; holds the verifier workers once needed."""
+
+    def __init__(self, cfg: RewardConfig | None = None) -> None:
+        self.cfg = cfg or RewardConfig()
+        self._pool: VerifierPool | None = None
+
+    @property
+    def pool(self) -> VerifierPool:
+        if self._pool is None:
+            workers = self.cfg.workers or default_workers()
+            self._pool = VerifierPool(workers, self.cfg.deadline_s, self.cfg.worker_memory_mb)
+        return self._pool
+
+    def score(self, response: Trajectory | str, gold: str) -> RewardResult:
+        return self.score_batch([(response, gold)])[0]
+
+    def score_batch(self, items: Sequence[tuple[Trajectory | str, str]]) -> list[RewardResult]:
+        """One result per (response, gold) item, in order."""
+        results: list[RewardResult | None] = [None] * len(items)
+        slow: list[tuple[int, str, str, Reason]] = []
+        for i, (response, gold) in enumerate(items):
+            text = response if isinstance(response, str) else response.text
+            found = extract_answer(
+                text,
+                fallback_last_boxed=self.cfg.fallback_last_boxed,
+                fallback_answer_phrase=self.cfg.fallback_answer_phrase,
+            )
+            if not isinstance(response, str) and response.status in _NOT_SCORED:
+                results[i] = _result(_NOT_SCORED[response.status], found.answer, found.reason)
+            elif found.answer is None:
+                results[i] = _result(Verdict.NO_ANSWER, None, found.reason)
+            elif (same := fast_check(found.answer, gold)) is not None:
+                verdict = Verdict.CORRECT if same else Verdict.WRONG
+                results[i] = _result(verdict, found.answer, found.reason)
+            else:
+                slow.append((i, found.answer, gold, found.reason))
+        if slow:
+            checks = self.pool.check([(pred, gold) for _, pred, gold, _ in slow])
+            for (i, pred, _, reason), check in zip(slow, checks, strict=True):
+                results[i] = _result(_CHECK_VERDICT[check], pred, reason)
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default: Verifier | None = None
+
+
+def _default_verifier() -> Verifier:
+    global _default
+    if _default is None:
+        _default = Verifier()
+        atexit.register(_default.close)
+    return _default
+
+
+def score(response: Trajectory | str, gold: str) -> RewardResult:
+    """Score one response with the default settings (`RewardConfig()`)."""
+    return _default_verifier().score(response, gold)
+
+
+def score_batch(items: Sequence[tuple[Trajectory | str, str]]) -> list[RewardResult]:
+    """Score many (response, gold) items with the default settings, in order."""
+    return _default_verifier().score_batch(items)
