@@ -31,7 +31,6 @@ PLANNED: dict[str, tuple[str, str]] = {
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "data stats": ("summarise a problem file", "data (issue 7)"),
-    "bench reward": ("verifier throughput vs plain math-verify", "issue 3"),
     "bench scheduler": ("rollout scheduler policies in simulation", "issue 4"),
     "bench rollout": ("trajectories/s of the transformers engine", "issue 4"),
     "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
@@ -90,6 +89,12 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
     return bench.main(args.extra)
 
 
+def _reward_bench(args: argparse.Namespace) -> int:
+    from codeloop.reward import bench
+
+    return bench.main(args.extra)
+
+
 def _add_sandbox_commands(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     bench: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -135,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help=group_help["bench"])
     groups["bench"] = bench.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_sandbox_commands(commands, groups["bench"])
+    reward_bench = groups["bench"].add_parser(
+        "reward", add_help=False, help="verifier throughput vs plain math-verify"
+    )
+    reward_bench.set_defaults(run=_reward_bench, passes_extra=True)
     for name in PLANNED:
         head, _, tail = name.partition(" ")
         if tail:

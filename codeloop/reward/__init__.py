@@ -1,10 +1,12 @@
 """Binary answer-only reward: extract the final answer, compare it with the gold answer.
 
 - `extract`: the final answer of the assistant's own text, with reason codes.
-- `integer`: the exact fast path for plain numbers (no tolerance, no percentage rule).
+- `integer`: plain numbers and ratios, read exactly (no tolerance, no percentage rule).
+- `fastpath`: the cheap decisions taken in the caller (numbers, strings, tuples, sets, intervals).
 - `symbolic`: equivalence for everything else (math-verify with exact decimals, `\\pm`).
-- `workers`: the killable processes that run `symbolic` under a hard deadline per item.
+- `workers`, `zygote`: the killable processes that run `symbolic` under a deadline per item.
 - `verifier`: `Verifier.score` / `score_batch` and module-level `score` / `score_batch`.
+- `bench`: `codeloop bench reward`, against plain math-verify on the same labelled cases.
 """
 
 from codeloop.reward.verifier import RewardResult, Verdict, Verifier, score, score_batch

@@ -1,4 +1,5 @@
-"""The fast path: parse an answer as a plain number (an integer or a decimal), exactly.
+"""The fast path: parse an answer as a plain number (an integer or a decimal) or a ratio of
+two, exactly.
 
 Accepted spellings of 1000: `1000`, `1,000`, `1{,}000`, `1\\,000`, `1 000`, `1000.0`, `+1000`,
 `01000`, `$1000$`, `\\text{1000}`, `1000^\\circ`, `1000°`, `1000\\%`, `1000 \\text{ cm}`,
@@ -56,3 +57,24 @@ def parse_integer(answer: str) -> int | None:
     """The integer `answer` spells (`1000.0` included), or None when it is not plainly one."""
     value = parse_number(answer)
     return int(value) if value is not None and value.denominator == 1 else None
+
+
+_RATIO = re.compile(
+    r"(?P<sign>[+-]?)\s*(?:\\[dt]?frac\s*\{(?P<num>[^{}]+)\}\s*\{(?P<den>[^{}]+)\}"
+    r"|\\[dt]?frac(?P<num1>\d)(?P<den1>\d)|(?P<num2>[^/]+)/(?P<den2>[^/]+))"
+)
+
+
+def parse_simple(answer: str) -> Fraction | None:
+    """The exact value of a plain number or a ratio of two (`\\frac{3}{4}`, `-3/4`), else None."""
+    value = parse_number(answer)
+    if value is not None:
+        return value
+    match = _RATIO.fullmatch(answer.strip().strip("$").strip())
+    if match is None:
+        return None
+    num = parse_number(match["num"] or match["num1"] or match["num2"])
+    den = parse_number(match["den"] or match["den1"] or match["den2"])
+    if num is None or den is None or den == 0:
+        return None
+    return -num / den if match["sign"] == "-" else num / den

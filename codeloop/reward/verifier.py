@@ -1,8 +1,7 @@
 """Trajectory (or response text) + gold answer -> binary reward with its reason.
 
-The fast path runs in the caller: extraction, then an exact comparison when both the gold and
-the prediction are plain numbers (integers or decimals, `integer.py`), else a normalised string
-match.
+The fast path runs in the caller: extraction, then the cheap rules of `fastpath.py` (exact
+numbers and ratios, normalised strings, tuples, sets and intervals of numbers).
 Everything else goes to the killable verifier workers (`workers.py`), started on first need,
 so a batch with only integer golds and integer predictions never starts a process.
 """
@@ -15,8 +14,7 @@ from dataclasses import dataclass
 
 from codeloop.config import RewardConfig
 from codeloop.reward.extract import Reason, extract_answer
-from codeloop.reward.integer import parse_number
-from codeloop.reward.symbolic import normalise
+from codeloop.reward.fastpath import fast_check
 from codeloop.reward.workers import Check, VerifierPool, default_workers
 from codeloop.types import RolloutStatus, StrEnum, Trajectory
 
@@ -58,18 +56,6 @@ def _result(verdict: Verdict, extracted: str | None, extraction: Reason) -> Rewa
     return RewardResult(1.0 if verdict == Verdict.CORRECT else 0.0, verdict, extracted, extraction)
 
 
-def fast_check(pred: str, gold: str) -> bool | None:
-    """The verdict when the cheap rules decide it; None sends the pair to the workers."""
-    gold_value = parse_number(gold)
-    if gold_value is not None:
-        pred_value = parse_number(pred)
-        if pred_value is not None:
-            return pred_value == gold_value
-    if normalise(pred) == normalise(gold):
-        return True
-    return None
-
-
 class Verifier:
     """Scores responses against gold answers; holds the verifier workers once needed."""
 
@@ -107,10 +93,11 @@ class Verifier:
                 results[i] = _result(verdict, found.answer, found.reason)
             else:
                 slow.append((i, found.answer, gold, found.reason))
-        if slow:
-            checks = self.pool.check([(pred, gold) for _, pred, gold, _ in slow])
-            for (i, pred, _, reason), check in zip(slow, checks, strict=True):
-                results[i] = _result(_CHECK_VERDICT[check], pred, reason)
+        if slow:  # samples of one prompt often repeat an answer: check each pair once
+            distinct = list(dict.fromkeys((pred, gold) for _, pred, gold, _ in slow))
+            checks = dict(zip(distinct, self.pool.check(distinct), strict=True))
+            for i, pred, gold, reason in slow:
+                results[i] = _result(_CHECK_VERDICT[checks[pred, gold]], pred, reason)
         return [r for r in results if r is not None]
 
     def close(self) -> None:

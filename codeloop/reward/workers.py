@@ -2,7 +2,7 @@
 
 math-verify's own timeout is a SIGALRM: it cannot interrupt C-level big-integer work and it
 refuses to run outside the main thread. Here each check runs in a worker process instead. A
-zygote process, started with a clean exec (`python -m codeloop.reward.workers`, so the caller's
+zygote process, started with a clean exec (`python -m codeloop.reward.zygote`, so the caller's
 `__main__` is never re-run and the caller may be threaded), imports sympy and math-verify once,
 warms the parser and forks the workers; a new worker costs a fork, not the imports. A worker
 that overruns its item's deadline is killed and replaced, and the item is a `TIMEOUT`. A worker
@@ -13,11 +13,7 @@ zygote die with the process that started them (PDEATHSIG, and EOF on their socke
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import logging
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -38,56 +34,6 @@ class Check(StrEnum):
     NOT_EQUAL = "not_equal"
     TIMEOUT = "timeout"
     VERIFIER_ERROR = "verifier_error"
-
-
-def _serve(conn: Connection, memory_mb: int) -> None:
-    """Worker loop: (pred, gold) in, a bool out, until the pipe closes."""
-    from codeloop.reward.symbolic import equivalent  # already imported by the zygote
-
-    if memory_mb:
-        limit = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    while True:
-        try:
-            pred, gold = conn.recv()
-        except EOFError:
-            return
-        try:
-            same = equivalent(pred, gold)
-        except Exception:  # a parser bug, MemoryError, RecursionError: not equal
-            same = False
-        conn.send(same)
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent is already gone
-        os._exit(1)
-
-
-def _zygote(control: socket.socket, memory_mb: int) -> None:
-    """Fork one worker per byte received; send back its pid and its end of a socket pair."""
-    from codeloop.reward.symbolic import equivalent
-
-    _die_with_parent()
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": we own it
-    equivalent("0", "1")  # first use builds math-verify's parser tables (~80 ms)
-    gc.freeze()  # keep the imported objects' pages shared with the workers
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed workers
-    while control.recv(1):
-        ours, theirs = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            control.close()
-            ours.close()
-            _die_with_parent()
-            _serve(Connection(theirs.detach()), memory_mb)
-            os._exit(0)
-        theirs.close()
-        socket.send_fds(control, [pid.to_bytes(8, "little")], [ours.fileno()])
-        ours.close()
 
 
 @dataclass
@@ -115,7 +61,7 @@ class VerifierPool:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
-        command = [sys.executable, "-m", "codeloop.reward.workers", str(theirs.fileno())]
+        command = [sys.executable, "-m", "codeloop.reward.zygote", str(theirs.fileno())]
         zygote = subprocess.Popen(
             [*command, str(self.memory_mb)], pass_fds=[theirs.fileno()], env=env
         )
@@ -199,7 +145,3 @@ class VerifierPool:
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-if __name__ == "__main__":
-    _zygote(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from codeloop.reward.fastpath import fast_check
 from codeloop.reward.symbolic import equivalent, normalise
-from codeloop.reward.verifier import fast_check
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -192,3 +192,28 @@ def test_the_symbolic_path_alone_agrees_with_the_fast_path(
 )  # fmt: skip
 def test_normalise(text: str, form: str) -> None:
     assert normalise(text) == form
+
+
+@pytest.mark.parametrize(("pred", "gold", "expected"), CASES)
+def test_the_fast_path_decides_as_the_symbolic_path_would(
+    pred: str, gold: str, expected: bool
+) -> None:
+    fast = fast_check(pred, gold)
+    if fast is not None:
+        assert fast is equivalent(pred, gold)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "decision"),
+    [
+        ("3", "3", True), (r"\frac{6}{8}", "0.75", True), ("-3/4", r"-\frac34", True),
+        (r"\frac{1}{0}", "1", None), (r"\sqrt{4}", "2", None),
+        ("(1, 2)", "(1,2)", True), ("(2, 1)", "(1,2)", False), ("[1, 2)", "(1, 2)", None),
+        (r"\{2, 1\}", r"\{1,2\}", True), (r"\{2, 3\}", r"\{1,2\}", False), ("2, 1", "1, 2", True),
+        (r"(-\infty, 3]", r"(-\infty,3]", True), (r"(-\infty, 4]", r"(-\infty,3]", False),
+        ("x = 0.5", r"\frac12", True), ("x=1", "x = 2", False), ("y=1", "x=1", None),
+        (r"(\sqrt2, 1)", r"(\sqrt{2}, 1)", None), ("", "", False),
+    ],
+)  # fmt: skip
+def test_fast_path_decisions(pred: str, gold: str, decision: bool | None) -> None:
+    assert fast_check(pred, gold) is decision

@@ -145,8 +145,9 @@ def test_a_pathological_answer_costs_at_most_the_deadline(verifier: Verifier) ->
 
 def test_pathological_answers_run_in_parallel_and_do_not_stall_the_batch() -> None:
     with Verifier(RewardConfig(deadline_s=DEADLINE_S, workers=2)) as v:
-        items = [(_answer(TOWER), "25"), (_answer(TOWER), "25")]
-        items += [(_answer(f"\\frac{{{i}}}{{4}}"), f"{i / 4}") for i in range(20)]
+        items = [(_answer(TOWER), "25"), (_answer(TOWER), "26")]
+        items += [(_answer(f"\\sqrt{{{i * i}}}"), f"{i}") for i in range(20)]
+        assert len(v.pool.pids) == 2  # started before the clock
         start = time.monotonic()
         results = v.score_batch(items)
         elapsed = time.monotonic() - start
@@ -171,6 +172,13 @@ def test_ten_thousand_trajectories_with_traps() -> None:
             expected.append(Verdict.CORRECT if i % 997 == i % 991 else Verdict.WRONG)
     with Verifier(RewardConfig(deadline_s=DEADLINE_S, workers=2)) as v:
         assert [r.reason for r in v.score_batch(items)] == expected
+
+
+def test_a_repeated_answer_is_checked_once() -> None:
+    with Verifier(RewardConfig(deadline_s=DEADLINE_S, workers=1)) as v:
+        results = v.score_batch([(_answer(TOWER), "25")] * 3 + [(_answer("\\sqrt{4}"), "2")])
+        assert [r.reason for r in results] == [Verdict.TIMEOUT] * 3 + [Verdict.CORRECT]
+        assert v.pool.replaced == 1
 
 
 def test_a_worker_that_dies_costs_only_its_item() -> None:

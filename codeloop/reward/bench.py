@@ -1,0 +1,206 @@
+"""`codeloop bench reward`: the verifier against plain math-verify on the same labelled cases.
+
+Case sets, generated from a seed with known labels: `integer` (integer golds, answers spelled
+in the ways models write them, traps such as 2500 or 0.25 for 25), `latex` (fractions,
+decimals, radicals, pi, intervals, sets, tuples, equations, `\\pm`), and `mix` (70% integer,
+30% LaTeX). Each response is a full trajectory text with a tool response holding a decoy
+`\\boxed{}`. Our side: `Verifier.score_batch` (the integer set on one core in the caller; the
+others with 1 and with N workers). The baseline, in the same run: `verify(parse(gold),
+parse(response))` with math-verify's defaults, one call after another. Pathological answers run
+once each, ours under the deadline and the baseline in a subprocess with an outer limit.
+Prints items/s, ratios, and how often each side agrees with the labels; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from codeloop.config import RewardConfig
+from codeloop.reward.verifier import Verifier
+from codeloop.reward.workers import default_workers
+
+Case = tuple[str, str, bool]  # (response text, gold, is the response correct)
+
+PATHOLOGICAL = [
+    r"\dfrac{5^{(5^{(5^{(5^5)})} - 4)} - 5}{16}",
+    r"10^{10^{10^{10}}}",
+    r"2^{2^{32}}-1",
+    r"(10^{100000})!",
+]
+
+
+def _response(answer: str, rng: random.Random) -> str:
+    decoy = rng.randint(0, 10**6)
+    return (
+        "<reason>Let me compute it with code.</reason>\n<tool_call>\n"
+        '{"name": "python", "arguments": {"code": "print(...)"}}\n</tool_call>\n'
+        f"<tool_response>\\boxed{{{decoy}}}</tool_response>\n"
+        f"<answer>So the final answer is $\\boxed{{{answer}}}$.</answer>"
+    )
+
+
+def _spell(value: int, rng: random.Random) -> str:
+    spellings = [
+        str(value),
+        f"{value:,}",
+        f"{value:,}".replace(",", "{,}"),
+        f"\\text{{{value}}}",
+        f"{value}.0",
+        f"{value}^\\circ",
+        f"{value} \\text{{ cm}}",
+    ]
+    return rng.choice(spellings)
+
+
+def integer_cases(n: int, rng: random.Random) -> list[Case]:
+    cases = []
+    for _ in range(n):
+        gold = rng.randint(1, 99_999)
+        kind = rng.random()
+        if kind < 0.5:
+            pred, ok = _spell(gold, rng), True
+        elif kind < 0.8:
+            pred, ok = _spell(gold + rng.choice([-2, -1, 1, 2, 10]), rng), False
+        else:  # the traps of a tolerant or percentage-aware grader
+            pred, ok = rng.choice([f"{gold * 100}", f"{gold / 100}", f"{gold - 0.01:.2f}"]), False
+        cases.append((_response(pred, rng), str(gold), ok))
+    return cases
+
+
+def _latex_case(rng: random.Random) -> tuple[str, str, bool]:
+    a, b = rng.randint(1, 40), rng.choice([3, 7, 9, 11, 13])
+    c, d = rng.choice([2, 4, 5, 8]), rng.randint(2, 30)
+    templates: list[tuple[str, list[tuple[str, bool]]]] = [
+        (f"\\frac{{{a}}}{{{b}}}", [(f"\\dfrac{{{2 * a}}}{{{2 * b}}}", True),
+                                   (f"{a / b:.4f}", False), (f"\\frac{{{a + 1}}}{{{b}}}", False)]),
+        (f"\\frac{{{a}}}{{{c}}}", [(f"{a / c}", True), (f"\\frac{{{a}}}{{{c + 1}}}", False)]),
+        (f"{a}\\sqrt{{{b}}}", [(f"\\sqrt{{{a * a * b}}}", True), (f"{a}\\sqrt{{{b + 1}}}", False)]),
+        (f"\\frac{{{a}\\pi}}{{{b}}}", [(f"\\frac{{{a}}}{{{b}}}\\pi", True),
+                                       (f"{a * 3.14159 / b:.3f}", False)]),
+        (f"[{a}, {a + d})", [(f"\\left[{a},{a + d}\\right)", True), (f"[{a}, {a + d}]", False)]),
+        (f"\\{{{a}, {a + d}\\}}", [(f"\\{{{a + d}, {a}\\}}", True),
+                                    (f"\\{{{a}, {a + d + 1}\\}}", False)]),
+        (f"({a}, {a + d})", [(f"({a},{a + d})", True), (f"({a + d}, {a})", False)]),
+        (f"x = \\frac{{{a}}}{{{b}}}", [(f"\\frac{{{a}}}{{{b}}}", True), (f"x = {a}", False)]),
+        (f"{a} \\pm \\sqrt{{{b}}}", [(f"{a} + \\sqrt{{{b}}}, {a} - \\sqrt{{{b}}}", True),
+                                     (f"{a} + \\sqrt{{{b}}}", False)]),
+    ]  # fmt: skip
+    gold, preds = rng.choice(templates)
+    pred, ok = rng.choice(preds)
+    return pred, gold, ok
+
+
+def latex_cases(n: int, rng: random.Random) -> list[Case]:
+    cases = []
+    for _ in range(n):
+        pred, gold, ok = _latex_case(rng)
+        cases.append((_response(pred, rng), gold, ok))
+    return cases
+
+
+def _ours(verifier: Verifier, cases: list[Case]) -> tuple[float, float]:
+    start = time.perf_counter()
+    results = verifier.score_batch([(text, gold) for text, gold, _ in cases])
+    seconds = time.perf_counter() - start
+    agree = sum((r.reward == 1.0) == ok for r, (_, _, ok) in zip(results, cases, strict=True))
+    return len(cases) / seconds, agree / len(cases)
+
+
+def _math_verify(cases: list[Case]) -> tuple[float, float]:
+    from math_verify import parse, verify
+
+    start = time.perf_counter()
+    agree = sum(bool(verify(parse(gold), parse(text))) == ok for text, gold, ok in cases)
+    return len(cases) / (time.perf_counter() - start), agree / len(cases)
+
+
+def _baseline_one(answer: str, limit_s: float) -> float | None:
+    code = (
+        "import sys; from math_verify import parse, verify\n"
+        "verify(parse('$25$'), parse(sys.argv[1]))\n"
+    )
+    start = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", code, f"\\boxed{{{answer}}}"], timeout=limit_s,
+                       capture_output=True, check=True)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    return time.perf_counter() - start
+
+
+def _row(name: str, ours: tuple[float, float], base: tuple[float, float]) -> dict[str, Any]:
+    row = {"set": name, "ours_per_s": ours[0], "ours_agree": ours[1], "ratio": ours[0] / base[0],
+           "math_verify_per_s": base[0], "math_verify_agree": base[1]}  # fmt: skip
+    print(f"{name:22} {ours[0]:>10.0f} {base[0]:>10.1f} {row['ratio']:>8.1f}x "
+          f"{100 * ours[1]:>7.1f}% {100 * base[1]:>7.1f}%")  # fmt: skip
+    return row
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    rng = random.Random(args.seed)
+    ints, latex = integer_cases(args.n, rng), latex_cases(args.n_latex, rng)
+    mix = rng.sample(ints, int(0.7 * args.n_latex)) + latex[: int(0.3 * args.n_latex)]
+    rng.shuffle(mix)
+    base_n = args.baseline_n
+    print(f"{'set':22} {'ours/s':>10} {'m-v/s':>10} {'ratio':>9} {'ours ok':>8} {'m-v ok':>8}")
+    rows = []
+    with Verifier(RewardConfig(workers=1, deadline_s=args.deadline_s)) as one:
+        rows.append(_row("integer, 1 core", _ours(one, ints), _math_verify(ints[:base_n])))
+        one.score("<answer>\\boxed{\\frac12}</answer>", "0.5")  # start the worker
+        latex_base = _math_verify(latex[:base_n])
+        rows.append(_row("latex, 1 worker", _ours(one, latex), latex_base))
+    workers = args.workers or default_workers()
+    with Verifier(RewardConfig(workers=workers, deadline_s=args.deadline_s)) as many:
+        many.score("<answer>\\boxed{\\frac12}</answer>", "0.5")
+        rows.append(_row(f"latex, {workers} workers", _ours(many, latex), latex_base))
+        rows.append(_row(f"mix, {workers} workers", _ours(many, mix), _math_verify(mix[:base_n])))
+        patho = _pathological(many, args.deadline_s, args.baseline_limit_s)
+    return {"sets": rows, "pathological": patho, "workers": workers, "seed": args.seed}
+
+
+def _pathological(verifier: Verifier, deadline_s: float, limit_s: float) -> list[dict[str, Any]]:
+    print(
+        f"\npathological (deadline {deadline_s} s; math-verify in a subprocess, limit {limit_s} s)"
+    )
+    rows = []
+    for answer in PATHOLOGICAL:
+        start = time.perf_counter()
+        result = verifier.score(f"<answer>\\boxed{{{answer}}}</answer>", "25")
+        ours_s = time.perf_counter() - start
+        base_s = _baseline_one(answer, limit_s)
+        shown = f"{base_s:.2f} s" if base_s is not None else f"> {limit_s:.0f} s (killed)"
+        print(f"  {answer:45} ours {ours_s:.2f} s ({result.reason})   math-verify {shown}")
+        rows.append({"answer": answer, "ours_s": ours_s, "ours_reason": str(result.reason),
+                     "math_verify_s": base_s})  # fmt: skip
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="codeloop bench reward",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--n", type=int, default=50_000, help="integer cases")
+    parser.add_argument("--n-latex", type=int, default=2_000, help="LaTeX cases (and mix size)")
+    parser.add_argument("--baseline-n", type=int, default=1_000, help="cases math-verify runs")
+    parser.add_argument("--workers", type=int, default=0, help="0 = one per core")
+    parser.add_argument("--deadline-s", type=float, default=5.0)
+    parser.add_argument("--baseline-limit-s", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-results/reward.json")
+    args = parser.parse_args(argv)
+    report = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
