@@ -76,7 +76,8 @@ def integer_cases(n: int, rng: random.Random) -> list[Case]:
 
 
 def _latex_case(rng: random.Random) -> tuple[str, str, bool]:
-    a, b = rng.randint(1, 40), rng.choice([3, 7, 9, 11, 13])
+    b = rng.choice([3, 7, 9, 11, 13])
+    a = rng.choice([n for n in range(1, 41) if n % b])  # a/b is never an integer
     c, d = rng.choice([2, 4, 5, 8]), rng.randint(2, 30)
     templates: list[tuple[str, list[tuple[str, bool]]]] = [
         (f"\\frac{{{a}}}{{{b}}}", [(f"\\dfrac{{{2 * a}}}{{{2 * b}}}", True),
@@ -163,16 +164,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         many.score("<answer>\\boxed{\\frac12}</answer>", "0.5")
         rows.append(_row(f"latex, {workers} workers", _ours(many, latex), latex_base))
         rows.append(_row(f"mix, {workers} workers", _ours(many, mix), _math_verify(mix[:base_n])))
-        patho = _pathological(many, args.deadline_s, args.baseline_limit_s)
+        patho = _pathological(many, args.deadline_s, args.baseline_limit_s, args.pathological)
     return {"sets": rows, "pathological": patho, "workers": workers, "seed": args.seed}
 
 
-def _pathological(verifier: Verifier, deadline_s: float, limit_s: float) -> list[dict[str, Any]]:
+def _pathological(
+    verifier: Verifier, deadline_s: float, limit_s: float, count: int
+) -> list[dict[str, Any]]:
     print(
         f"\npathological (deadline {deadline_s} s; math-verify in a subprocess, limit {limit_s} s)"
     )
     rows = []
-    for answer in PATHOLOGICAL:
+    for answer in PATHOLOGICAL[:count]:
         start = time.perf_counter()
         result = verifier.score(f"<answer>\\boxed{{{answer}}}</answer>", "25")
         ours_s = time.perf_counter() - start
@@ -196,6 +199,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=0, help="0 = one per core")
     parser.add_argument("--deadline-s", type=float, default=5.0)
     parser.add_argument("--baseline-limit-s", type=float, default=30.0)
+    parser.add_argument("--pathological", type=int, default=len(PATHOLOGICAL), help="how many")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-results/reward.json")
     args = parser.parse_args(argv)

@@ -1,11 +1,13 @@
 """Scoring end to end: extraction, the fast path, and the killable verifier workers."""
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +236,18 @@ def test_workers_die_with_the_process_that_started_them() -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
+    out = f"{tmp_path}/reward.json"
+    command = [sys.executable, "-m", "codeloop", "bench", "reward", "--n", "300", "--n-latex",
+               "60", "--baseline-n", "20", "--deadline-s", "0.5", "--pathological", "1",
+               "--baseline-limit-s", "2", "--out", out]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(Path(out).read_text())
+    assert [row["set"] for row in report["sets"]][0] == "integer, 1 core"
+    assert all(row["ours_agree"] == 1.0 for row in report["sets"]), report["sets"]
+    assert all(row["math_verify_per_s"] > 0 for row in report["sets"])
+    assert report["pathological"][0]["ours_reason"] == "timeout"
+    assert report["pathological"][0]["ours_s"] < 0.5 + OVERHEAD_S
