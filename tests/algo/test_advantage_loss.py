@@ -1,0 +1,98 @@
+import math
+
+import pytest
+import torch
+
+from codeloop.algo.advantage import group_advantages, has_signal
+from codeloop.algo.loss import policy_loss, token_entropy
+
+
+def test_one_correct_of_four() -> None:
+    # mean 0.25; sample std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    assert group_advantages([1, 0, 0, 0]) == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
+
+
+def test_half_correct() -> None:
+    a = 0.5 / math.sqrt(1 / 3)  # 0.866
+    assert group_advantages([1, 1, 0, 0]) == pytest.approx([a, a, -a, -a], rel=1e-5)
+
+
+@pytest.mark.parametrize("rewards", [[1.0] * 4, [0.0] * 4, [1.0]])
+def test_groups_without_signal(rewards: list[float]) -> None:
+    assert not has_signal(rewards)
+    assert group_advantages(rewards) == [0.0] * len(rewards)
+
+
+def _loss(ratios: list[float], advantage: float, mask: list[int] | None = None, **kw: float):  # type: ignore[no-untyped-def]
+    old = torch.zeros(1, len(ratios))
+    new = torch.log(torch.tensor([ratios])).requires_grad_()
+    mask_t = torch.tensor([mask or [1] * len(ratios)])
+    loss, sums = policy_loss(new, old, torch.tensor([advantage]), mask_t,
+                             num_tokens=int(mask_t.sum()), **kw)  # fmt: skip
+    return loss, sums, new
+
+
+def test_positive_advantage_clips_above_1_plus_clip_high() -> None:
+    # ratios 1.0, 1.5, 0.5 with A = +1: -1, -min(1.5, 1.28), -min(0.5, 0.8) = -2.78 over 3
+    loss, sums, new = _loss([1.0, 1.5, 0.5], 1.0)
+    assert loss.item() == pytest.approx(-2.78 / 3)
+    assert sums.clipped_tokens == 1
+    loss.backward()
+    # d/dlogp of -r A / 3 is -r / 3 where unclipped; 0 on the clipped token
+    assert new.grad[0].tolist() == pytest.approx([-1 / 3, 0.0, -0.5 / 3])  # type: ignore[index]
+
+
+def test_negative_advantage_clips_below_1_minus_clip_low() -> None:
+    # A = -1: max(1, 1), max(1.5, 1.28), max(0.5, 0.8) = 3.3 over 3
+    loss, sums, _ = _loss([1.0, 1.5, 0.5], -1.0)
+    assert loss.item() == pytest.approx(1.1)
+    assert sums.clipped_tokens == 1
+
+
+def test_dual_clip_caps_negative_advantage_losses() -> None:
+    loss, _, _ = _loss([4.0], -1.0)
+    assert loss.item() == pytest.approx(4.0)
+    capped, _, _ = _loss([4.0], -1.0, dual_clip=3.0)
+    assert capped.item() == pytest.approx(3.0)
+    positive, _, _ = _loss([4.0], 1.0, dual_clip=3.0)  # A > 0: untouched, -1.28
+    assert positive.item() == pytest.approx(-1.28)
+
+
+def test_clip_ratios_are_configurable() -> None:
+    loss, _, _ = _loss([1.5], 1.0, clip_high=0.4)
+    assert loss.item() == pytest.approx(-1.4)
+
+
+def test_tool_tokens_are_masked() -> None:
+    loss, sums, new = _loss([1.0, 50.0, 1.0], 1.0, mask=[1, 0, 1])
+    assert loss.item() == pytest.approx(-1.0)  # (-1 - 1) / 2 policy tokens
+    loss.backward()
+    assert new.grad[0, 1] == 0  # type: ignore[index]
+    assert sums.ratio == pytest.approx(2.0)
+
+
+def test_micro_batches_accumulate_to_the_token_mean() -> None:
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.1, -2.0]])
+    old = torch.tensor([[-1.1, -1.5, -0.5], [-0.2, -0.4, -1.0]])
+    adv, mask = torch.tensor([0.7, -1.2]), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    whole, _ = policy_loss(logprobs, old, adv, mask, num_tokens=5)
+    parts = sum(float(policy_loss(logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1],
+                                  mask[i : i + 1], num_tokens=5)[0]) for i in range(2))  # fmt: skip
+    assert whole.item() == pytest.approx(parts)
+
+
+def test_approximate_kl() -> None:
+    _, sums, _ = _loss([1.5], 1.0)
+    assert sums.approx_kl == pytest.approx(0.5 - math.log(1.5))  # r - 1 - log r
+    _, same, _ = _loss([1.0, 1.0], 1.0)
+    assert same.approx_kl == 0
+
+
+def test_entropy_of_uniform_and_certain_distributions() -> None:
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]]])
+    assert token_entropy(logits)[0].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+
+
+def test_num_tokens_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_tokens"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), 0)
