@@ -1,0 +1,1 @@
+"""Datasets and what tiny runs need: a tokenizer trained locally (`tokenizer.py`)."""

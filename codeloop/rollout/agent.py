@@ -1,0 +1,112 @@
+"""The multi-turn agent loop: think, call the tool, read the result, ..., answer.
+
+One trajectory, token in and token out: each turn the engine continues prompt + response so
+far and stops at `</tool_call>` or the end of the turn; a tool call is parsed, run through the
+tool executor, and its observation inserted as tokens with loss mask 0 (logprob 0.0); sampled
+tokens have loss mask 1 and the engine's logprob. Budgets: `max_turns` assistant turns,
+`max_response_tokens` for sampled and inserted tokens together, `max_tokens_per_turn`. End
+states: `answered` (the turn ended and holds a closed `<answer>`), `no_answer` (it ended
+without), `truncated_length` (a token budget ran out, or an observation would not fit),
+`truncated_turns` (the turn budget ran out before an answer), `error` (the engine failed).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from codeloop.config import RolloutConfig
+from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
+from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
+from codeloop.rollout.toolcall import format_observation, parse_tool_call
+from codeloop.types import (
+    ExecRequest,
+    ExecResult,
+    ExecStatus,
+    RolloutStatus,
+    ToolCallRecord,
+    Trajectory,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Response:
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+async def run_trajectory(
+    engine: Engine,
+    tools: ToolExecutor,
+    fmt: PromptFormat,
+    cfg: RolloutConfig,
+    prompt_id: str,
+    sample_index: int,
+    prompt_ids: list[int],
+    seed: int | None = None,
+) -> Trajectory:
+    """Roll out one trajectory to an end state (see the module docstring)."""
+    response, records, turns = _Response(), list[ToolCallRecord](), 0
+    status = RolloutStatus.TRUNCATED_TURNS
+    while turns < cfg.max_turns:
+        budget = cfg.max_response_tokens - len(response.ids)
+        if budget <= 0:
+            status = RolloutStatus.TRUNCATED_LENGTH
+            break
+        max_tokens = min(budget, cfg.max_tokens_per_turn or budget)
+        params = SamplingParams(max_tokens, cfg.temperature, cfg.top_p, STOP_STRINGS,
+                                None if seed is None else seed + turns)  # fmt: skip
+        try:
+            generation = await engine.generate(prompt_ids + response.ids, params)
+        except Exception:
+            log.exception("engine failed on %s#%d", prompt_id, sample_index)
+            status = RolloutStatus.ERROR
+            break
+        turns += 1
+        response.add(generation.token_ids, generation.logprobs)
+        turn_text = fmt.tokenizer.decode(generation.token_ids)
+        if generation.finish_reason == "length":
+            status = RolloutStatus.TRUNCATED_LENGTH
+            break
+        ended = bool(generation.token_ids) and generation.token_ids[-1] in fmt.end_of_turn_ids
+        if ended or "</tool_call>" not in turn_text:  # the turn ended: final answer or not
+            status = RolloutStatus.ANSWERED if _has_answer(turn_text) else RolloutStatus.NO_ANSWER
+            break
+        record = await _call_tool(tools, turn_text, f"{prompt_id}#{sample_index}")
+        records.append(record)
+        observation = fmt.tool_response_ids(
+            format_observation(record.result, cfg.max_tool_response_chars)
+        )
+        if len(response.ids) + len(observation) >= cfg.max_response_tokens:
+            status = RolloutStatus.TRUNCATED_LENGTH
+            break
+        response.add(observation, None)
+    text = fmt.tokenizer.decode(response.ids)
+    return Trajectory(prompt_id, sample_index, list(prompt_ids), response.ids, response.mask,
+                      response.logprobs, status, records, turns, text=text)  # fmt: skip
+
+
+def _has_answer(turn_text: str) -> bool:
+    start = turn_text.rfind("<answer>")
+    return start >= 0 and turn_text.find("</answer>", start) >= 0
+
+
+async def _call_tool(tools: ToolExecutor, turn_text: str, who: str) -> ToolCallRecord:
+    call = parse_tool_call(turn_text)
+    if isinstance(call, str):
+        return ToolCallRecord(None, ExecResult(status=ExecStatus.REJECTED, stderr=call), call)
+    request = ExecRequest(code=call.arguments["code"], stdin=call.arguments.get("input", ""))
+    try:
+        result = await tools.execute(request)
+    except Exception as err:  # the executor should not raise; a trajectory must not die of it
+        log.exception("tool executor failed for %s", who)
+        result = ExecResult(status=ExecStatus.SANDBOX_ERROR, stderr=f"tool executor failed: {err}")
+    return ToolCallRecord(call, result)

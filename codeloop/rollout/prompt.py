@@ -1,0 +1,89 @@
+"""The prompt format: problem -> prompt token ids, tool observation -> inserted token ids.
+
+Everything comes from a chat template (Jinja, as in Hugging Face tokenizers), so a user can swap
+it: `rollout.chat_template` names a file; empty means `rstar2_chat_template.jinja`, the format of
+the rStar2-Agent report. The tokens the environment inserts after a tool call (the end of the
+assistant turn, the tool response turn, the next assistant header) are found by rendering a
+conversation with and without a tool message around marker strings, so any template with a
+`tool` role works. Token-in, token-out: sampled tokens are never re-tokenised; only inserted
+text is encoded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from codeloop.rollout.toolcall import TOOL_SCHEMA
+
+DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
+SYSTEM_PROMPT = (
+    "You are a helpful assistant that solves problems step by step. Reason inside "
+    "<reason> </reason>; you may run Python code with the tool to compute or check any step. "
+    "Give the final answer inside <answer> </answer>."
+)
+USER_INSTRUCTION = (
+    "Solve the following problem. Put the final answer inside <answer> </answer>, with the "
+    "number in \\boxed{{}}.\n\n{problem}"
+)
+STOP_STRINGS = ["</tool_call>"]
+_ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
+
+
+class PromptFormat:
+    """Renders prompts and tool responses with one tokenizer and one chat template."""
+
+    def __init__(self, tokenizer: Any, template_path: str = "") -> None:
+        self.tokenizer = tokenizer
+        path = Path(template_path) if template_path else DEFAULT_TEMPLATE
+        if not path.is_file():
+            raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
+        self.template = path.read_text()
+        self.tools = [TOOL_SCHEMA]
+        self._tool_prefix, self._tool_suffix = self._tool_turn()
+        self.end_of_turn_ids = self._end_of_turn_ids()
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        text: str = self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools,
+            chat_template=self.template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return text
+
+    def messages(self, problem: str) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": USER_INSTRUCTION.format(problem=problem)},
+        ]
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        return self.encode(self.render(self.messages(problem), add_generation_prompt=True))
+
+    def tool_response_ids(self, observation: str) -> list[int]:
+        """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header."""
+        return self.encode(self._tool_prefix + observation + self._tool_suffix)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    def _tool_turn(self) -> tuple[str, str]:
+        base = [*self.messages("p"), {"role": "assistant", "content": _ASSISTANT_MARK}]
+        with_tool = [*base, {"role": "tool", "content": _TOOL_MARK}]
+        text = self.render(with_tool, add_generation_prompt=True)
+        after_call = text[text.index(_ASSISTANT_MARK) + len(_ASSISTANT_MARK) :]
+        if _TOOL_MARK not in after_call:
+            raise ValueError("chat template: a 'tool' message is not rendered (no tool support?)")
+        prefix, _, suffix = after_call.partition(_TOOL_MARK)
+        return prefix, suffix
+
+    def _end_of_turn_ids(self) -> set[int]:
+        """Tokens that end an assistant turn: the template's turn end and the EOS token."""
+        ids = {self.tokenizer.eos_token_id} - {None}
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
+            ids.add(end)
+        return ids

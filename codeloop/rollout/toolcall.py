@@ -1,0 +1,93 @@
+"""Tool calls in the assistant's text, and tool results as the text the model reads next.
+
+A call is the JSON object inside the turn's last `<tool_call>...</tool_call>`:
+`{"name": "execute_python_code_with_standard_io", "arguments": {"code": "...", "input": "..."}}`
+(`input`, the program's stdin, is optional). Bad JSON, an unknown tool, a missing or mistyped
+argument are not exceptions: `parse_tool_call` returns the error text, which goes back to the
+model as the tool response and counts as a failed call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from codeloop.types import ExecResult, ExecStatus, ToolCall
+
+TOOL_NAME = "execute_python_code_with_standard_io"
+TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": (
+            "Run Python code with `input` as its standard input and return what it prints, or "
+            "its error. If the last statement is a bare expression, its value is printed."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The Python code to run."},
+                "input": {"type": "string", "description": "Standard input for the code."},
+            },
+            "required": ["code"],
+        },
+    },
+}
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_tool_call(turn_text: str) -> ToolCall | str:
+    """The turn's last tool call, or the error text to show the model."""
+    found = _CALL.findall(turn_text)
+    if not found:
+        return "Error: no <tool_call>...</tool_call> block found."
+    raw = found[-1].strip()
+    try:
+        payload = json.loads(raw)
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno} column {err.colno}"
+        return f"Error: the tool call is not valid JSON ({err.msg} at {where})."
+    if not isinstance(payload, dict):
+        return 'Error: the tool call must be a JSON object with "name" and "arguments".'
+    name, arguments = payload.get("name"), payload.get("arguments")
+    if name != TOOL_NAME:
+        return f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME!r}."
+    if isinstance(arguments, str):  # some models send the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("code"), str):
+        return 'Error: missing argument "code" (a string).'
+    if not isinstance(arguments.get("input", ""), str):
+        return 'Error: argument "input" must be a string.'
+    return ToolCall(name=name, arguments=arguments, raw=raw)
+
+
+def _clip(text: str, max_chars: int) -> str:
+    """Keep the head and the tail: the end of a traceback matters as much as the start."""
+    if len(text) <= max_chars:
+        return text
+    keep = max_chars // 2
+    omitted = len(text) - 2 * keep
+    return f"{text[:keep]}\n... [{omitted} characters omitted] ...\n{text[-keep:]}"
+
+
+def format_observation(result: ExecResult, max_chars: int) -> str:
+    """What the model reads back: the output, the error, or why there is none."""
+    match result.status:
+        case ExecStatus.OK:
+            body = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr.strip() else "")
+            body = body if body.strip() else "[no output]"
+        case ExecStatus.ERROR:
+            body = (result.stdout + "\n" if result.stdout.strip() else "") + result.stderr
+        case ExecStatus.TIMEOUT:
+            body = f"{result.stdout}\nError: the code ran past its time limit and was stopped."
+        case ExecStatus.MEMORY:
+            body = f"{result.stdout}\nError: the code ran out of memory and was stopped."
+        case _:
+            body = f"{result.stdout}\nError ({result.status}): {result.stderr.strip()}"
+    if result.truncated:
+        body += "\n[output truncated]"
+    return _clip(body.strip("\n"), max_chars)

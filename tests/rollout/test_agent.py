@@ -1,0 +1,120 @@
+import asyncio
+import json
+
+from conftest import ScriptedEngine
+
+from codeloop.config import RolloutConfig, SandboxConfig
+from codeloop.reward import Verdict, Verifier
+from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus, Trajectory
+
+END = "<|im_end|>"
+
+
+def _call(code: str) -> str:
+    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+    return f"Let me compute it.\n<tool_call>\n{payload}\n</tool_call>"
+
+
+class FakeTools:
+    def __init__(self, stdout: str = "5\n"):
+        self.requests: list[ExecRequest] = []
+        self.stdout = stdout
+
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        self.requests.append(request)
+        return ExecResult(ExecStatus.OK, stdout=self.stdout)
+
+
+def _run(
+    fmt: PromptFormat, turns: list[str], tools: object = None, **cfg: int
+) -> tuple[Trajectory, ScriptedEngine]:  # type: ignore[type-arg]
+    engine = ScriptedEngine(fmt, turns)
+    prompt = fmt.prompt_ids("What is 2 + 3?")
+    trajectory = asyncio.run(run_trajectory(engine, tools or FakeTools(), fmt, RolloutConfig(**cfg),
+                                            "p1", 3, prompt, seed=100))  # fmt: skip
+    return trajectory, engine
+
+
+def test_tool_call_then_answer_token_in_token_out(fmt: PromptFormat) -> None:
+    turns = [_call("print(2 + 3)"), f"So it is 5.</reason>\n<answer>\\boxed{{5}}</answer>{END}"]
+    tools = FakeTools()
+    t, engine = _run(fmt, turns, tools)
+    first, second = fmt.encode(turns[0]), fmt.encode(turns[1])
+    observation = fmt.tool_response_ids("5")
+    assert t.status == RolloutStatus.ANSWERED and t.num_turns == 2
+    assert t.response_ids == first + observation + second
+    assert t.loss_mask == [1] * len(first) + [0] * len(observation) + [1] * len(second)
+    assert t.logprobs == [-0.25] * len(first) + [0.0] * len(observation) + [-0.25] * len(second)
+    assert engine.prompts[1] == engine.prompts[0] + first + observation  # never re-tokenised
+    assert [r.code for r in tools.requests] == ["print(2 + 3)"]
+    assert t.tool_calls[0].call is not None and t.tool_calls[0].result.stdout == "5\n"
+    assert "<tool_response>\n5\n</tool_response>" in t.text
+    assert Verifier().score(t, "5").reason == Verdict.CORRECT
+
+
+def test_a_malformed_call_is_a_failed_call_shown_to_the_model(fmt: PromptFormat) -> None:
+    bad = "<tool_call>\n{oops\n</tool_call>"
+    tools = FakeTools()
+    t, _ = _run(fmt, [bad, f"<answer>\\boxed{{5}}</answer>{END}"], tools)
+    record = t.tool_calls[0]
+    assert record.failed and record.call is None and "not valid JSON" in (record.parse_error or "")
+    assert record.result.status == ExecStatus.REJECTED and not tools.requests
+    assert "not valid JSON" in t.text and t.status == RolloutStatus.ANSWERED
+
+
+def test_a_turn_that_ends_without_an_answer(fmt: PromptFormat) -> None:
+    t, _ = _run(fmt, [f"I give up.{END}"])
+    assert t.status == RolloutStatus.NO_ANSWER and t.num_turns == 1 and not t.tool_calls
+
+
+def test_the_turn_budget(fmt: PromptFormat) -> None:
+    t, engine = _run(fmt, [_call("1"), _call("2"), "never reached"], max_turns=2)
+    assert t.status == RolloutStatus.TRUNCATED_TURNS and t.num_turns == 2
+    assert len(engine.prompts) == 2
+
+
+def test_the_response_budget_counts_tool_tokens(fmt: PromptFormat) -> None:
+    call = _call("print(2 + 3)")
+    budget = len(fmt.encode(call)) + 3  # room for the call, not for its observation
+    t, _ = _run(fmt, [call, "unused"], max_response_tokens=budget)
+    assert t.status == RolloutStatus.TRUNCATED_LENGTH and len(t.response_ids) <= budget
+    long_answer = "x " * 500
+    t, engine = _run(fmt, [long_answer], max_response_tokens=50)
+    assert t.status == RolloutStatus.TRUNCATED_LENGTH and len(t.response_ids) == 50
+    assert engine.params[0].max_tokens == 50
+
+
+def test_per_turn_cap_and_per_turn_seeds(fmt: PromptFormat) -> None:
+    t, engine = _run(fmt, [_call("1"), f"<answer>\\boxed{{1}}</answer>{END}"],
+                     max_tokens_per_turn=200)  # fmt: skip
+    assert [p.max_tokens for p in engine.params] == [200, 200]
+    assert [p.seed for p in engine.params] == [100, 101]
+    assert engine.params[0].stop == ["</tool_call>"]
+
+
+def test_an_engine_failure_is_an_error_state(fmt: PromptFormat) -> None:
+    class Broken:
+        async def generate(self, prompt_ids: list[int], params: object) -> object:
+            raise ConnectionError("engine down")
+
+    prompt = fmt.prompt_ids("q")
+    t = asyncio.run(run_trajectory(Broken(), FakeTools(), fmt, RolloutConfig(), "p", 0, prompt))  # type: ignore[arg-type]
+    assert t.status == RolloutStatus.ERROR and t.response_ids == []
+
+
+def test_with_the_real_sandbox(fmt: PromptFormat) -> None:
+    async def main() -> Trajectory:
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            engine = ScriptedEngine(
+                fmt, [_call("x = 6 * 7\nx"), f"<answer>\\boxed{{42}}</answer>{END}"]
+            )
+            return await run_trajectory(engine, sandbox, fmt, RolloutConfig(), "p", 0,
+                                        fmt.prompt_ids("6 * 7?"))  # fmt: skip
+
+    t = asyncio.run(main())
+    assert t.tool_calls[0].result.stdout == "42\n" and not t.tool_calls[0].failed
+    assert t.status == RolloutStatus.ANSWERED

@@ -1,0 +1,45 @@
+from pathlib import Path
+
+import pytest
+
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import TOOL_NAME
+
+
+def test_the_default_prompt(fmt: PromptFormat) -> None:
+    text = fmt.tokenizer.decode(fmt.prompt_ids("What is 2 + 3?"))
+    assert text.startswith("<|im_start|>system\n")
+    assert f'"name": "{TOOL_NAME}"' in text and "<tools>" in text
+    assert "<|im_start|>user\nSolve the following problem." in text
+    assert "\\boxed{}" in text and "What is 2 + 3?<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n<reason>")  # the first turn opens reasoning
+
+
+def test_tool_responses_are_a_user_turn_then_a_new_assistant_header(fmt: PromptFormat) -> None:
+    text = fmt.tokenizer.decode(fmt.tool_response_ids("42"))
+    assert text == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    end = fmt.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert fmt.end_of_turn_ids == {end}
+
+
+def test_a_user_template(fmt: PromptFormat, tmp_path: Path) -> None:
+    template = tmp_path / "plain.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    plain = PromptFormat(fmt.tokenizer, str(template))
+    assert plain.tokenizer.decode(plain.tool_response_ids("7")) == "\n[tool] 7\n[assistant] "
+    assert plain.tokenizer.decode(plain.prompt_ids("q")).endswith("q\n[assistant] ")
+
+
+def test_template_errors_name_the_problem(fmt: PromptFormat, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="rollout.chat_template: no such file"):
+        PromptFormat(fmt.tokenizer, str(tmp_path / "missing.jinja"))
+    no_tools = tmp_path / "no_tools.jinja"
+    no_tools.write_text("{% for m in messages if m.role != 'tool' %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ValueError, match="'tool' message is not rendered"):
+        PromptFormat(fmt.tokenizer, str(no_tools))
