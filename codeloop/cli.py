@@ -17,7 +17,6 @@ NOT_BUILT = 2
 
 # Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
 PLANNED: dict[str, tuple[str, str]] = {
-    "serve": ("serve a transformers model over an OpenAI-compatible API", "rollout (issue 4)"),
     "sft": ("non-reasoning SFT on multi-turn tool-use chat data", "trainer (issue 5)"),
     "train": ("GRPO-RoC reinforcement learning", "trainer (issue 5)"),
     "recipe": ("run a multi-stage recipe from a config file", "recipe (issue 6)"),
@@ -89,6 +88,26 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
     return bench.main(args.extra)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from codeloop.rollout.server import serve
+
+    serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens)
+    return 0
+
+
+def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve a transformers model over an OpenAI-compatible completions API"
+    )
+    serve.add_argument("--model", required=True, help="model directory or hub name")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+    serve.add_argument("--kv-capacity-tokens", type=int, default=65536,
+                       help="tokens counted as a full KV cache in /metrics")  # fmt: skip
+    serve.set_defaults(run=_serve)
+
+
 def _reward_bench(args: argparse.Namespace) -> int:
     from codeloop.reward import bench
 
@@ -140,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help=group_help["bench"])
     groups["bench"] = bench.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_sandbox_commands(commands, groups["bench"])
+    _add_serve_command(commands)
     reward_bench = groups["bench"].add_parser(
         "reward", add_help=False, help="verifier throughput vs plain math-verify"
     )

@@ -2,6 +2,7 @@
 
 Built: `toolcall` (parse calls, format observations), `prompt` (chat-template-driven prompt and
 tool-response tokens), `engine` (the `Engine` protocol), `agent` (the multi-turn loop),
-`hf_engine` (in-process transformers engine with dynamic batching and in-place weight updates).
-Not built yet (issue 4): the OpenAI-compatible engine, `codeloop serve`, the scheduler.
+`hf_engine` (in-process transformers engine with dynamic batching and in-place weight updates),
+`openai_engine` (any OpenAI-compatible completions server), `server` (`codeloop serve`).
+Not built yet (issue 4): the scheduler and its benchmark; vLLM's weight-reload routes.
 """

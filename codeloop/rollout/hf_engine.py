@@ -50,6 +50,11 @@ class TransformersEngine:
         self._weights_lock = threading.Lock()
         self._default_generator = torch.Generator().manual_seed(0)
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for the next batch."""
+        return len(self._queue)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("generate: empty prompt")

@@ -1,0 +1,89 @@
+"""An `Engine` over an OpenAI-compatible completions server: vLLM, SGLang or `codeloop serve`.
+
+Requests send the token ids as the prompt and ask for the sampled tokens as ids with their
+logprobs (`logprobs: 0`, `return_tokens_as_token_ids`, `include_stop_str_in_output`,
+`skip_special_tokens: false`), so nothing is re-tokenised. The ids are read from `token_ids`
+when the server returns them, else from `token_id:N` tokens. `reload(path)` points the server
+at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
+`{"model_path"}` to `/update_weights_from_disk`. vLLM's weight-reload routes are not wired yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import aiohttp
+
+from codeloop.rollout.engine import Generation, SamplingParams
+
+Backend = Literal["codeloop", "sglang"]
+_RELOAD_ROUTES: dict[str, tuple[str, str]] = {
+    "codeloop": ("/v1/reload", "path"),
+    "sglang": ("/update_weights_from_disk", "model_path"),
+}
+
+
+class EngineError(RuntimeError):
+    """The server answered with an error or an unreadable response."""
+
+
+class OpenAIEngine:
+    def __init__(self, base_url: str, model: str = "", backend: Backend = "codeloop",
+                 timeout_s: float = 3600.0) -> None:  # fmt: skip
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.backend = backend
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "stop": params.stop,
+            "logprobs": 0, "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True, "skip_special_tokens": False,
+        }  # fmt: skip
+        if params.seed is not None:
+            body["seed"] = params.seed
+        payload = await self._post("/v1/completions", body)
+        try:
+            return _generation(payload["choices"][0])
+        except (KeyError, IndexError, TypeError, ValueError) as err:
+            raise EngineError(f"{self.base_url}: unreadable completion: {err!r}") from err
+
+    async def reload(self, path: str) -> None:
+        route, key = _RELOAD_ROUTES[self.backend]
+        await self._post(route, {key: path})
+
+    async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        session = await self._http()
+        async with session.post(self.base_url + route, json=body) as response:
+            if response.status != 200:
+                raise EngineError(
+                    f"{self.base_url}{route}: HTTP {response.status}: {await response.text()}"
+                )
+            payload: dict[str, Any] = await response.json()
+            return payload
+
+
+def _generation(choice: dict[str, Any]) -> Generation:
+    logprobs = choice["logprobs"]
+    if choice.get("token_ids") is not None:
+        ids = [int(i) for i in choice["token_ids"]]
+    else:
+        ids = [int(token.removeprefix("token_id:")) for token in logprobs["tokens"]]
+    values = [float(v) for v in logprobs["token_logprobs"]]
+    if len(values) != len(ids):
+        raise ValueError(f"{len(ids)} tokens but {len(values)} logprobs")
+    if choice.get("finish_reason") == "length":
+        return Generation(ids, values, "length")
+    return Generation(ids, values, "stop")

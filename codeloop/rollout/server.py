@@ -1,0 +1,135 @@
+"""`codeloop serve`: an OpenAI-compatible completions server for a transformers model.
+
+Routes (JSON):
+- `POST /v1/completions`: `prompt` (token ids, or a string), `max_tokens`, `temperature`,
+  `top_p`, `stop`, `seed`, `logprobs`. The choice carries `text`, `token_ids` (the sampled ids),
+  `logprobs.tokens` / `logprobs.token_logprobs` (as `token_id:N` strings when
+  `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
+  Stop strings stay in the output (vLLM's `include_stop_str_in_output`).
+- `POST /v1/reload` `{"path": DIR}`: load the weights of a checkpoint directory in place.
+- `GET /metrics`: Prometheus text: requests running and waiting, and KV-cache usage as tokens
+  held by running requests over `--kv-capacity-tokens`.
+- `GET /health`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from codeloop.rollout.engine import SamplingParams
+from codeloop.rollout.hf_engine import TransformersEngine
+
+
+class _Stats:
+    def __init__(self, kv_capacity_tokens: int) -> None:
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.running = 0
+        self.tokens_held = 0
+        self.completed = 0
+
+
+def _params(body: dict[str, Any]) -> SamplingParams:
+    stop = body.get("stop") or []
+    return SamplingParams(
+        max_tokens=int(body.get("max_tokens", 16)),
+        temperature=float(body.get("temperature", 1.0)),
+        top_p=float(body.get("top_p", 1.0)),
+        stop=[stop] if isinstance(stop, str) else list(stop),
+        seed=None if body.get("seed") is None else int(body["seed"]),
+    )
+
+
+def build_app(
+    engine: TransformersEngine, model_name: str, kv_capacity_tokens: int
+) -> web.Application:
+    stats = _Stats(kv_capacity_tokens)
+    tokenizer = engine.tokenizer
+
+    async def completions(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            prompt = body["prompt"]
+            if isinstance(prompt, str):
+                ids = tokenizer.encode(prompt, add_special_tokens=False)
+            else:
+                ids = [int(i) for i in prompt]
+            params = _params(body)
+        except (ValueError, KeyError, TypeError) as err:
+            return web.json_response({"error": {"message": f"bad request: {err!r}"}}, status=400)
+        reserved = len(ids) + params.max_tokens
+        stats.running += 1
+        stats.tokens_held += reserved
+        try:
+            generation = await engine.generate(ids, params)
+        finally:
+            stats.running -= 1
+            stats.tokens_held -= reserved
+            stats.completed += 1
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        tokens = [
+            f"token_id:{i}" if as_ids else tokenizer.decode([i]) for i in generation.token_ids
+        ]
+        choice = {
+            "index": 0,
+            "text": tokenizer.decode(generation.token_ids),
+            "token_ids": generation.token_ids,
+            "logprobs": {"tokens": tokens, "token_logprobs": generation.logprobs},
+            "finish_reason": generation.finish_reason,
+        }
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(generation.token_ids)}
+        return web.json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                                  "created": int(time.time()), "model": model_name,
+                                  "choices": [choice], "usage": usage})  # fmt: skip
+
+    async def reload(request: web.Request) -> web.Response:
+        from transformers import AutoModelForCausalLM
+
+        body = await request.json()
+        path = body.get("path")
+        if not isinstance(path, str):
+            return web.json_response({"error": {"message": 'expected {"path": DIR}'}}, status=400)
+        try:
+            dtype = next(engine.model.parameters()).dtype
+            fresh = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except (OSError, ValueError) as err:
+            return web.json_response(
+                {"error": {"message": f"cannot load {path}: {err}"}}, status=400
+            )
+        engine.update_weights(fresh.state_dict())
+        return web.json_response({"ok": True, "path": path})
+
+    async def metrics(request: web.Request) -> web.Response:
+        usage = stats.tokens_held / stats.kv_capacity_tokens
+        lines = [
+            f"codeloop_engine_requests_running {stats.running}",
+            f"codeloop_engine_requests_waiting {engine.waiting}",
+            f"codeloop_engine_kv_cache_usage {min(usage, 1.0):.6f}",
+            f"codeloop_engine_kv_cache_tokens {stats.tokens_held}",
+            f"codeloop_engine_requests_completed_total {stats.completed}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "model": model_name})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes([web.post("/v1/completions", completions), web.post("/v1/reload", reload),
+                    web.get("/metrics", metrics), web.get("/health", health)])  # fmt: skip
+    return app
+
+
+def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tokens: int) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                if isinstance(i, int) and i != tokenizer.unk_token_id}  # fmt: skip
+    engine = TransformersEngine(model, tokenizer, stop_ids, max_batch=max_batch)
+    app = build_app(engine, model_path, kv_capacity_tokens)
+    banner = f"codeloop serve: {model_path} on http://{host}:{port}"
+    web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))

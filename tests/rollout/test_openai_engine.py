@@ -1,0 +1,119 @@
+"""`codeloop serve` in a subprocess, driven by the OpenAI-compatible engine over real HTTP."""
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
+from codeloop.rollout.prompt import PromptFormat
+
+
+def _tiny_model(fmt: PromptFormat, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024)  # fmt: skip
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.fixture(scope="module")
+def served(
+    fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("served")
+    for name, seed in (("v1", 0), ("v2", 1)):
+        _tiny_model(fmt, seed).save_pretrained(root / name)
+        fmt.tokenizer.save_pretrained(root / name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "codeloop", "serve", "--model", str(root / "v1"),
+               "--port", str(port), "--kv-capacity-tokens", "1000"]  # fmt: skip
+    server = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, (
+                "codeloop serve did not start"
+            )
+            time.sleep(0.2)
+    yield url, root
+    server.terminate()
+    server.wait(10)
+
+
+def _logprobs(model: torch.nn.Module, prompt: list[int], gen: Generation) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[
+            0, len(prompt) - 1 : -1
+        ]
+    chosen = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None])
+    return chosen.squeeze(-1).tolist()
+
+
+def test_completions_return_ids_and_logprobs(served: tuple[str, Path], fmt: PromptFormat) -> None:
+    url, root = served
+    prompt = fmt.prompt_ids("What is 2 + 3?")
+
+    async def main() -> list[Generation]:
+        engine = OpenAIEngine(url)
+        try:
+            calls = [engine.generate(prompt, SamplingParams(10, seed=s)) for s in range(3)]
+            return list(await asyncio.gather(*calls))
+        finally:
+            await engine.close()
+
+    gens = asyncio.run(main())
+    local = AutoModelForCausalLM.from_pretrained(root / "v1")
+    for gen in gens:
+        assert len(gen.token_ids) == 10 and gen.finish_reason == "length"
+        assert gen.logprobs == pytest.approx(_logprobs(local, prompt, gen), abs=1e-4)
+
+
+def test_reload_points_the_server_at_a_new_checkpoint(
+    served: tuple[str, Path], fmt: PromptFormat
+) -> None:
+    url, root = served
+    prompt = fmt.encode("2 + 3")
+    params = SamplingParams(6, temperature=0)
+
+    async def main() -> tuple[Generation, Generation]:
+        engine = OpenAIEngine(url)
+        try:
+            before = await engine.generate(prompt, params)
+            await engine.reload(str(root / "v2"))
+            after = await engine.generate(prompt, params)
+            await engine.reload(str(root / "v1"))
+            with pytest.raises(EngineError, match="HTTP 400"):
+                await engine.reload(str(root / "missing"))
+            return before, after
+        finally:
+            await engine.close()
+
+    before, after = asyncio.run(main())
+    v2 = AutoModelForCausalLM.from_pretrained(root / "v2")
+    assert after.logprobs == pytest.approx(_logprobs(v2, prompt, after), abs=1e-4)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+
+
+def test_metrics(served: tuple[str, Path]) -> None:
+    url, _ = served
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    gauges = dict(line.split() for line in text.splitlines())
+    assert gauges["codeloop_engine_requests_running"] == "0"
+    assert float(gauges["codeloop_engine_kv_cache_usage"]) == 0.0
+    assert int(gauges["codeloop_engine_requests_completed_total"]) >= 0
