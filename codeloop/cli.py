@@ -30,7 +30,6 @@ PLANNED: dict[str, tuple[str, str]] = {
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "data stats": ("summarise a problem file", "data (issue 7)"),
-    "bench scheduler": ("rollout scheduler policies in simulation", "issue 4"),
     "bench rollout": ("trajectories/s of the transformers engine", "issue 4"),
     "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
 }
@@ -108,6 +107,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     serve.set_defaults(run=_serve)
 
 
+def _scheduler_bench(args: argparse.Namespace) -> int:
+    from codeloop.rollout import bench_scheduler
+
+    return bench_scheduler.main(args.extra)
+
+
 def _reward_bench(args: argparse.Namespace) -> int:
     from codeloop.reward import bench
 
@@ -164,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         "reward", add_help=False, help="verifier throughput vs plain math-verify"
     )
     reward_bench.set_defaults(run=_reward_bench, passes_extra=True)
+    scheduler_bench = groups["bench"].add_parser(
+        "scheduler", add_help=False, help="rollout scheduler policies on simulated engines"
+    )
+    scheduler_bench.set_defaults(run=_scheduler_bench, passes_extra=True)
     for name in PLANNED:
         head, _, tail = name.partition(" ")
         if tail:
