@@ -179,6 +179,20 @@ class TrainerConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Non-reasoning SFT on multi-turn tool-use conversations (the report's stage 0)."""
+
+    data: str = knob("", "JSONL of {\"messages\": [...]} conversations with tool calls/results.")
+    epochs: int = knob(3, "Passes over the data.", ge=1)
+    lr: float = knob(1e-5, "Peak AdamW learning rate (warm-up, then cosine decay).", gt=0)
+    min_lr_ratio: float = knob(0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1)
+    warmup_steps: int = knob(10, "Linear warm-up steps.", ge=0)
+    conversations_per_step: int = knob(32, "Conversations per optimiser step.", ge=1)
+    micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
+    max_tokens: int = knob(8192, "Longest conversation kept; longer ones are an error.", ge=1)
+
+
+@dataclass
 class DataConfig:
     """Training problems: where they come from and how they are curated."""
 
@@ -234,6 +248,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -44,7 +44,7 @@ def test_every_field_is_documented() -> None:
         missing = []
         for f in dataclasses.fields(cls):
             if dataclasses.is_dataclass(f.type) or f.name in {
-                "sandbox", "rollout", "reward", "algo", "trainer", "data", "recipe", "eval"
+                "sandbox", "rollout", "reward", "algo", "trainer", "sft", "data", "recipe", "eval"
             }:  # fmt: skip
                 continue
             if not f.metadata.get("help"):

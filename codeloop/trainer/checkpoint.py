@@ -1,0 +1,68 @@
+"""Checkpoints for exact resume: model, optimiser, LR schedule, RNG states, data position, step.
+
+`checkpoints/step_NNNNNN/` holds `model/` (save_pretrained: loadable by `codeloop serve` and
+`from_pretrained`) and `state.pt` (everything else). A checkpoint is written to a temporary
+directory and renamed, so a crash never leaves a half-written one; the oldest beyond `keep`
+are removed.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}  # fmt: skip
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any,
+                    extra: dict[str, Any], keep: int) -> Path:  # fmt: skip
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{step:06d}"
+    partial = root / f".partial_step_{step:06d}"
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial / "model")
+    state = {"step": step, "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "rng": _rng_state(), "extra": extra}  # fmt: skip
+    torch.save(state, partial / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(
+    path: str | Path, model: Any, optimizer: Any, scheduler: Any
+) -> tuple[int, dict[str, Any]]:
+    """Restore everything into the given objects; return (step, extra)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    saved = AutoModelForCausalLM.from_pretrained(
+        path / "model", dtype=next(model.parameters()).dtype
+    )
+    model.load_state_dict(saved.state_dict())
+    state = torch.load(path / "state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    return int(state["step"]), dict(state["extra"])

@@ -1,0 +1,161 @@
+"""Non-reasoning SFT on multi-turn tool-use conversations (the report's stage 0).
+
+Data: JSONL, one `{"messages": [...]}` per line, roles `system`, `user`, `assistant`, `tool`,
+string contents; an assistant turn that calls the tool ends with its `</tool_call>`. Each
+conversation is rendered with the rollout's chat template, and the loss covers only the
+assistant's own tokens: what the policy will sample at RL time (a tool-calling turn up to its
+`</tool_call>`, a final turn up to its end-of-turn token). Batches: conversations per optimiser
+step, split into micro-batches under a token budget with gradient accumulation; the loss is the
+mean over the step's assistant tokens. Schedule: linear warm-up, then cosine decay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from codeloop.config import SFTConfig
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.batch import Sample, collate, micro_batches, token_logprobs
+from codeloop.trainer.logs import RunLogger
+
+ROLES = {"system", "user", "assistant", "tool"}
+Conversation = list[dict[str, str]]
+
+
+class SFTDataError(ValueError):
+    pass
+
+
+def load_conversations(path: str) -> list[Conversation]:
+    """Conversations from a JSONL file; errors name the file and line."""
+    if not Path(path).is_file():
+        raise SFTDataError(f"sft.data: no such file: {path}")
+    conversations = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SFTDataError(f"{where}: not JSON ({err.msg})") from err
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise SFTDataError(f'{where}: expected {{"messages": [...]}} with at least one message')
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in ROLES:
+                raise SFTDataError(f"{where}: message {i}: role must be one of {sorted(ROLES)}")
+            if not isinstance(message.get("content"), str):
+                raise SFTDataError(f"{where}: message {i}: content must be a string")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise SFTDataError(f"{where}: no assistant message to train on")
+        conversations.append(messages)
+    return conversations
+
+
+def encode_conversation(fmt: PromptFormat, messages: Conversation) -> Sample:
+    """Token ids with loss mask 1 on the assistant's own tokens (see the module docstring)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = fmt.render(messages[:i], add_generation_prompt=True)
+        after = fmt.render(messages[: i + 1], add_generation_prompt=False)
+        if not before.startswith(rendered) or not after.startswith(before):
+            opening = before[len(rendered) :][-40:]
+            raise SFTDataError(f"message {i}: not rendered as a continuation of the turns before "
+                               f"it; the template opens the turn with {opening!r}")  # fmt: skip
+        turn = _trim(after[len(before) :], message["content"], fmt)
+        for text, trained in ((before[len(rendered) :], 0), (turn, 1)):
+            piece = fmt.encode(text)
+            ids += piece
+            mask += [trained] * len(piece)
+        rendered = before + turn
+    return Sample(ids, mask, [0.0] * len(ids))
+
+
+def _trim(turn: str, content: str, fmt: PromptFormat) -> str:
+    """What the policy samples: up to `</tool_call>`, or up to the end-of-turn token."""
+    if content.rstrip().endswith("</tool_call>"):
+        return turn[: turn.rindex("</tool_call>") + len("</tool_call>")]
+    for end in fmt.tokenizer.convert_ids_to_tokens(sorted(fmt.end_of_turn_ids)):
+        if end in turn:
+            return turn[: turn.rindex(end) + len(end)]
+    return turn
+
+
+def _schedule(optimizer: torch.optim.Optimizer, cfg: SFTConfig, total_steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def sft_step(
+    model: Any, samples: Sequence[Sample], pad_id: int, token_budget: int
+) -> dict[str, float]:
+    """Forward and backward over one step's samples; returns loss and token count."""
+    tokens = sum(sum(s.loss_mask[1:]) for s in samples)
+    total = 0.0
+    for group in micro_batches(samples, token_budget):
+        batch = collate(group, pad_id)
+        logprobs, _ = token_logprobs(model, batch)
+        loss = -(logprobs * batch["loss_mask"]).sum() / max(tokens, 1)
+        loss.backward()
+        total += float(loss.detach())
+    return {"sft/loss": total, "sft/tokens": float(tokens)}
+
+
+def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversation],
+              cfg: SFTConfig, logger: RunLogger | None = None, seed: int = 0,
+              grad_clip: float = 1.0) -> list[dict[str, float]]:  # fmt: skip
+    """Train `model` in place; returns the per-step metrics."""
+    samples = []
+    for i, conversation in enumerate(conversations):
+        sample = encode_conversation(fmt, conversation)
+        if len(sample.input_ids) > cfg.max_tokens:
+            size = len(sample.input_ids)
+            raise SFTDataError(f"conversation {i}: {size} tokens > sft.max_tokens {cfg.max_tokens}")
+        samples.append(sample)
+    per_step = min(cfg.conversations_per_step, len(samples))
+    steps_per_epoch = math.ceil(len(samples) / per_step)
+    total_steps = cfg.epochs * steps_per_epoch
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    scheduler = _schedule(optimizer, cfg, total_steps)
+    rng = random.Random(seed)
+    pad_id = fmt.tokenizer.pad_token_id or 0
+    history = []
+    model.train()
+    with tqdm(total=total_steps, desc="sft", unit="step") as bar:
+        for _ in range(cfg.epochs):
+            order = list(range(len(samples)))
+            rng.shuffle(order)
+            for start in range(0, len(order), per_step):
+                step_samples = [samples[i] for i in order[start : start + per_step]]
+                metrics = sft_step(model, step_samples, pad_id, cfg.micro_batch_tokens)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                history.append(metrics)
+                if logger is not None:
+                    logger.log(len(history), metrics)
+                bar.update()
+                bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+    model.eval()
+    return history

@@ -1,0 +1,62 @@
+import json
+from pathlib import Path
+
+import pytest
+from conftest import conversation
+
+from codeloop.config import SFTConfig
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.sft import SFTDataError, encode_conversation, load_conversations, train_sft
+
+
+def test_sft_tokens_are_the_tokens_the_rollout_produces(trainer_fmt: PromptFormat) -> None:
+    fmt = trainer_fmt
+    messages = conversation(fmt, 12, 30)
+    sample = encode_conversation(fmt, messages)
+    turn1 = fmt.encode(messages[2]["content"].removeprefix("<reason>"))
+    turn2 = fmt.encode(messages[4]["content"] + "<|im_end|>")
+    expected = fmt.prompt_ids("What is 12 + 30?") + turn1 + fmt.tool_response_ids("42") + turn2
+    assert sample.input_ids == expected
+    trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+    assert trained == turn1 + turn2  # only what the policy samples; tool tokens masked
+
+
+def test_a_turn_that_breaks_the_template_is_named(trainer_fmt: PromptFormat) -> None:
+    messages = conversation(trainer_fmt, 1, 2)
+    messages[2]["content"] = "no reason tag"  # the template opens the first turn with <reason>
+    with pytest.raises(SFTDataError, match="message 2: not rendered as a continuation"):
+        encode_conversation(trainer_fmt, messages)
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("{oops", "data.jsonl:2: not JSON"),
+        ('{"text": "x"}', 'data.jsonl:2: expected {"messages"'),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "message 0: role must be one of"),
+        ('{"messages": [{"role": "user", "content": 5}]}', "message 0: content must be a string"),
+        ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
+    ],
+)
+def test_data_errors_name_file_and_line(tmp_path: Path, line: str, error: str) -> None:
+    good = json.dumps({"messages": [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": "a"}]})  # fmt: skip
+    path = tmp_path / "data.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(SFTDataError, match=error.replace("[", r"\[").replace("{", r"\{")):
+        load_conversations(str(path))
+
+
+def test_sft_fits_a_few_conversations(trainer_fmt: PromptFormat) -> None:
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+    data = [conversation(trainer_fmt, a, b) for a, b in [(1, 2), (3, 4), (10, 20), (7, 8)]]
+    cfg = SFTConfig(
+        epochs=40, lr=3e-3, warmup_steps=5, conversations_per_step=4, micro_batch_tokens=300
+    )
+    history = train_sft(model, trainer_fmt, data, cfg)
+    assert len(history) == 40
+    assert history[-1]["sft/loss"] < 0.3 * history[0]["sft/loss"]
+    assert history[0]["sft/tokens"] == sum(
+        sum(encode_conversation(trainer_fmt, c).loss_mask[1:]) for c in data
+    )
