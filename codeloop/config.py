@@ -182,7 +182,7 @@ class TrainerConfig:
 class SFTConfig:
     """Non-reasoning SFT on multi-turn tool-use conversations (the report's stage 0)."""
 
-    data: str = knob("", "JSONL of {\"messages\": [...]} conversations with tool calls/results.")
+    data: str = knob("", 'JSONL of {"messages": [...]} conversations with tool calls/results.')
     epochs: int = knob(3, "Passes over the data.", ge=1)
     lr: float = knob(1e-5, "Peak AdamW learning rate (warm-up, then cosine decay).", gt=0)
     min_lr_ratio: float = knob(0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1)

@@ -82,11 +82,11 @@ class TransformersEngine:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy new weights into the model in place (between batches)."""
         with self._weights_lock, torch.no_grad():
-            params = dict(self.model.named_parameters())
+            targets = self.model.state_dict()  # tied weights appear under each of their names
             for name, tensor in state_dict.items():
-                if name not in params:
+                if name not in targets:
                     raise KeyError(f"update_weights: the model has no parameter {name!r}")
-                params[name].copy_(tensor)
+                targets[name].copy_(tensor)
 
     @torch.no_grad()
     def _generate_batch(self, batch: list[_Request]) -> list[Generation]:

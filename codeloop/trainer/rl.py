@@ -1,0 +1,271 @@
+"""The GRPO-RoC RL loop: roll out, reward, resample, advantages, update, sync weights, log.
+
+`RLRun.step()` reads top to bottom: sample prompts, roll out oversample x G trajectories per
+prompt, score them, keep G per prompt with Resample-on-Correct, compute group advantages (and
+refill dropped zero-signal groups when `algo.drop_zero_signal_groups`), take
+`trainer.updates_per_step` optimiser steps over token-budgeted micro-batches, push the new
+weights to the engine, log, checkpoint. Everything random is seeded from `trainer.seed`, the
+step and the sample index, and the checkpoint holds the data position and the RoC generator, so
+a run stopped and resumed reproduces the uninterrupted run (with a deterministic engine).
+Weights reach the engine through its `update_weights` (the in-process engine); pushing to
+servers is not wired into this loop yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from codeloop.algo.advantage import group_advantages, has_signal
+from codeloop.algo.loss import policy_loss, token_entropy
+from codeloop.algo.resample import penalty, resample
+from codeloop.config import Config
+from codeloop.data.problems import Problem
+from codeloop.reward import Verifier
+from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.engine import ToolExecutor
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.batch import Sample, collate, from_trajectory, micro_batches, token_logprobs
+from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from codeloop.trainer.logs import RunLogger
+from codeloop.types import Trajectory
+
+MAX_REFILL_ROUNDS = 4
+
+
+@dataclass
+class Group:
+    problem: Problem
+    sampled: list[Trajectory]
+    kept: list[Trajectory]
+    advantages: list[float]
+
+
+def _seed(*parts: int) -> int:
+    return zlib.crc32(" ".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+class RLRun:
+    def __init__(self, cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
+                 tools: ToolExecutor, logger: RunLogger, engine: TransformersEngine | None = None
+                 ) -> None:  # fmt: skip
+        if not problems:
+            raise ValueError("RL needs at least one training problem (data.train)")
+        self.cfg, self.model, self.fmt, self.problems = cfg, model, fmt, list(problems)
+        self.tools, self.logger = tools, logger
+        self.engine = engine or TransformersEngine(copy.deepcopy(model), fmt.tokenizer,
+                                                   fmt.end_of_turn_ids)  # fmt: skip
+        self.verifier = Verifier(cfg.reward)
+        t = cfg.trainer
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.step_index = 0
+        self.data_position = 0
+        self.roc_rng = random.Random(t.seed)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def step(self) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+        groups = await self._groups(self.cfg.trainer.prompts_per_step, timings)
+        samples = [
+            from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
+        ]
+        clock = _lap(timings, "timing/rollout_and_reward_s", clock)
+        losses = self._update(samples)
+        clock = _lap(timings, "timing/update_s", clock)
+        self.engine.update_weights(self.model.state_dict())
+        _lap(timings, "timing/sync_s", clock)
+        self.step_index += 1
+        metrics = _rollout_metrics(groups) | losses | timings
+        self.logger.log(self.step_index, metrics)
+        self.logger.trajectories(self.step_index, _dump(groups))
+        self._maybe_checkpoint()
+        return metrics
+
+    async def train(self, steps: int) -> list[dict[str, float]]:
+        self.engine.update_weights(self.model.state_dict())
+        return [await self.step() for _ in range(steps)]
+
+    # -- rollout, reward, resampling -------------------------------------------------------
+
+    async def _groups(self, count: int, timings: dict[str, float]) -> list[Group]:
+        groups: list[Group] = []
+        for _ in range(MAX_REFILL_ROUNDS):
+            batch = await self._rollout(self._next_problems(count - len(groups)))
+            if self.cfg.algo.drop_zero_signal_groups:
+                batch = [g for g in batch if has_signal([t.reward or 0.0 for t in g.kept])]
+            groups += batch
+            if len(groups) >= count or not self.cfg.algo.drop_zero_signal_groups:
+                break
+        timings["rollout/groups_kept"] = float(len(groups))
+        return groups
+
+    def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
+        chosen = []
+        for _ in range(count):
+            epoch, index = divmod(self.data_position, len(self.problems))
+            order = list(range(len(self.problems)))
+            random.Random(_seed(self.cfg.trainer.seed, epoch)).shuffle(order)
+            chosen.append((self.data_position, self.problems[order[index]]))
+            self.data_position += 1
+        return chosen
+
+    async def _rollout(self, problems: list[tuple[int, Problem]]) -> list[Group]:
+        algo, seed = self.cfg.algo, self.cfg.trainer.seed
+        n = algo.group_size * algo.oversample
+
+        async def one(position: int, problem: Problem, k: int) -> Trajectory:
+            prompt = self.fmt.prompt_ids(problem.problem)
+            sample_seed = _seed(seed, position, k)
+            return await run_trajectory(self.engine, self.tools, self.fmt, self.cfg.rollout,
+                                        problem.id, k, prompt, sample_seed)  # fmt: skip
+
+        sampled = await asyncio.gather(*(one(pos, p, k) for pos, p in problems for k in range(n)))
+        golds = [p.answer for _, p in problems for _ in range(n)]
+        results = self.verifier.score_batch(list(zip(sampled, golds, strict=True)))
+        for trajectory, result in zip(sampled, results, strict=True):
+            trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+        groups = []
+        for i, (_, problem) in enumerate(problems):
+            trajectories = list(sampled[i * n : (i + 1) * n])
+            kept = resample(trajectories, algo.group_size, algo.resample, self.roc_rng)
+            advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
+            groups.append(Group(problem, trajectories, kept, advantages))
+        return groups
+
+    # -- the update ------------------------------------------------------------------------
+
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        t, algo = self.cfg.trainer, self.cfg.algo
+        pad_id = self.fmt.tokenizer.pad_token_id or 0
+        if t.recompute_old_logprobs:
+            self._recompute_old_logprobs(samples, pad_id)
+        sums: Counter[str] = Counter()
+        self.model.train()
+        chunks = [samples[i :: t.updates_per_step] for i in range(t.updates_per_step)]
+        for chunk in filter(None, chunks):
+            tokens = sum(sum(s.loss_mask[1:]) for s in chunk)
+            for group in micro_batches(chunk, t.micro_batch_tokens):
+                batch = collate(group, pad_id)
+                logprobs, logits = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+                loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                                          batch["loss_mask"], max(tokens, 1), algo.clip_low,
+                                          algo.clip_high, algo.dual_clip)  # fmt: skip
+                loss.backward()
+                with torch.no_grad():
+                    entropy = (token_entropy(logits) * batch["loss_mask"]).sum()
+                sums["loss"] += float(loss.detach()) * tokens
+                sums.update({"kl": stats.approx_kl, "clipped": stats.clipped_tokens,
+                             "entropy": float(entropy)})  # fmt: skip
+            sums["tokens"] += tokens
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            sums["grad_norm"] += float(norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.model.eval()
+        tokens = max(sums["tokens"], 1)
+        metrics = {f"loss/{k}": sums[key] / tokens for k, key in
+                   (("loss", "loss"), ("clip_fraction", "clipped"), ("approx_kl", "kl"),
+                    ("entropy", "entropy"))}  # fmt: skip
+        return metrics | {"loss/grad_norm": sums["grad_norm"] / t.updates_per_step,
+                          "loss/lr": self.scheduler.get_last_lr()[0],
+                          "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
+        for group in micro_batches(samples, self.cfg.trainer.micro_batch_tokens):
+            logprobs, _ = token_logprobs(
+                self.model, collate(group, pad_id), self.cfg.rollout.temperature
+            )
+            for row, sample in enumerate(group):
+                values = logprobs[row, : len(sample.input_ids) - 1].tolist()
+                sample.old_logprobs = [0.0] + [
+                    v if m else 0.0 for v, m in zip(values, sample.loss_mask[1:], strict=True)
+                ]
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _maybe_checkpoint(self) -> None:
+        every = self.cfg.trainer.checkpoint_every
+        if every and self.step_index % every == 0:
+            self.save()
+
+    def save(self) -> None:
+        extra = {"data_position": self.data_position, "roc_rng": self.roc_rng.getstate()}
+        save_checkpoint(self.logger.run_dir, self.step_index, self.model, self.optimizer,
+                        self.scheduler, extra, self.cfg.trainer.keep_checkpoints)  # fmt: skip
+
+    def resume(self) -> bool:
+        """Continue from the run directory's latest checkpoint, if there is one."""
+        path = latest_checkpoint(self.logger.run_dir)
+        if path is None:
+            return False
+        self.step_index, extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+        self.data_position = int(extra["data_position"])
+        self.roc_rng.setstate(extra["roc_rng"])
+        return True
+
+
+def _lap(timings: dict[str, float], key: str, since: float) -> float:
+    now = time.perf_counter()
+    timings[key] = now - since
+    return now
+
+
+def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
+    sampled = [t for g in groups for t in g.sampled]
+    kept = [t for g in groups for t in g.kept]
+    correct = [t for t in sampled if t.reward == 1.0]
+    calls = [r for t in sampled for r in t.tool_calls]
+    statuses = Counter(str(t.status) for t in sampled)
+
+    def error_ratio(trajectories: list[Trajectory]) -> float:
+        records = [r for t in trajectories for r in t.tool_calls]
+        return sum(r.failed for r in records) / len(records) if records else 0.0
+
+    metrics = {
+        "reward/mean": sum(t.reward or 0.0 for t in sampled) / max(len(sampled), 1),
+        "reward/kept_mean": sum(t.reward or 0.0 for t in kept) / max(len(kept), 1),
+        "rollout/response_tokens": sum(len(t.response_ids) for t in sampled) / max(len(sampled), 1),
+        "rollout/turns": sum(t.num_turns for t in sampled) / max(len(sampled), 1),
+        "rollout/tool_calls": len(calls) / max(len(sampled), 1),
+        "rollout/tool_error_ratio": error_ratio(sampled),
+        "roc/tool_error_ratio_correct": error_ratio(correct),
+        "roc/tool_error_ratio_kept_correct": error_ratio([t for t in kept if t.reward == 1.0]),
+    }
+    for status, count in statuses.items():
+        metrics[f"rollout/status_{status}"] = count / len(sampled)
+    return metrics
+
+
+def _dump(groups: list[Group]) -> list[dict[str, Any]]:
+    records = []
+    for group in groups:
+        kept = {id(t) for t in group.kept}
+        for t in group.sampled:
+            p = penalty(t)
+            records.append({"prompt_id": t.prompt_id, "sample_index": t.sample_index,
+                            "problem": group.problem.problem, "gold": group.problem.answer,
+                            "status": str(t.status), "reward": t.reward,
+                            "final_answer": t.final_answer,
+                            "kept": id(t) in kept, "p_err": p.p_err, "p_format": p.p_format,
+                            "num_turns": t.num_turns, "response_tokens": len(t.response_ids),
+                            "tool_statuses": [str(r.result.status) for r in t.tool_calls],
+                            "text": t.text})  # fmt: skip
+    return records

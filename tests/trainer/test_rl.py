@@ -1,0 +1,93 @@
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import conversation
+
+from codeloop.config import Config, SandboxConfig, SFTConfig
+from codeloop.data.problems import Problem
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.logs import RunLogger, read_metrics
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import RLRun
+from codeloop.trainer.sft import train_sft
+
+PAIRS = [(1, 2), (3, 4), (10, 20), (7, 8)]
+PROBLEMS = [Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)]
+
+
+@pytest.fixture(scope="module")
+def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
+    """A tiny policy that has learnt the tool format on these problems, but not perfectly."""
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
+    cfg = SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4)
+    train_sft(model, trainer_fmt, data, cfg)
+    return copy.deepcopy(model.state_dict())
+
+
+def _config(run_dir: Path) -> Config:
+    cfg = Config()
+    cfg.trainer.output_dir = str(run_dir)
+    cfg.trainer.prompts_per_step, cfg.trainer.lr, cfg.trainer.warmup_steps = 2, 1e-3, 0
+    cfg.trainer.checkpoint_every, cfg.trainer.micro_batch_tokens = 1, 4096
+    cfg.algo.group_size, cfg.algo.oversample = 2, 2
+    cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 200, 3
+    cfg.rollout.temperature = 0.7
+    cfg.reward.workers = 1
+    return cfg
+
+
+def _run(fmt: PromptFormat, weights: dict[str, torch.Tensor], run_dir: Path, steps: int,
+         resume: bool = False) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
+    async def main() -> tuple[list[dict[str, float]], RLRun]:
+        model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+        model.load_state_dict(weights)
+        engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
+                                    max_batch=1, batch_window_ms=0)  # deterministic  # fmt: skip
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(run_dir, tensorboard=False)
+            run = RLRun(_config(run_dir), model, fmt, PROBLEMS, sandbox, logger, engine)
+            if resume:
+                assert run.resume()
+            metrics = await run.train(steps)
+            logger.close()
+            run.verifier.close()
+            return metrics, run
+
+    return asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_an_rl_step_end_to_end(trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path) -> None:
+    metrics, run = _run(trainer_fmt, sft_weights, tmp_path, 1)
+    m = metrics[0]
+    assert 0 < m["reward/mean"] < 1, "the SFT policy should be right sometimes, not always"
+    assert m["rollout/tool_calls"] > 0 and m["loss/policy_tokens"] > 0 and m["loss/grad_norm"] > 0
+    dumped = (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()
+    assert len(dumped) == 2 * 4 and sum('"kept": true' in line for line in dumped) == 2 * 2
+    for name, value in run.model.state_dict().items():  # the engine got the new weights
+        assert torch.equal(value, run.engine.model.state_dict()[name])
+    assert read_metrics(tmp_path)[0]["step"] == 1
+    assert (tmp_path / "checkpoints" / "step_000001" / "model").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reproduces_the_uninterrupted_one(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    straight, _ = _run(trainer_fmt, sft_weights, tmp_path / "a", 3)
+    _run(trainer_fmt, sft_weights, tmp_path / "b", 1)
+    resumed, run = _run(trainer_fmt, {k: torch.zeros_like(v) for k, v in sft_weights.items()},
+                        tmp_path / "b", 2, resume=True)  # fmt: skip
+    assert run.step_index == 3
+    keys = ["reward/mean", "rollout/response_tokens", "loss/loss", "loss/grad_norm", "loss/lr"]
+    for a, b in zip(straight[1:], resumed, strict=True):
+        assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-7)
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
+        "step_000001", "step_000002", "step_000003"]  # fmt: skip
