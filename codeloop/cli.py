@@ -17,8 +17,6 @@ NOT_BUILT = 2
 
 # Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
 PLANNED: dict[str, tuple[str, str]] = {
-    "sft": ("non-reasoning SFT on multi-turn tool-use chat data", "trainer (issue 5)"),
-    "train": ("GRPO-RoC reinforcement learning", "trainer (issue 5)"),
     "recipe": ("run a multi-stage recipe from a config file", "recipe (issue 6)"),
     "eval": ("evaluate a model: avg@k, pass@k, maj@k, tool statistics", "eval (issue 7)"),
     "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
@@ -113,6 +111,35 @@ def _scheduler_bench(args: argparse.Namespace) -> int:
     return bench_scheduler.main(args.extra)
 
 
+def _train(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"codeloop {args.command}: {err}", file=sys.stderr)
+        return 2
+    if args.command == "sft":
+        from codeloop.trainer.run import run_sft
+
+        print(f"saved {run_sft(cfg)}")
+        return 0
+    import asyncio
+
+    from codeloop.trainer.run import run_rl
+
+    asyncio.run(run_rl(cfg))
+    return 0
+
+
+def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
+             "train": "GRPO-RoC reinforcement learning on data.train"}  # fmt: skip
+    for name, help_text in helps.items():
+        usage = f"codeloop {name} [--config FILE] [--section.key VALUE ...]"
+        parser = commands.add_parser(name, help=help_text, usage=usage)
+        parser.add_argument("--config", help="TOML config file")
+        parser.set_defaults(run=_train)
+
+
 def _reward_bench(args: argparse.Namespace) -> int:
     from codeloop.reward import bench
 
@@ -165,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups["bench"] = bench.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_sandbox_commands(commands, groups["bench"])
     _add_serve_command(commands)
+    _add_train_commands(commands)
     reward_bench = groups["bench"].add_parser(
         "reward", add_help=False, help="verifier throughput vs plain math-verify"
     )

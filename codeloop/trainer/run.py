@@ -1,0 +1,78 @@
+"""The entry points behind `codeloop sft` and `codeloop train`: config in, run directory out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from codeloop.config import Config
+from codeloop.data.problems import load_problems
+from codeloop.reward.integer import parse_integer
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.model import load_policy
+from codeloop.trainer.rl import RLRun
+from codeloop.trainer.sft import load_conversations, train_sft
+
+
+def run_sft(cfg: Config) -> Path:
+    """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
+    conversations = load_conversations(cfg.sft.data)
+    model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
+    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
+    logger = RunLogger(cfg.trainer.output_dir)
+    try:
+        train_sft(
+            model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed, cfg.trainer.grad_clip
+        )
+    finally:
+        logger.close()
+    out = Path(cfg.trainer.output_dir) / "sft_model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+async def run_rl(cfg: Config) -> list[dict[str, float]]:
+    """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
+    problems = load_problems(cfg.data.train, cfg.data)
+    if cfg.data.integer_answers_only:
+        kept = [p for p in problems if parse_integer(p.answer) is not None]
+        print(f"data: {len(kept)} of {len(problems)} problems have integer answers (kept)")
+        problems = kept
+    model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
+    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
+    async with _tools(cfg) as tools:
+        logger = RunLogger(cfg.trainer.output_dir)
+        run = RLRun(cfg, model, fmt, problems, tools, logger)
+        history = []
+        try:
+            if run.resume():
+                print(f"resumed from step {run.step_index}")
+            run.engine.update_weights(model.state_dict())
+            with tqdm(
+                total=cfg.trainer.max_steps, initial=run.step_index, desc="rl", unit="step"
+            ) as bar:
+                while run.step_index < cfg.trainer.max_steps:
+                    metrics = await run.step()
+                    history.append(metrics)
+                    bar.update()
+                    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+            run.save()
+        finally:
+            logger.close()
+            run.verifier.close()
+        return history
+
+
+def _tools(cfg: Config) -> Any:
+    """The sandbox servers in `sandbox.urls`, or a sandbox in this process."""
+    if cfg.sandbox.urls:
+        from codeloop.sandbox.client import SandboxClient
+
+        return SandboxClient(cfg.sandbox.urls, cfg.sandbox)
+    from codeloop.sandbox.pool import LocalSandbox
+
+    return LocalSandbox(cfg.sandbox)
