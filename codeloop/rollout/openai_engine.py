@@ -6,6 +6,12 @@ logprobs (`logprobs: 0`, `return_tokens_as_token_ids`, `include_stop_str_in_outp
 when the server returns them, else from `token_id:N` tokens. `reload(path)` points the server
 at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
 `{"model_path"}` to `/update_weights_from_disk`. vLLM's weight-reload routes are not wired yet.
+
+`refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
+scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a usage fraction
+(`vllm:kv_cache_usage_perc`, `vllm:gpu_cache_usage_perc`, `sglang:token_usage`) times
+`kv_capacity_tokens`. Those vLLM/SGLang gauge names are from their docs, not checked against a
+live server here.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import aiohttp
 from codeloop.rollout.engine import Generation, SamplingParams
 
 Backend = Literal["codeloop", "sglang"]
+_USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
     "codeloop": ("/v1/reload", "path"),
     "sglang": ("/update_weights_from_disk", "model_path"),
@@ -29,7 +36,9 @@ class EngineError(RuntimeError):
 
 class OpenAIEngine:
     def __init__(self, base_url: str, model: str = "", backend: Backend = "codeloop",
-                 timeout_s: float = 3600.0) -> None:  # fmt: skip
+                 timeout_s: float = 3600.0, kv_capacity_tokens: int = 0) -> None:  # fmt: skip
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.backend = backend
@@ -60,6 +69,19 @@ class OpenAIEngine:
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise EngineError(f"{self.base_url}: unreadable completion: {err!r}") from err
 
+    async def refresh_kv(self) -> None:
+        session = await self._http()
+        async with session.get(self.base_url + "/metrics") as response:
+            text = await response.text() if response.status == 200 else ""
+        gauges = _gauges(text)
+        if "codeloop_engine_kv_cache_tokens" in gauges:
+            self.kv_tokens_used = int(gauges["codeloop_engine_kv_cache_tokens"])
+            return
+        for name in _USAGE_FRACTIONS:
+            if name in gauges and self.kv_capacity_tokens:
+                self.kv_tokens_used = int(gauges[name] * self.kv_capacity_tokens)
+                return
+
     async def reload(self, path: str) -> None:
         route, key = _RELOAD_ROUTES[self.backend]
         await self._post(route, {key: path})
@@ -87,3 +109,18 @@ def _generation(choice: dict[str, Any]) -> Generation:
     if choice.get("finish_reason") == "length":
         return Generation(ids, values, "length")
     return Generation(ids, values, "stop")
+
+
+def _gauges(text: str) -> dict[str, float]:
+    """Prometheus text -> {name: value}, summing the series of a name (e.g. one per engine)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            values[name] = values.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return values

@@ -1,6 +1,6 @@
 """Spreading trajectories over N engines.
 
-A trajectory takes a lease for its whole life (`async with scheduler.lease(tokens) as engine`)
+A trajectory takes a lease for its whole life (`async with scheduler.lease(prompt, budget)`)
 and generates through the leased engine. Policies (`rollout.scheduler`):
 - `static`: trajectory k goes to engine k mod N, whatever the load (the report's starting
   point, where long trajectories pile up on some engines while others idle);
@@ -8,7 +8,8 @@ and generates through the leased engine. Policies (`rollout.scheduler`):
   (verl's balancing); no stickiness, so no prefix-cache reuse across turns;
 - `kv_aware` (the report's): a trajectory is admitted to the engine with the most free KV
   capacity and stays there across turns for the prefix cache; when no engine has room it
-  waits. Free capacity is read live from the engine when it reports `kv_tokens_used` (then a
+  waits. Free capacity is read live from the engine when it reports `kv_tokens_used`
+  (`OpenAIEngine` reads it from the server's /metrics, `refresh_kv`; then a
   trajectory needs room for its prompt plus `headroom_tokens`), else it is the capacity minus
   the reservations (prompt plus response budget) of the trajectories already admitted. A
   trajectory larger than any engine is admitted to an idle engine rather than waiting forever.
@@ -91,11 +92,13 @@ class Scheduler:
         async with self._freed:
             slot: EngineSlot | None
             if self.policy == "kv_aware":
+                await self._refresh_kv()
                 while (slot := self._roomiest(prompt_tokens, reserve_tokens)) is None:
                     try:  # woken by a lease ending, or polled: live usage changes on its own
                         await asyncio.wait_for(self._freed.wait(), self.poll_s)
                     except asyncio.TimeoutError:
                         pass
+                    await self._refresh_kv()
             elif self.policy == "static":
                 slot, self._next = self.slots[self._next % len(self.slots)], self._next + 1
             else:
@@ -103,6 +106,12 @@ class Scheduler:
             slot.leases += 1
             slot.reserved_tokens += reserve_tokens
             return slot
+
+    async def _refresh_kv(self) -> None:
+        """Ask engines that read their KV use from a server to do so (`OpenAIEngine`)."""
+        refreshes = [s.engine.refresh_kv() for s in self.slots if hasattr(s.engine, "refresh_kv")]
+        if refreshes:
+            await asyncio.gather(*refreshes, return_exceptions=True)
 
     def _free(self, slot: EngineSlot) -> int:
         used = getattr(slot.engine, "kv_tokens_used", None)

@@ -117,3 +117,40 @@ def test_metrics(served: tuple[str, Path]) -> None:
     assert gauges["codeloop_engine_requests_running"] == "0"
     assert float(gauges["codeloop_engine_kv_cache_usage"]) == 0.0
     assert int(gauges["codeloop_engine_requests_completed_total"]) >= 0
+
+
+def test_live_kv_readings(served: tuple[str, Path]) -> None:
+    from aiohttp import web
+
+    from codeloop.rollout.openai_engine import _gauges
+
+    text = (
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+        '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+        'vllm:num_requests_running{engine="0"} 3.0\n'
+    )
+    assert _gauges(text) == {"vllm:kv_cache_usage_perc": 0.25, "vllm:num_requests_running": 3.0}
+
+    async def main() -> tuple[int | None, int | None]:
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=text)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        vllm = OpenAIEngine(f"http://127.0.0.1:{port}", kv_capacity_tokens=1000)
+        ours = OpenAIEngine(served[0])
+        try:
+            await vllm.refresh_kv()
+            await ours.refresh_kv()
+            return vllm.kv_tokens_used, ours.kv_tokens_used
+        finally:
+            await vllm.close()
+            await ours.close()
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == (250, 0)  # 25% of 1000; an idle codeloop serve holds 0
