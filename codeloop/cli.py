@@ -17,7 +17,6 @@ NOT_BUILT = 2
 
 # Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
 PLANNED: dict[str, tuple[str, str]] = {
-    "recipe": ("run a multi-stage recipe from a config file", "recipe (issue 6)"),
     "eval": ("evaluate a model: avg@k, pass@k, maj@k, tool statistics", "eval (issue 7)"),
     "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
     "demo": (
@@ -117,6 +116,15 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"codeloop {args.command}: {err}", file=sys.stderr)
         return 2
+    if args.command == "recipe":
+        import asyncio
+
+        from codeloop.recipe.runner import run_recipe_from_config
+
+        for summary in asyncio.run(run_recipe_from_config(cfg)):
+            steps, problems = summary["steps"], summary["problems"]
+            print(f"stage {summary['stage']}: {steps} steps on {problems} problems")
+        return 0
     if args.command == "sft":
         from codeloop.trainer.run import run_sft
 
@@ -132,7 +140,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
-             "train": "GRPO-RoC reinforcement learning on data.train"}  # fmt: skip
+             "train": "GRPO-RoC reinforcement learning on data.train",
+             "recipe": "run the stages of recipe.stages in order"}  # fmt: skip
     for name, help_text in helps.items():
         usage = f"codeloop {name} [--config FILE] [--section.key VALUE ...]"
         parser = commands.add_parser(name, help=help_text, usage=usage)

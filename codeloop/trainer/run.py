@@ -8,7 +8,7 @@ from typing import Any
 from tqdm import tqdm
 
 from codeloop.config import Config
-from codeloop.data.problems import load_problems
+from codeloop.data.problems import Problem, load_problems
 from codeloop.reward.integer import parse_integer
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.logs import RunLogger
@@ -35,16 +35,21 @@ def run_sft(cfg: Config) -> Path:
     return out
 
 
-async def run_rl(cfg: Config) -> list[dict[str, float]]:
-    """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
+def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
+    """The policy, its prompt format and the training problems the config names."""
     problems = load_problems(cfg.data.train, cfg.data)
     if cfg.data.integer_answers_only:
         kept = [p for p in problems if parse_integer(p.answer) is not None]
         print(f"data: {len(kept)} of {len(problems)} problems have integer answers (kept)")
         problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
-    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
-    async with _tools(cfg) as tools:
+    return model, PromptFormat(tokenizer, cfg.rollout.chat_template), problems
+
+
+async def run_rl(cfg: Config) -> list[dict[str, float]]:
+    """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
+    model, fmt, problems = prepare(cfg)
+    async with tools_for(cfg) as tools:
         logger = RunLogger(cfg.trainer.output_dir)
         run = RLRun(cfg, model, fmt, problems, tools, logger)
         history = []
@@ -52,10 +57,9 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
             if run.resume():
                 print(f"resumed from step {run.step_index}")
             run.engine.update_weights(model.state_dict())
-            with tqdm(
-                total=cfg.trainer.max_steps, initial=run.step_index, desc="rl", unit="step"
-            ) as bar:
-                while run.step_index < cfg.trainer.max_steps:
+            total = cfg.trainer.max_steps
+            with tqdm(total=total, initial=run.step_index, desc="rl", unit="step") as bar:
+                while run.step_index < total:
                     metrics = await run.step()
                     history.append(metrics)
                     bar.update()
@@ -67,7 +71,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
         return history
 
 
-def _tools(cfg: Config) -> Any:
+def tools_for(cfg: Config) -> Any:
     """The sandbox servers in `sandbox.urls`, or a sandbox in this process."""
     if cfg.sandbox.urls:
         from codeloop.sandbox.client import SandboxClient

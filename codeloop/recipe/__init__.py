@@ -1,0 +1,1 @@
+"""Multi-stage recipes: `runner` runs the stages of `recipe.stages` in order."""

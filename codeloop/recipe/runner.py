@@ -1,0 +1,104 @@
+"""Run a multi-stage recipe: each stage continues from the previous policy.
+
+For stage i (`recipe.stages[i]`, its `overrides` applied to the config), in
+`<output_dir>/<i>-<name>/`: optionally refilter the problems to those the current policy does
+not solve reliably (`refilter_samples` samples each, pass rate <= `refilter_max_pass_rate`),
+then run `steps` GRPO-RoC steps. The optimiser and its schedule carry over from the previous
+stage unless `reset_optimizer`. A stage that finished (`stage.json` written) is skipped on a
+rerun, with its final weights loaded; an unfinished one resumes from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from codeloop.config import Config, stage_config
+from codeloop.data.problems import Problem
+from codeloop.eval.passrate import pass_rates
+from codeloop.rollout.engine import ToolExecutor
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.checkpoint import latest_checkpoint
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.rl import RLRun
+
+
+async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
+                     tools: ToolExecutor) -> list[dict[str, Any]]:  # fmt: skip
+    """Run every stage; return one summary per stage (also written to its `stage.json`)."""
+    if not cfg.recipe.stages:
+        raise ValueError("recipe.stages is empty: nothing to run")
+    summaries: list[dict[str, Any]] = []
+    carried: dict[str, Any] | None = None  # optimiser and schedule state of the previous stage
+    for index, stage in enumerate(cfg.recipe.stages):
+        scfg = stage_config(cfg, index)
+        stage_dir = Path(cfg.trainer.output_dir) / f"{index + 1}-{stage.name or 'stage'}"
+        done = stage_dir / "stage.json"
+        if done.is_file():
+            carried = _load_final_state(stage_dir, model)
+            summaries.append(json.loads(done.read_text()))
+            continue
+        logger = RunLogger(stage_dir)
+        run = RLRun(scfg, model, fmt, problems, tools, logger)
+        try:
+            kept = await _stage_problems(run, stage, problems, scfg)
+            run.problems = list(kept)
+            if carried is not None and not stage.reset_optimizer:
+                run.optimizer.load_state_dict(carried["optimizer"])
+                run.scheduler.load_state_dict(carried["scheduler"])
+            if run.resume():
+                print(f"{stage_dir.name}: resumed from step {run.step_index}")
+            history = await run.train(stage.steps - run.step_index)
+            run.save()
+        finally:
+            logger.close()
+            run.verifier.close()
+        summary = {"stage": stage.name, "index": index, "steps": stage.steps,
+                   "problems": len(kept), "final": history[-1] if history else {}}  # fmt: skip
+        done.write_text(json.dumps(summary, indent=2))
+        summaries.append(summary)
+        carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+    return summaries
+
+
+async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], cfg: Config
+                          ) -> Sequence[Problem]:  # fmt: skip
+    if not stage.refilter:
+        return problems
+    run.engine.update_weights(run.model.state_dict())
+    rates = await pass_rates(run.engine, run.tools, run.fmt, problems, stage.refilter_samples,
+                             cfg.rollout, run.verifier, cfg.trainer.seed)  # fmt: skip
+    kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
+    limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples
+    print(f"refilter: kept {len(kept)} of {len(problems)} problems "
+          f"(pass rate <= {limit} over {samples} samples)")  # fmt: skip
+    if not kept:
+        raise RuntimeError("refilter kept no problems: the policy solves them all; raise "
+                           "refilter_max_pass_rate or add harder problems")  # fmt: skip
+    return kept
+
+
+def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
+    """Load a finished stage's final weights into `model`; return its optimiser state."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = latest_checkpoint(stage_dir)
+    if path is None:
+        raise FileNotFoundError(f"{stage_dir}: stage.json exists but no checkpoint")
+    dtype = next(model.parameters()).dtype
+    saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=dtype)
+    model.load_state_dict(saved.state_dict())
+    state: dict[str, Any] = torch.load(path / "state.pt", weights_only=False)
+    return state
+
+
+async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:
+    """`codeloop recipe`: the policy, problems and sandbox the config names, every stage."""
+    from codeloop.trainer.run import prepare, tools_for
+
+    model, fmt, problems = prepare(cfg)
+    async with tools_for(cfg) as tools:
+        return await run_recipe(cfg, model, fmt, problems, tools)

@@ -1,0 +1,82 @@
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from codeloop.config import Config, SandboxConfig, StageConfig
+from codeloop.data.problems import Problem
+from codeloop.data.tokenizer import train_tokenizer
+from codeloop.eval.passrate import pass_rates
+from codeloop.recipe.runner import run_recipe
+from codeloop.reward import Verifier
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.model import tiny_model
+
+PROBLEMS = [Problem(f"p{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def fmt() -> PromptFormat:
+    return PromptFormat(train_tokenizer(["What is 1 + 1? print(2) The answer is 2."] * 50, 300))
+
+
+def _config(run_dir: Path) -> Config:
+    cfg = Config()
+    cfg.trainer.output_dir = str(run_dir)
+    cfg.trainer.prompts_per_step, cfg.trainer.checkpoint_every = 2, 1
+    cfg.algo.group_size, cfg.algo.oversample = 2, 1
+    cfg.rollout.max_response_tokens = 8
+    cfg.reward.workers = 1
+    cfg.recipe.stages = [
+        StageConfig(name="short", steps=2),
+        StageConfig(name="longer", steps=1, overrides={"rollout": {"max_response_tokens": 12}}),
+        StageConfig(name="hard", steps=1, refilter=True, refilter_samples=2, reset_optimizer=True),
+    ]
+    return cfg
+
+
+def _recipe(fmt: PromptFormat, cfg: Config) -> list[dict]:  # type: ignore[type-arg]
+    async def main() -> list[dict]:  # type: ignore[type-arg]
+        model = tiny_model(len(fmt.tokenizer), hidden_size=32)
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            return await run_recipe(cfg, model, fmt, PROBLEMS, sandbox)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
+    fmt: PromptFormat, tmp_path: Path
+) -> None:
+    cfg = _config(tmp_path)
+    summaries = _recipe(fmt, cfg)
+    assert [s["stage"] for s in summaries] == ["short", "longer", "hard"]
+    assert [s["problems"] for s in summaries] == [4, 4, 4]  # an untrained policy solves nothing
+    assert summaries[1]["final"]["rollout/response_tokens"] <= 12
+    states = {d.name: torch.load(sorted((d / "checkpoints").glob("step_*"))[-1] / "state.pt",
+                                 weights_only=False) for d in tmp_path.iterdir()}  # fmt: skip
+    steps = {
+        name: next(iter(s["optimizer"]["state"].values()))["step"].item()
+        for name, s in states.items()
+    }
+    assert steps == {"1-short": 2, "2-longer": 3, "3-hard": 1}  # carried over, then reset
+    assert _recipe(fmt, cfg) == summaries  # everything finished: nothing runs again
+
+
+def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
+    class Answers:  # answers "4" to everything: right for p2 only
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            ids = fmt.encode("<answer>\\boxed{4}</answer><|im_end|>")
+            return Generation(ids, [-0.1] * len(ids), "stop")
+
+    class NoTools:
+        async def execute(self, request: object) -> object:
+            raise AssertionError("no tool call expected")
+
+    with Verifier() as verifier:
+        rates = asyncio.run(pass_rates(Answers(), NoTools(), fmt, PROBLEMS, 3,  # type: ignore[arg-type]
+                                       _config(Path("/tmp")).rollout, verifier))  # fmt: skip
+    assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
