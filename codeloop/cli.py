@@ -19,11 +19,6 @@ NOT_BUILT = 2
 PLANNED: dict[str, tuple[str, str]] = {
     "eval": ("evaluate a model: avg@k, pass@k, maj@k, tool statistics", "eval (issue 7)"),
     "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
-    "demo": (
-        "the rStar2-Agent recipe end to end on a CPU in minutes: a synthetic task, a locally "
-        "trained tokenizer and tiny model, SFT, three RL stages with GRPO-RoC, a report",
-        "the main job (issue 6)",
-    ),
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "data stats": ("summarise a problem file", "data (issue 7)"),
@@ -138,6 +133,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    if args.ablation:
+        import asyncio
+        from pathlib import Path
+
+        from codeloop.recipe.demo import run_ablation
+
+        asyncio.run(run_ablation(Path(args.run_dir), args.seeds, overrides=args.overrides))
+        return 0
+    from codeloop.recipe.demo import main
+
+    return main(args.run_dir, args.seed, args.overrides)
+
+
 def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
              "train": "GRPO-RoC reinforcement learning on data.train",
@@ -202,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sandbox_commands(commands, groups["bench"])
     _add_serve_command(commands)
     _add_train_commands(commands)
+    demo = commands.add_parser(
+        "demo", help="the rStar2-Agent recipe end to end on a CPU (make demo)"
+    )
+    demo.add_argument("--run-dir", default="runs/demo", help="output directory (resumable)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--ablation", action="store_true",
+                      help="plain GRPO vs GRPO-RoC from one SFT policy, over --seeds")  # fmt: skip
+    demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    demo.set_defaults(run=_demo)
     reward_bench = groups["bench"].add_parser(
         "reward", add_help=False, help="verifier throughput vs plain math-verify"
     )

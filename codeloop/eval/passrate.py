@@ -16,18 +16,46 @@ from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.types import Trajectory
+
+
+async def sample_and_score(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+                           problems: Sequence[Problem], k: int, cfg: RolloutConfig,
+                           verifier: Verifier, seed: int = 0
+                           ) -> list[list[Trajectory]]:  # fmt: skip
+    """k scored trajectories per problem (`reward` and `final_answer` set), in problem order."""
+
+    async def sample(problem: Problem, i: int) -> Trajectory:
+        sample_seed = zlib.crc32(f"{seed} {problem.id} {i}".encode()) & 0x7FFFFFFF
+        return await run_trajectory(engine, tools, fmt, cfg, problem.id, i,
+                                    fmt.prompt_ids(problem.problem), sample_seed)  # fmt: skip
+
+    flat = await asyncio.gather(*(sample(p, i) for p in problems for i in range(k)))
+    golds = [p.answer for p in problems for _ in range(k)]
+    for trajectory, result in zip(flat, verifier.score_batch(list(zip(flat, golds, strict=True))),
+                                  strict=True):  # fmt: skip
+        trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+    return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]
+
+
+def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """Accuracy (avg@k), mean response tokens, and the tool-error ratio among correct ones."""
+    flat = [t for g in groups for t in g]
+    correct = [t for t in flat if t.reward == 1.0]
+    calls = [r for t in correct for r in t.tool_calls]
+    return {
+        "accuracy": sum(t.reward or 0.0 for t in flat) / max(len(flat), 1),
+        "response_tokens": sum(len(t.response_ids) for t in flat) / max(len(flat), 1),
+        "tool_error_ratio_correct": sum(r.failed for r in calls) / len(calls) if calls else 0.0,
+        "tool_calls": sum(len(t.tool_calls) for t in flat) / max(len(flat), 1),
+    }
 
 
 async def pass_rates(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
                      problems: Sequence[Problem], k: int, cfg: RolloutConfig, verifier: Verifier,
                      seed: int = 0) -> dict[str, float]:  # fmt: skip
     """{problem id: fraction of its k samples that are correct}."""
-
-    async def sample(problem: Problem, i: int) -> float:
-        sample_seed = zlib.crc32(f"{seed} {problem.id} {i}".encode()) & 0x7FFFFFFF
-        trajectory = await run_trajectory(engine, tools, fmt, cfg, problem.id, i,
-                                          fmt.prompt_ids(problem.problem), sample_seed)  # fmt: skip
-        return verifier.score(trajectory, problem.answer).reward
-
-    rewards = await asyncio.gather(*(sample(p, i) for p in problems for i in range(k)))
-    return {p.id: sum(rewards[j * k : (j + 1) * k]) / k for j, p in enumerate(problems)}
+    groups = await sample_and_score(engine, tools, fmt, problems, k, cfg, verifier, seed)
+    return {
+        p.id: sum(t.reward or 0.0 for t in g) / k for p, g in zip(problems, groups, strict=True)
+    }

@@ -33,8 +33,10 @@ _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 class PromptFormat:
     """Renders prompts and tool responses with one tokenizer and one chat template."""
 
-    def __init__(self, tokenizer: Any, template_path: str = "") -> None:
+    def __init__(self, tokenizer: Any, template_path: str = "", system_prompt: str = SYSTEM_PROMPT,
+                 user_instruction: str = USER_INSTRUCTION) -> None:  # fmt: skip
         self.tokenizer = tokenizer
+        self.system_prompt, self.user_instruction = system_prompt, user_instruction
         path = Path(template_path) if template_path else DEFAULT_TEMPLATE
         if not path.is_file():
             raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
@@ -55,8 +57,8 @@ class PromptFormat:
 
     def messages(self, problem: str) -> list[dict[str, str]]:
         return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": USER_INSTRUCTION.format(problem=problem)},
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.user_instruction.format(problem=problem)},
         ]
 
     def prompt_ids(self, problem: str) -> list[int]:
