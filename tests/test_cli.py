@@ -58,5 +58,5 @@ def test_console_script_is_installed() -> None:
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert "config" in done.stdout and "demo" in done.stdout
-    done = subprocess.run([str(script), "demo"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(script), "eval"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not built yet" in done.stderr
