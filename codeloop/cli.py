@@ -22,7 +22,6 @@ PLANNED: dict[str, tuple[str, str]] = {
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "data stats": ("summarise a problem file", "data (issue 7)"),
-    "bench rollout": ("trajectories/s of the transformers engine", "issue 4"),
     "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
 }
 
@@ -97,6 +96,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     serve.add_argument("--kv-capacity-tokens", type=int, default=65536,
                        help="tokens counted as a full KV cache in /metrics")  # fmt: skip
     serve.set_defaults(run=_serve)
+
+
+def _rollout_bench(args: argparse.Namespace) -> int:
+    from codeloop.rollout import bench_rollout
+
+    return bench_rollout.main(args.extra)
 
 
 def _scheduler_bench(args: argparse.Namespace) -> int:
@@ -228,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduler", add_help=False, help="rollout scheduler policies on simulated engines"
     )
     scheduler_bench.set_defaults(run=_scheduler_bench, passes_extra=True)
+    rollout_bench = groups["bench"].add_parser(
+        "rollout", add_help=False, help="trajectories/s of the transformers engine"
+    )
+    rollout_bench.set_defaults(run=_rollout_bench, passes_extra=True)
     for name in PLANNED:
         head, _, tail = name.partition(" ")
         if tail:

@@ -126,3 +126,18 @@ def test_the_agent_loop_on_the_engine(engine: TransformersEngine, fmt: PromptFor
         assert len(t.response_ids) <= 24 and t.status in set(RolloutStatus)
         sampled = [lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m]
         assert all(lp < 0 for lp in sampled)
+
+
+def test_bench_rollout_compares_batched_with_one_at_a_time(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    from codeloop.rollout import bench_rollout
+
+    out = Path(str(tmp_path)) / "rollout.json"
+    args = ["--trajectories", "4", "--tokens", "6", "--hidden", "32", "--layers", "1",
+            "--max-batch", "4", "--out", str(out)]  # fmt: skip
+    assert bench_rollout.main(args) == 0
+    report = json.loads(out.read_text())
+    assert set(report["rows"]) == {"one_at_a_time", "batched"}
+    assert all(row["tokens_per_s"] > 0 for row in report["rows"].values())
