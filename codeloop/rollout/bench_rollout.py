@@ -61,11 +61,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="bench-results/rollout.json")
     args = parser.parse_args(argv)
 
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
     from codeloop.data.tokenizer import train_tokenizer
-    from codeloop.trainer.model import tiny_model
 
     fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
-    model = tiny_model(len(fmt.tokenizer), hidden_size=args.hidden, layers=args.layers)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=args.hidden,
+                         intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
+                         num_attention_heads=4, num_key_value_heads=4)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)  # random weights: speed, not quality
     rows: dict[str, Any] = {}
     for name, max_batch in (("one_at_a_time", 1), ("batched", args.max_batch)):
         engine = TransformersEngine(model, fmt.tokenizer, set(), max_batch=max_batch)
