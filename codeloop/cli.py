@@ -21,7 +21,6 @@ PLANNED: dict[str, tuple[str, str]] = {
     "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
     "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
     "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
-    "data stats": ("summarise a problem file", "data (issue 7)"),
     "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
 }
 
@@ -138,6 +137,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from codeloop.data.problems import DataError, load_problems
+    from codeloop.data.stats import problem_stats
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        stats = problem_stats(load_problems(args.file, cfg.data))
+    except (ConfigError, DataError) as err:
+        print(f"codeloop data stats: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(stats, indent=2))
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.ablation:
         import asyncio
@@ -248,6 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             sub = commands.add_parser(head, help=PLANNED[name][0])
         sub.set_defaults(run=_not_built(name), passes_extra=True)
+    stats = groups["data"].add_parser(
+        "stats", help="summarise a problem file: counts, integer answers, duplicates, lengths",
+        usage="codeloop data stats FILE [--config FILE] [--data.problem_field NAME ...]",
+    )  # fmt: skip
+    stats.add_argument("file", help="a JSONL or Parquet problem file, or a hub dataset name")
+    stats.add_argument("--config", help="TOML config file (its [data] field names are used)")
+    stats.set_defaults(run=_data_stats)
     config = commands.add_parser("config", help="inspect configs")
     config_sub = config.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     show = config_sub.add_parser(
