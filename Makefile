@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-fast lint clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,18 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-base
 	$(BIN)/codeloop demo
 
-test: $(VENV)/.installed-dev
+# The viewer's test renders its page in headless Chromium: install Debian's package when missing
+# and we may (root with apt-get); otherwise that test is skipped and pytest says why.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "make: no chromium; the viewer's browser test will be skipped"
+
+test: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed-dev
+test-fast: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # ruff over everything; mypy --strict over the pure core (types, config, sandbox, reward, algo).

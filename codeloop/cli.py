@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from codeloop import __version__
-from codeloop.config import ConfigError, load_config, set_value, to_toml
+from codeloop.config import Config, ConfigError, load_config, set_value, to_toml
 
 NOT_BUILT = 2
+T = TypeVar("T")
 
 # Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
 PLANNED: dict[str, tuple[str, str]] = {
-    "eval": ("evaluate a model: avg@k, pass@k, maj@k, tool statistics", "eval (issue 7)"),
-    "view": ("write a static HTML report of a run's trajectories", "eval (issue 7)"),
-    "data filter": ("keep integer answers, pass-rate band, dedup", "data (issue 7)"),
-    "data decontaminate": ("remove problems sharing 8-grams with benchmarks", "data (issue 7)"),
     "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
 }
 
@@ -153,6 +151,209 @@ def _data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="", help="model directory or hub name, run here")
+    parser.add_argument(
+        "--endpoint",
+        default="",
+        help="an OpenAI-compatible server instead (vLLM, SGLang, codeloop serve)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="",
+        help="the served model's tokenizer (with --endpoint; default --model)",
+    )
+    parser.add_argument("--config", help="TOML config file ([eval], [rollout], [sandbox], ...)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+async def _with_tools(cfg: Config, work: Callable[[Any], Awaitable[T]]) -> T:
+    from codeloop.trainer.run import tools_for
+
+    async with tools_for(cfg) as tools:
+        return await work(tools)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from codeloop.data.problems import DataError, load_problems
+    from codeloop.eval.evaluate import evaluate, open_policy
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.k is not None:
+            set_value(cfg, "eval.k", args.k, "command line")
+        problems = load_problems(args.data, cfg.data)
+        engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
+    except (ConfigError, DataError, ValueError, OSError) as err:
+        print(f"codeloop eval: {err}", file=sys.stderr)
+        return 2
+    out = args.out or str(Path("runs/eval") / Path(args.data).stem)
+    summary = asyncio.run(_with_tools(cfg, lambda tools: evaluate(
+        engine, tools, fmt, problems, cfg, out, args.concurrency, args.seed)))  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    print(f"per-problem results in {out}/results.jsonl; browse with: codeloop view {out}")
+    return 0
+
+
+def _add_eval_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
+        usage="codeloop eval (--model PATH | --endpoint URL --tokenizer PATH) --data FILE "
+              "[--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
+    )  # fmt: skip
+    _policy_options(evaluate)
+    evaluate.add_argument("--data", required=True, help="benchmark: JSONL/Parquet or hub name")
+    evaluate.add_argument("--k", type=int, help="samples per problem (default eval.k = 16)")
+    evaluate.add_argument("--out", help="output directory (default runs/eval/<data name>); "
+                                         "an unfinished one is resumed")  # fmt: skip
+    evaluate.add_argument("--concurrency", type=int, default=32, help="problems in flight")
+    evaluate.set_defaults(run=_eval)
+    view = commands.add_parser("view", help="write a static HTML report of a run's trajectories")
+    view.add_argument("run_dir", help="a training, recipe or evaluation output directory")
+    view.add_argument("--out", help="HTML file to write (default RUN_DIR/view.html)")
+    view.add_argument("--max-trajectories", type=int, default=2000,
+                      help="newest trajectories embedded in the page")  # fmt: skip
+    view.set_defaults(run=_view)
+    entropy = commands.add_parser(
+        "entropy", help="token entropy analysis of evaluated trajectories (forking tokens)",
+        usage="codeloop entropy --model PATH TRAJECTORIES [--top 0.2] [--window 8]",
+    )  # fmt: skip
+    entropy.add_argument("trajectories", help="trajectories.jsonl written by codeloop eval")
+    entropy.add_argument("--model", required=True, help="the policy that sampled them")
+    entropy.add_argument("--top", type=float, default=0.2, help="fraction of tokens kept as high")
+    entropy.add_argument(
+        "--window",
+        type=int,
+        default=8,
+        help="policy tokens after a tool response counted as 'right after'",
+    )
+    entropy.add_argument("--limit", type=int, default=0, help="only the first N trajectories")
+    entropy.add_argument("--out", help="output (default: entropy.json beside the input)")
+    entropy.set_defaults(run=_entropy)
+
+
+def _view(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from codeloop.eval.viewer import render
+
+    try:
+        page, shown, total = render(args.run_dir, args.max_trajectories)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"codeloop view: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path(args.run_dir) / "view.html")
+    out.write_text(page)
+    left = f"; {total - shown} older ones left out (--max-trajectories)" if shown < total else ""
+    print(f"wrote {out}: {shown} trajectories{left}")
+    return 0
+
+
+def _entropy(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from codeloop.eval.entropy import analyse_file
+    from codeloop.trainer.model import load_policy
+
+    model, tokenizer = load_policy(args.model, "float32")
+    try:
+        result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window,
+                              args.limit)  # fmt: skip
+    except (ValueError, OSError) as err:
+        print(f"codeloop entropy: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path(args.trajectories).with_name("entropy.json"))
+    out.write_text(json.dumps(result))
+    report = result["report"]
+    print(f"top {report['top_fraction']:.0%} of {report['policy_tokens']} policy tokens "
+          f"(entropy >= {report['threshold']:.3f}): {report['high_after_tool']} right after a "
+          f"tool response, {report['high_other']} elsewhere")  # fmt: skip
+    for name in ("after_tool", "other"):
+        print(f"  {name}: " + ", ".join(f"{tok!r} {n}" for tok, n in report[name][:12]))
+    print(f"wrote {out}")
+    return 0
+
+
+def _data_filter(args: argparse.Namespace) -> int:
+    import asyncio
+    from collections import Counter
+    from pathlib import Path
+
+    from codeloop.data.curate import curate, write_problems, write_removals
+    from codeloop.data.problems import DataError, Problem, load_problems
+
+    decontaminate = args.sub == "decontaminate"
+    try:
+        cfg = load_config(args.config, args.overrides)
+        problems = load_problems(args.file, cfg.data)
+        benchmarks = [Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
+                      for path in args.against for b in load_problems(path, cfg.data)]  # fmt: skip
+    except (ConfigError, DataError) as err:
+        print(f"codeloop data {args.sub}: {err}", file=sys.stderr)
+        return 2
+    kept, removed = curate(problems, not (decontaminate or args.keep_non_integer),
+                           not (decontaminate or args.keep_duplicates), benchmarks,
+                           args.ngram)  # fmt: skip
+    if not decontaminate and args.pass_band:
+        kept, out = asyncio.run(_pass_band(args, cfg, kept))
+        removed += out
+    write_problems(args.out, kept)
+    removals = Path(args.out).with_suffix(".removed.jsonl")
+    write_removals(removals, removed)
+    reasons = dict(Counter(r.reason for r in removed))
+    print(f"kept {len(kept)} of {len(problems)} problems -> {args.out}; removed {reasons} -> "
+          f"{removals}")  # fmt: skip
+    return 0
+
+
+async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any]) -> Any:
+    from codeloop.eval.evaluate import eval_rollout_config, open_policy
+    from codeloop.eval.passrate import pass_band
+    from codeloop.reward import Verifier
+
+    engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
+    verifier = Verifier(cfg.reward)
+    low, high = args.pass_band
+    try:
+        return await _with_tools(cfg, lambda tools: pass_band(
+            engine, tools, fmt, problems, args.k, eval_rollout_config(cfg), verifier, low, high,
+            args.seed))  # fmt: skip
+    finally:
+        verifier.close()
+
+
+def _add_data_commands(data: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    filt = data.add_parser(
+        "filter", help="integer answers, no duplicates, no benchmark overlap, a pass-rate band",
+        usage="codeloop data filter FILE --out OUT [--against BENCH ...] "
+              "[--pass-band LOW HIGH (--model PATH | --endpoint URL) --k 8]",
+    )  # fmt: skip
+    decon = data.add_parser(
+        "decontaminate", help="remove problems sharing an n-gram with benchmark problems",
+        usage="codeloop data decontaminate FILE --against BENCH [BENCH ...] --out OUT [--ngram 8]",
+    )  # fmt: skip
+    for parser in (filt, decon):
+        parser.add_argument("file", help="problems: JSONL/Parquet or a hub dataset name")
+        parser.add_argument("--out", required=True, help="JSONL of the kept problems; removals "
+                            "with reasons go to OUT with suffix .removed.jsonl")  # fmt: skip
+        parser.add_argument("--against", nargs="+", default=[], required=parser is decon,
+                            help="benchmark files whose n-grams must not appear")  # fmt: skip
+        parser.add_argument("--ngram", type=int, default=8, help="n of the n-grams (report: 8)")
+        parser.set_defaults(run=_data_filter)
+    decon.add_argument("--config", help="TOML config file (its [data] field names are used)")
+    _policy_options(filt)
+    filt.add_argument("--keep-non-integer", action="store_true", help="keep non-integer answers")
+    filt.add_argument("--keep-duplicates", action="store_true", help="keep duplicate problems")
+    filt.add_argument("--pass-band", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                      help="keep pass rates in [LOW, HIGH] under the policy")  # fmt: skip
+    filt.add_argument("--k", type=int, default=8, help="samples per problem for --pass-band")
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.ablation:
         import asyncio
@@ -231,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sandbox_commands(commands, groups["bench"])
     _add_serve_command(commands)
     _add_train_commands(commands)
+    _add_eval_commands(commands)
     demo = commands.add_parser(
         "demo", help="the rStar2-Agent recipe end to end on a CPU (make demo)"
     )
@@ -263,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             sub = commands.add_parser(head, help=PLANNED[name][0])
         sub.set_defaults(run=_not_built(name), passes_extra=True)
+    data = commands.add_parser("data", help=group_help["data"])
+    groups["data"] = data.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
+    _add_data_commands(groups["data"])
     stats = groups["data"].add_parser(
         "stats", help="summarise a problem file: counts, integer answers, duplicates, lengths",
         usage="codeloop data stats FILE [--config FILE] [--data.problem_field NAME ...]",

@@ -59,4 +59,4 @@ def test_console_script_is_installed() -> None:
     assert done.returncode == 0
     assert "config" in done.stdout and "demo" in done.stdout
     done = subprocess.run([str(script), "eval"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "not built yet" in done.stderr
+    assert done.returncode == 2 and "required: --data" in done.stderr

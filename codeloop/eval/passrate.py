@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Sequence
 
 from codeloop.config import RolloutConfig
+from codeloop.data.curate import Removal
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
@@ -59,3 +60,15 @@ async def pass_rates(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
     return {
         p.id: sum(t.reward or 0.0 for t in g) / k for p, g in zip(problems, groups, strict=True)
     }
+
+
+async def pass_band(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+                    problems: Sequence[Problem], k: int, cfg: RolloutConfig, verifier: Verifier,
+                    low: float, high: float, seed: int = 0
+                    ) -> tuple[list[Problem], list[Removal]]:  # fmt: skip
+    """Keep problems whose pass rate over k samples lies in [low, high]."""
+    rates = await pass_rates(engine, tools, fmt, problems, k, cfg, verifier, seed)
+    kept = [p for p in problems if low <= rates[p.id] <= high]
+    removed = [Removal(p.id, "pass_rate", f"{rates[p.id]:.3f} outside [{low}, {high}]")
+               for p in problems if not low <= rates[p.id] <= high]  # fmt: skip
+    return kept, removed

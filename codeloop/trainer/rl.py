@@ -266,6 +266,6 @@ def _dump(groups: list[Group]) -> list[dict[str, Any]]:
                             "final_answer": t.final_answer,
                             "kept": id(t) in kept, "p_err": p.p_err, "p_format": p.p_format,
                             "num_turns": t.num_turns, "response_tokens": len(t.response_ids),
-                            "tool_statuses": [str(r.result.status) for r in t.tool_calls],
+                            "tool_calls": [r.to_dict() for r in t.tool_calls],
                             "text": t.text})  # fmt: skip
     return records

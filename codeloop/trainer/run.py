@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from codeloop.config import Config
+from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
-from codeloop.reward.integer import parse_integer
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import load_policy
@@ -38,10 +39,12 @@ def run_sft(cfg: Config) -> Path:
 def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     """The policy, its prompt format and the training problems the config names."""
     problems = load_problems(cfg.data.train, cfg.data)
-    if cfg.data.integer_answers_only:
-        kept = [p for p in problems if parse_integer(p.answer) is not None]
-        print(f"data: {len(kept)} of {len(problems)} problems have integer answers (kept)")
-        problems = kept
+    benchmarks = [b for path in cfg.data.decontaminate for b in load_problems(path, cfg.data)]
+    kept, removed = curate(problems, cfg.data.integer_answers_only, False, benchmarks,
+                           cfg.data.ngram)  # fmt: skip
+    reasons = Counter(r.reason for r in removed)
+    print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
+    problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
     return model, PromptFormat(tokenizer, cfg.rollout.chat_template), problems
 

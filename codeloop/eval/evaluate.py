@@ -1,0 +1,185 @@
+"""`codeloop eval`: k samples per benchmark problem through the agent loop, scored and summarised.
+
+The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up to 30 turns, a
+32K response budget, k = 16). Output directory:
+
+- `results.jsonl`: one line per finished problem (answers, correctness, statuses, lengths, tool
+  counts). A problem's line is written after its trajectories, so the line marks it done: a
+  killed evaluation continues with the problems that have none.
+- `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
+  problem and gold answer; `codeloop view` and `codeloop entropy` read it.
+- `summary.json`: avg@k (pass@1), unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean
+  response tokens and turns, tool calls per trajectory, tool-error ratio, statuses.
+
+Samples are seeded by (seed, problem id, sample index), so a resumed run samples what the
+uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from codeloop.config import Config, RolloutConfig
+from codeloop.data.problems import Problem
+from codeloop.eval.metrics import majority_correct, summarise
+from codeloop.eval.passrate import sample_and_score
+from codeloop.reward import Verifier
+from codeloop.rollout.engine import Engine, ToolExecutor
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.types import Trajectory
+
+
+def open_policy(cfg: Config, model: str = "", endpoint: str = "", tokenizer: str = ""
+                ) -> tuple[Engine, PromptFormat]:  # fmt: skip
+    """An engine and prompt format: a model run in this process, or a served one.
+
+    `endpoint` is an OpenAI-compatible server (vLLM, SGLang, `codeloop serve`); the prompt is
+    rendered here with `tokenizer` (a directory or hub name; defaults to `model`).
+    """
+    from transformers import AutoTokenizer
+
+    if endpoint:
+        from codeloop.rollout.openai_engine import OpenAIEngine
+
+        if not (tokenizer or model):
+            raise ValueError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
+        fmt = PromptFormat(AutoTokenizer.from_pretrained(tokenizer or model),
+                           cfg.rollout.chat_template)  # fmt: skip
+        return OpenAIEngine(endpoint, model=model or tokenizer), fmt
+    if not model:
+        raise ValueError("give a model path (--model) or a server (--endpoint)")
+    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.trainer.model import load_policy
+
+    policy, loaded = load_policy(model, cfg.trainer.dtype)
+    fmt = PromptFormat(loaded, cfg.rollout.chat_template)
+    return TransformersEngine(policy, loaded, fmt.end_of_turn_ids), fmt
+
+
+def eval_rollout_config(cfg: Config) -> RolloutConfig:
+    """The rollout settings with the `[eval]` section's sampling and budgets."""
+    e = cfg.eval
+    return dataclasses.replace(cfg.rollout, temperature=e.temperature, top_p=e.top_p,
+                               max_turns=e.max_turns,
+                               max_response_tokens=e.max_response_tokens)  # fmt: skip
+
+
+def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:
+    """The per-problem line of `results.jsonl`."""
+    calls = [r for t in samples for r in t.tool_calls]
+    return {
+        "id": problem.id,
+        "gold": problem.answer,
+        "correct": [t.reward == 1.0 for t in samples],
+        "answers": [t.final_answer for t in samples],
+        "statuses": [str(t.status) for t in samples],
+        "response_tokens": [len(t.response_ids) for t in samples],
+        "turns": [t.num_turns for t in samples],
+        "tool_calls": len(calls),
+        "tool_errors": sum(r.failed for r in calls),
+    }
+
+
+def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Benchmark metrics over per-problem results (all with the same k)."""
+    k = len(results[0]["correct"])
+    k_values = [2**i for i in range(k.bit_length()) if 2**i <= k]
+    n = sum(len(r["correct"]) for r in results)
+    statuses = Counter(s for r in results for s in r["statuses"])
+    calls = sum(r["tool_calls"] for r in results)
+    return {
+        "problems": len(results),
+        "k": k,
+        **{("avg@" + str(k) if key == "avg" else key): value
+           for key, value in summarise([r["correct"] for r in results], k_values).items()},
+        f"maj@{k}": sum(majority_correct(r["answers"], r["correct"]) for r in results)
+        / len(results),
+        "response_tokens": sum(sum(r["response_tokens"]) for r in results) / n,
+        "turns": sum(sum(r["turns"]) for r in results) / n,
+        "tool_calls_per_trajectory": calls / n,
+        "tool_error_ratio": sum(r["tool_errors"] for r in results) / calls if calls else 0.0,
+        "statuses": {s: statuses[s] / n for s in sorted(statuses)},
+    }  # fmt: skip
+
+
+def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Finished problems of an earlier run; a half-written last line (a kill) is ignored."""
+    path = out_dir / "results.jsonl"
+    if not path.exists():
+        return {}
+    done = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        done[record["id"]] = record
+    return done
+
+
+def _keep_finished_trajectories(path: Path, done: set[str]) -> None:
+    """Drop trajectories of problems without a results line (they will be sampled again)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["prompt_id"] in done:
+                kept.append(line + "\n")
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(kept))
+
+
+async def evaluate(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+                   problems: Sequence[Problem], cfg: Config, out_dir: str | Path,
+                   concurrency: int = 32, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Evaluate `problems` with `cfg.eval.k` samples each into `out_dir`; returns the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        raise ValueError("evaluate: problem ids must be unique (set data.id_field)")
+    done = read_done(out)
+    if any(len(r["correct"]) != cfg.eval.k for r in done.values()):
+        raise ValueError(f"{out}/results.jsonl: holds results with another k than eval.k = "
+                         f"{cfg.eval.k}; use a new output directory")  # fmt: skip
+    _keep_finished_trajectories(out / "trajectories.jsonl", set(done))
+    rollout_cfg, verifier = eval_rollout_config(cfg), Verifier(cfg.reward)
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(problem: Problem) -> tuple[Problem, list[Trajectory]]:
+        async with limit:
+            groups = await sample_and_score(engine, tools, fmt, [problem], cfg.eval.k,
+                                            rollout_cfg, verifier, seed)  # fmt: skip
+            return problem, groups[0]
+
+    todo = [p for p in problems if p.id not in done]
+    try:
+        with (out / "trajectories.jsonl").open("a") as traj_file, \
+                (out / "results.jsonl").open("a") as results_file, \
+                tqdm(total=len(problems), initial=len(problems) - len(todo), desc="eval",
+                     unit="problem") as bar:  # fmt: skip
+            for finished in asyncio.as_completed([one(p) for p in todo]):
+                problem, samples = await finished
+                for t in samples:
+                    record = {**t.to_dict(), "problem": problem.problem, "gold": problem.answer}
+                    traj_file.write(json.dumps(record) + "\n")
+                traj_file.flush()
+                done[problem.id] = problem_result(problem, samples)
+                results_file.write(json.dumps(done[problem.id]) + "\n")
+                results_file.flush()
+                bar.update()
+    finally:
+        verifier.close()
+    result = summary([done[i] for i in ids if i in done])
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,0 +1,146 @@
+"""`codeloop eval`: hand-computed metrics with a scripted policy, resume after a kill, and the
+real thing end to end through `codeloop serve` with the local sandbox."""
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
+
+from codeloop.eval.evaluate import evaluate
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.model import tiny_model
+
+
+def test_metrics_match_hand_computed_values(scripted_run: tuple[Path, dict]) -> None:
+    _, summary = scripted_run
+    # correct samples per problem: 0, 1, 2, 3, 4 of 4
+    assert summary["problems"] == 5 and summary["k"] == K
+    assert summary["avg@4"] == pytest.approx(10 / 20)
+    assert summary["pass@1"] == pytest.approx(10 / 20)
+    # pass@2: 0, 1 - C(3,2)/C(4,2) = 1/2, 1 - 1/6, 1, 1
+    assert summary["pass@2"] == pytest.approx((0 + 0.5 + 5 / 6 + 1 + 1) / 5)
+    assert summary["pass@4"] == pytest.approx(4 / 5)
+    # maj@4: 1 of 4 right loses; 2 of 4 ties and the first-seen (right) answer wins
+    assert summary["maj@4"] == pytest.approx(3 / 5)
+    # tool calls: one per right sample, two for problem 3 (the first raises ZeroDivisionError)
+    assert summary["tool_calls_per_trajectory"] == pytest.approx(13 / 20)
+    assert summary["tool_error_ratio"] == pytest.approx(3 / 13)
+    assert summary["statuses"] == {"answered": 1.0}
+
+
+def test_outputs_are_consistent(scripted_run: tuple[Path, dict]) -> None:
+    out, summary = scripted_run
+    results = read_jsonl(out / "results.jsonl")
+    trajectories = read_jsonl(out / "trajectories.jsonl")
+    assert sorted(r["id"] for r in results) == [p.id for p in PROBLEMS]
+    assert len(trajectories) == 5 * K
+    by_id = {r["id"]: r for r in results}
+    assert by_id["p3"]["correct"] == [True, True, True, False]
+    assert by_id["p3"]["answers"] == ["6", "6", "6", "7"]
+    lengths = [len(t["response_ids"]) for t in trajectories]
+    assert summary["response_tokens"] == pytest.approx(sum(lengths) / len(lengths))
+    assert json.loads((out / "summary.json").read_text()) == summary
+    failed = [t for t in trajectories if t["prompt_id"] == "p3" and t["tool_calls"]]
+    assert all(t["tool_calls"][0]["result"]["error_type"] == "ZeroDivisionError" for t in failed)
+
+
+def test_a_killed_evaluation_resumes_where_it_stopped(
+    fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    full_dir, full_summary = scripted_run
+    out = tmp_path / "killed"
+    shutil.copytree(full_dir, out)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    # two problems finished, a third killed while its line was being written
+    (out / "results.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:25])
+    finished = {json.loads(line)["id"] for line in lines[:2]}
+    policy = ScriptedPolicy(fmt)
+    summary = run_eval(fmt, out, policy)
+    assert sum(policy.first_turns.values()) == 3 * K  # only the three unfinished problems ran
+    assert {f"p{a}" for a in policy.first_turns} == {p.id for p in PROBLEMS} - finished
+    assert summary == full_summary
+    trajectories = read_jsonl(out / "trajectories.jsonl")
+    keys = Counter((t["prompt_id"], t["sample_index"]) for t in trajectories)
+    assert len(keys) == 5 * K and set(keys.values()) == {1}
+
+
+def test_another_k_in_the_same_directory_is_an_error(
+    fmt: PromptFormat, scripted_run: tuple[Path, dict]
+) -> None:
+    out, _ = scripted_run
+    cfg = cfg_for_eval()
+    cfg.eval.k = 2
+    with pytest.raises(ValueError, match="another k"):
+        asyncio.run(evaluate(ScriptedPolicy(fmt), None, fmt, PROBLEMS, cfg, out))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def served_model(fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[str, Path]]:  # fmt: skip
+    root = tmp_path_factory.mktemp("policy")
+    tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(root)
+    fmt.tokenizer.save_pretrained(root)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "codeloop", "serve", "--model", str(root),
+                               "--port", str(port)])  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.2)
+    yield url, root
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.mark.slow
+def test_eval_command_through_codeloop_serve(
+    served_model: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, model_dir = served_model
+    data = tmp_path / "bench.jsonl"
+    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
+                            + "\n" for p in PROBLEMS[:3]))  # fmt: skip
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "codeloop", "eval", "--endpoint", url, "--tokenizer",
+               str(model_dir), "--data", str(data), "--k", "2", "--out", str(out),
+               "--eval.max_response_tokens", "48", "--eval.max_turns", "3",
+               "--sandbox.workers", "1"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    results = read_jsonl(out / "results.jsonl")
+    assert sorted(r["id"] for r in results) == ["p0", "p1", "p2"]
+    assert summary["problems"] == 3 and summary["k"] == 2
+    assert sum(summary["statuses"].values()) == pytest.approx(1.0)
+    trajectories = read_jsonl(out / "trajectories.jsonl")
+    assert len(trajectories) == 6
+    for t in trajectories:  # a random policy: budgets end most trajectories, nothing is lost
+        assert len(t["response_ids"]) <= 48 + 200  # the last turn's tool response may overrun
+        assert len(t["logprobs"]) == len(t["response_ids"]) == len(t["loss_mask"])
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0 and json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_eval_without_a_policy_is_an_error(tmp_path: Path) -> None:
+    data = tmp_path / "bench.jsonl"
+    data.write_text(json.dumps({"id": "a", "problem": "1+1", "answer": "2"}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "codeloop", "eval", "--data", str(data)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "--model" in done.stderr
