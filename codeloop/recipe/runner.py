@@ -67,7 +67,7 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
                           ) -> Sequence[Problem]:  # fmt: skip
     if not stage.refilter:
         return problems
-    run.engine.update_weights(run.model.state_dict())
+    run.sync_weights()
     rates = await pass_rates(run.engine, run.tools, run.fmt, problems, stage.refilter_samples,
                              cfg.rollout, run.verifier, cfg.trainer.seed)  # fmt: skip
     kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]

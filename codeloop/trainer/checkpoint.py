@@ -29,13 +29,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any,
-                    extra: dict[str, Any], keep: int) -> Path:  # fmt: skip
+                    extra: dict[str, Any], keep: int, model_state: dict[str, Any] | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> Path:  # fmt: skip
+    """`model_state`/`optimizer_state`: full (unsharded) states gathered by an FSDP run."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     partial = root / f".partial_step_{step:06d}"
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial / "model")
-    state = {"step": step, "optimizer": optimizer.state_dict(),
+    model.save_pretrained(partial / "model", state_dict=model_state)
+    state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "rng": _rng_state(), "extra": extra}  # fmt: skip
     torch.save(state, partial / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -50,19 +52,28 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(
-    path: str | Path, model: Any, optimizer: Any, scheduler: Any
-) -> tuple[int, dict[str, Any]]:
-    """Restore everything into the given objects; return (step, extra)."""
+def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any,
+                    sharded: bool = False) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """Restore everything into the given objects; return (step, extra). `sharded`: the model
+    and optimiser are FSDP2's and take the full states through `torch.distributed.checkpoint`."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    saved = AutoModelForCausalLM.from_pretrained(
-        path / "model", dtype=next(model.parameters()).dtype
-    )
-    model.load_state_dict(saved.state_dict())
+    saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
     state = torch.load(path / "state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, saved.state_dict(), options=full)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=full)
+    else:
+        model.load_state_dict(saved.state_dict())
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     _set_rng_state(state["rng"])
     return int(state["step"]), dict(state["extra"])

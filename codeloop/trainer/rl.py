@@ -37,8 +37,20 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import Sample, collate, from_trajectory, micro_batches, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from codeloop.trainer.distributed import (
+    World,
+    all_gather,
+    all_max,
+    all_mean,
+    all_sum,
+    barrier,
+    full_optimizer_state,
+    full_state_dict,
+    pad_micro_batches,
+    shard,
+)
 from codeloop.trainer.logs import RunLogger
-from codeloop.types import Trajectory
+from codeloop.types import RolloutStatus, Trajectory
 
 MAX_REFILL_ROUNDS = 4
 
@@ -57,16 +69,21 @@ def _seed(*parts: int) -> int:
 
 class RLRun:
     def __init__(self, cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                 tools: ToolExecutor, logger: RunLogger, engine: TransformersEngine | None = None
-                 ) -> None:  # fmt: skip
+                 tools: ToolExecutor, logger: RunLogger, engine: TransformersEngine | None = None,
+                 world: World | None = None) -> None:  # fmt: skip
         if not problems:
             raise ValueError("RL needs at least one training problem (data.train)")
-        self.cfg, self.model, self.fmt, self.problems = cfg, model, fmt, list(problems)
+        t, world = cfg.trainer, world or World()
+        too_few = t.prompts_per_step < world.size
+        if world.distributed and (cfg.algo.drop_zero_signal_groups or too_few):
+            raise ValueError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size} "
+                             "and no algo.drop_zero_signal_groups")  # fmt: skip
+        self.cfg, self.fmt, self.problems, self.world = cfg, fmt, list(problems), world
         self.tools, self.logger = tools, logger
         self.engine = engine or TransformersEngine(copy.deepcopy(model), fmt.tokenizer,
                                                    fmt.end_of_turn_ids)  # fmt: skip
+        self.model = model = shard(model, world)  # after the engine's unsharded copy
         self.verifier = Verifier(cfg.reward)
-        t = cfg.trainer
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -88,17 +105,23 @@ class RLRun:
         clock = _lap(timings, "timing/rollout_and_reward_s", clock)
         losses = self._update(samples)
         clock = _lap(timings, "timing/update_s", clock)
-        self.engine.update_weights(self.model.state_dict())
+        self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
         self.step_index += 1
-        metrics = _rollout_metrics(groups) | losses | timings
-        self.logger.log(self.step_index, metrics)
-        self.logger.trajectories(self.step_index, _dump(groups))
+        metrics = all_mean(_rollout_metrics(groups) | timings, self.world) | losses
+        dumps = all_gather(_dump(groups), self.world)
+        if self.world.is_main:
+            self.logger.log(self.step_index, metrics)
+            self.logger.trajectories(self.step_index, [r for rank in dumps for r in rank])
         self._maybe_checkpoint()
         return metrics
 
+    def sync_weights(self) -> None:
+        """The engine samples with the trained weights (gathered from the shards)."""
+        self.engine.update_weights(full_state_dict(self.model, self.world))
+
     async def train(self, steps: int) -> list[dict[str, float]]:
-        self.engine.update_weights(self.model.state_dict())
+        self.sync_weights()
         return [await self.step() for _ in range(steps)]
 
     # -- rollout, reward, resampling -------------------------------------------------------
@@ -106,7 +129,8 @@ class RLRun:
     async def _groups(self, count: int, timings: dict[str, float]) -> list[Group]:
         groups: list[Group] = []
         for _ in range(MAX_REFILL_ROUNDS):
-            batch = await self._rollout(self._next_problems(count - len(groups)))
+            chosen = self._next_problems(count - len(groups))  # the same on every rank
+            batch = await self._rollout(chosen[self.world.rank :: self.world.size])
             if self.cfg.algo.drop_zero_signal_groups:
                 batch = [g for g in batch if has_signal([t.reward or 0.0 for t in g.kept])]
             groups += batch
@@ -157,28 +181,35 @@ class RLRun:
             self._recompute_old_logprobs(samples, pad_id)
         sums: Counter[str] = Counter()
         self.model.train()
-        chunks = [samples[i :: t.updates_per_step] for i in range(t.updates_per_step)]
-        for chunk in filter(None, chunks):
-            tokens = sum(sum(s.loss_mask[1:]) for s in chunk)
-            for group in micro_batches(chunk, t.micro_batch_tokens):
+        split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
+        chunks, world = [c for c in split if c], self.world
+        if all_max(len(chunks), world) != -all_max(-len(chunks), world):
+            raise ValueError("every rank needs trainer.updates_per_step samples or more")
+        for chunk in chunks:
+            tokens = all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)  # the whole step's
+            groups = micro_batches(chunk, t.micro_batch_tokens)
+            for group, weight in pad_micro_batches(groups, world):
                 batch = collate(group, pad_id)
                 logprobs, logits = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
                 loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                           batch["loss_mask"], max(tokens, 1), algo.clip_low,
                                           algo.clip_high, algo.dual_clip)  # fmt: skip
-                loss.backward()
+                (loss * weight * world.size).backward()  # FSDP averages over ranks
                 with torch.no_grad():
                     entropy = (token_entropy(logits) * batch["loss_mask"]).sum()
-                sums["loss"] += float(loss.detach()) * tokens
-                sums.update({"kl": stats.approx_kl, "clipped": stats.clipped_tokens,
-                             "entropy": float(entropy)})  # fmt: skip
+                sums.update({"loss": float(loss.detach()) * tokens * weight,
+                             "kl": stats.approx_kl * weight,
+                             "clipped": stats.clipped_tokens * weight,
+                             "entropy": float(entropy) * weight})  # fmt: skip
             sums["tokens"] += tokens
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
-            sums["grad_norm"] += float(norm)
+            sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.model.eval()
+        for key in ("loss", "kl", "clipped", "entropy"):
+            sums[key] = all_sum(sums[key], world)
         tokens = max(sums["tokens"], 1)
         metrics = {f"loss/{k}": sums[key] / tokens for k, key in
                    (("loss", "loss"), ("clip_fraction", "clipped"), ("approx_kl", "kl"),
@@ -208,15 +239,21 @@ class RLRun:
 
     def save(self) -> None:
         extra = {"data_position": self.data_position, "roc_rng": self.roc_rng.getstate()}
-        save_checkpoint(self.logger.run_dir, self.step_index, self.model, self.optimizer,
-                        self.scheduler, extra, self.cfg.trainer.keep_checkpoints)  # fmt: skip
+        model_state = full_state_dict(self.model, self.world)
+        optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
+        if self.world.is_main:
+            save_checkpoint(self.logger.run_dir, self.step_index, self.model, self.optimizer,
+                            self.scheduler, extra, self.cfg.trainer.keep_checkpoints,
+                            model_state, optimizer_state)  # fmt: skip
+        barrier(self.world)
 
     def resume(self) -> bool:
         """Continue from the run directory's latest checkpoint, if there is one."""
         path = latest_checkpoint(self.logger.run_dir)
         if path is None:
             return False
-        self.step_index, extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+        self.step_index, extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler,
+                                                 sharded=self.world.distributed)  # fmt: skip
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
         return True
@@ -249,8 +286,8 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
         "roc/tool_error_ratio_correct": error_ratio(correct),
         "roc/tool_error_ratio_kept_correct": error_ratio([t for t in kept if t.reward == 1.0]),
     }
-    for status, count in statuses.items():
-        metrics[f"rollout/status_{status}"] = count / len(sampled)
+    for status in RolloutStatus:  # every status, so that ranks average the same keys
+        metrics[f"rollout/status_{status}"] = statuses[str(status)] / max(len(sampled), 1)
     return metrics
 
 

@@ -12,6 +12,7 @@ from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import load_policy
 from codeloop.trainer.rl import RLRun
@@ -20,19 +21,24 @@ from codeloop.trainer.sft import load_conversations, train_sft
 
 def run_sft(cfg: Config) -> Path:
     """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
+    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
     conversations = load_conversations(cfg.sft.data)
     model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
+    model = distributed.shard(model, world)
     fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
-    logger = RunLogger(cfg.trainer.output_dir)
+    logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
     try:
-        train_sft(
-            model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed, cfg.trainer.grad_clip
-        )
+        train_sft(model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
+                  cfg.trainer.grad_clip, world)  # fmt: skip
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
     out = Path(cfg.trainer.output_dir) / "sft_model"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    weights = distributed.full_state_dict(model, world)
+    if world.is_main:
+        model.save_pretrained(out, state_dict=weights)
+        tokenizer.save_pretrained(out)
+    distributed.barrier(world)
     return out
 
 
@@ -51,17 +57,19 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
 
 async def run_rl(cfg: Config) -> list[dict[str, float]]:
     """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
+    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
-        logger = RunLogger(cfg.trainer.output_dir)
-        run = RLRun(cfg, model, fmt, problems, tools, logger)
+        logger = RunLogger(cfg.trainer.output_dir, tensorboard=world.is_main)
+        run = RLRun(cfg, model, fmt, problems, tools, logger, world=world)
         history = []
         try:
             if run.resume():
                 print(f"resumed from step {run.step_index}")
-            run.engine.update_weights(model.state_dict())
+            run.sync_weights()
             total = cfg.trainer.max_steps
-            with tqdm(total=total, initial=run.step_index, desc="rl", unit="step") as bar:
+            with tqdm(total=total, initial=run.step_index, desc="rl", unit="step",
+                      disable=not world.is_main) as bar:  # fmt: skip
                 while run.step_index < total:
                     metrics = await run.step()
                     history.append(metrics)

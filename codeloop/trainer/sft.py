@@ -24,6 +24,7 @@ from tqdm import tqdm
 from codeloop.config import SFTConfig
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import Sample, collate, micro_batches, token_logprobs
+from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -105,25 +106,28 @@ def _schedule(optimizer: torch.optim.Optimizer, cfg: SFTConfig, total_steps: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def sft_step(
-    model: Any, samples: Sequence[Sample], pad_id: int, token_budget: int
-) -> dict[str, float]:
-    """Forward and backward over one step's samples; returns loss and token count."""
-    tokens = sum(sum(s.loss_mask[1:]) for s in samples)
+def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: int,
+             world: World | None = None) -> dict[str, float]:  # fmt: skip
+    """Forward and backward over this rank's share of a step; the loss is the token mean over
+    the whole step (all ranks). Returns loss and token count."""
+    world = world or World()
+    tokens = all_sum(sum(sum(s.loss_mask[1:]) for s in samples), world)
     total = 0.0
-    for group in micro_batches(samples, token_budget):
+    for group, weight in pad_micro_batches(micro_batches(samples, token_budget), world):
         batch = collate(group, pad_id)
         logprobs, _ = token_logprobs(model, batch)
         loss = -(logprobs * batch["loss_mask"]).sum() / max(tokens, 1)
-        loss.backward()
-        total += float(loss.detach())
-    return {"sft/loss": total, "sft/tokens": float(tokens)}
+        (loss * weight * world.size).backward()  # FSDP averages gradients over ranks
+        total += float(loss.detach()) * weight
+    return {"sft/loss": all_sum(total, world), "sft/tokens": float(tokens)}
 
 
 def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversation],
               cfg: SFTConfig, logger: RunLogger | None = None, seed: int = 0,
-              grad_clip: float = 1.0) -> list[dict[str, float]]:  # fmt: skip
-    """Train `model` in place; returns the per-step metrics."""
+              grad_clip: float = 1.0, world: World | None = None
+              ) -> list[dict[str, float]]:  # fmt: skip
+    """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics."""
+    world = world or World()
     samples = []
     for i, conversation in enumerate(conversations):
         sample = encode_conversation(fmt, conversation)
@@ -140,14 +144,16 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
     pad_id = fmt.tokenizer.pad_token_id or 0
     history = []
     model.train()
-    with tqdm(total=total_steps, desc="sft", unit="step") as bar:
+    with tqdm(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for _ in range(cfg.epochs):
             order = list(range(len(samples)))
             rng.shuffle(order)
             for start in range(0, len(order), per_step):
-                step_samples = [samples[i] for i in order[start : start + per_step]]
-                metrics = sft_step(model, step_samples, pad_id, cfg.micro_batch_tokens)
+                mine = order[start : start + per_step][world.rank :: world.size]
+                metrics = sft_step(model, [samples[i] for i in mine], pad_id,
+                                   cfg.micro_batch_tokens, world)  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
                 metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}
                 optimizer.step()
                 scheduler.step()

@@ -40,9 +40,27 @@ def test_filter_command_with_a_pass_band(fmt: PromptFormat, tmp_path: Path) -> N
     fmt.tokenizer.save_pretrained(model_dir)
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(p.__dict__) + "\n" for p in PROBLEMS[:2]))
-    command = [sys.executable, "-m", "codeloop", "data", "filter", str(data), "--out",
-               str(tmp_path / "hard.jsonl"), "--pass-band", "0.5", "1", "--model", str(model_dir),
-               "--k", "2", "--eval.max_response_tokens", "16", "--sandbox.workers", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "codeloop",
+        "data",
+        "filter",
+        str(data),
+        "--out",
+        str(tmp_path / "hard.jsonl"),
+        "--pass-band",
+        "0.5",
+        "1",
+        "--model",
+        str(model_dir),
+        "--k",
+        "2",
+        "--eval.max_response_tokens",
+        "16",
+        "--sandbox.workers",
+        "1",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     # a random policy solves nothing: both problems fall below the band, with their rates

@@ -1,0 +1,146 @@
+"""Data parallelism with FSDP2 under `torchrun`: one process per device, one process group.
+
+`init()` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and
+joins the group: gloo on CPU, NCCL on GPUs; without torchrun it is a world of one and nothing
+here communicates. `shard(model)` applies `fully_shard` to every decoder layer and then the root,
+so parameters, gradients and optimiser state are split over the ranks.
+
+Each rank trains on its own share of a step's sequences. The loss is a token mean over the
+whole step (all ranks), so each rank divides its sum by the global token count and scales by the
+world size (FSDP averages gradients over ranks). FSDP's forward and backward are collective:
+every rank must run the same number of micro-batches, so ranks with fewer run zero-weighted ones
+(`pad_micro_batches`).
+
+Launch on a cluster (one process per GPU, the same command on every node):
+
+    torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d \\
+        --rdzv-endpoint HEAD_NODE:29500 -m codeloop train --config exp.toml
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def init() -> World:
+    """Join torchrun's process group (idempotent); a world of one without torchrun."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return World(dist.get_rank(), dist.get_world_size(), device)
+
+
+def shard(model: Any, world: World) -> Any:
+    """FSDP2 over each decoder layer, then the whole model; a no-op in a world of one."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not world.distributed or isinstance(model, FSDPModule):
+        return model
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"shard: {type(model).__name__} has no .model.layers to shard")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def all_sum(value: float, world: World) -> float:
+    if not world.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def all_max(value: int, world: World) -> int:
+    if not world.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def all_mean(metrics: dict[str, float], world: World) -> dict[str, float]:
+    """The mean of each metric over ranks (every rank must pass the same keys)."""
+    if not world.distributed:
+        return metrics
+    keys = sorted(metrics)
+    tensor = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor)
+    return {k: float(v) / world.size for k, v in zip(keys, tensor.tolist(), strict=True)}
+
+
+def all_gather(value: T, world: World) -> list[T]:
+    """Every rank's value, in rank order (pickled: for logs, not tensors)."""
+    if not world.distributed:
+        return [value]
+    gathered: list[Any] = [None] * world.size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def pad_micro_batches(groups: list[T], world: World) -> list[tuple[T, float]]:
+    """(micro-batch, weight): every rank gets as many as the rank with most; extras repeat the
+    last one with weight 0 so that FSDP's collectives line up."""
+    most = all_max(len(groups), world)
+    if not groups and most:
+        raise ValueError("pad_micro_batches: a rank with no samples cannot pad (split evenly)")
+    padding = [(groups[-1], 0.0)] * (most - len(groups)) if most > len(groups) else []
+    return [(g, 1.0) for g in groups] + padding
+
+
+def full_state_dict(model: Any, world: World) -> dict[str, torch.Tensor]:
+    """Unsharded CPU weights on every rank (for the rollout engine and saving)."""
+    if not world.distributed:
+        return dict(model.state_dict())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    return {k: v.cpu() for k, v in get_model_state_dict(model, options=options).items()}
+
+
+def full_optimizer_state(model: Any, optimizer: Any, world: World) -> dict[str, Any] | None:
+    """The unsharded optimiser state (collective); None in a world of one (use its own)."""
+    if not world.distributed:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return dict(get_optimizer_state_dict(model, optimizer, options=options))
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()

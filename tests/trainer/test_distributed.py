@@ -1,0 +1,106 @@
+"""FSDP2 data parallelism: 2 gloo processes under torchrun train like 1 process."""
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import conversation, trainer_fmt  # noqa: F401  (the session fixture)
+
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.distributed import World, pad_micro_batches
+from codeloop.trainer.logs import read_metrics
+from codeloop.trainer.model import tiny_model
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+def _torchrun(processes: int, tokenizer_dir: Path, out: Path) -> dict:
+    out.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(processes),
+        "--standalone",
+        str(WORKER),
+        str(tokenizer_dir),
+        str(out),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
+    tokenizer_dir = tmp_path / "tokenizer"
+    trainer_fmt.tokenizer.save_pretrained(tokenizer_dir)
+    one = _torchrun(1, tokenizer_dir, tmp_path / "one")
+    two = _torchrun(2, tokenizer_dir, tmp_path / "two")
+    for a, b in zip(one["sft"], two["sft"], strict=True):  # 4 SFT steps
+        assert b["sft/tokens"] == a["sft/tokens"]
+        assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5)
+        assert b["sft/grad_norm"] == pytest.approx(a["sft/grad_norm"], rel=1e-4)
+    for a, b in zip(one["rl"], two["rl"], strict=True):  # 2 RL updates of 2 optimiser steps
+        for key in ("loss/loss", "loss/grad_norm", "loss/policy_tokens", "loss/clip_fraction",
+                    "loss/approx_kl", "loss/entropy"):  # fmt: skip
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    assert one["rl"][1]["loss/clip_fraction"] > 0  # lr 1e-2: the second update clips
+    w1 = torch.load(tmp_path / "one" / "weights.pt")
+    w2 = torch.load(tmp_path / "two" / "weights.pt")
+    assert w1.keys() == w2.keys()
+    # Adam divides each gradient by its own scale, so elements whose gradient is ~0 turn
+    # summation-order noise into visible steps: compare each tensor's disagreement with how far
+    # training moved it
+    start = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2, heads=4, seed=0)
+    for key, initial in start.state_dict().items():
+        moved = float((w1[key] - initial).norm())
+        assert moved > 0, key
+        assert float((w2[key] - w1[key]).norm()) < 1e-3 * moved, key
+    assert one["engine_synced"] and two["engine_synced"]
+
+
+def test_pad_micro_batches_in_a_world_of_one() -> None:
+    assert pad_micro_batches(["a", "b"], World()) == [("a", 1.0), ("b", 1.0)]
+    assert pad_micro_batches([], World()) == []
+
+
+@pytest.mark.slow
+def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
+    base = tmp_path / "base"
+    tiny_model(len(trainer_fmt.tokenizer)).save_pretrained(base)
+    trainer_fmt.tokenizer.save_pretrained(base)
+    sft_data, problems = tmp_path / "sft.jsonl", tmp_path / "train.jsonl"
+    sft_data.write_text("".join(json.dumps({"messages": conversation(trainer_fmt, a, b)}) + "\n"
+                                for a, b in [(1, 2), (3, 4), (5, 6)]))  # fmt: skip
+    rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = tmp_path / "run"
+
+    def torchrun(*args: str) -> str:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", "-m", "codeloop", *args]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
+             "--trainer.output_dir", str(run_dir), "--sft.epochs", "2")  # fmt: skip
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]  # one log, not one per rank
+    common = ["--trainer.model", str(run_dir / "sft_model"), "--data.train", str(problems),
+              "--trainer.output_dir", str(run_dir / "rl"), "--trainer.prompts_per_step", "2",
+              "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
+              "--sandbox.workers", "1", "--reward.workers", "1",
+              "--trainer.checkpoint_every", "1"]  # fmt: skip
+    torchrun("train", *common, "--trainer.max_steps", "2")
+    assert "resumed from step 2" in torchrun("train", *common, "--trainer.max_steps", "3")
+    assert [m["step"] for m in read_metrics(run_dir / "rl")] == [1, 2, 3]
+    dump = (run_dir / "rl" / "trajectories" / "step_000003.jsonl").read_text().splitlines()
+    assert len(dump) == 2 * 2 * 2  # both ranks' prompts, 2G sampled each
+    ids = Counter(json.loads(line)["prompt_id"] for line in dump)
+    assert len(ids) == 2 and set(ids.values()) == {4}  # one prompt from each rank
