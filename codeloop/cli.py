@@ -1,7 +1,7 @@
 """The `codeloop` command line. Nothing imports this module.
 
-Each subcommand parses its arguments and calls into the package. A subcommand whose part is not
-built yet says so on stderr and exits with status 2: no fake output.
+Each subcommand parses its arguments and calls into the package; bad input exits with status 2
+and a message on stderr.
 """
 
 from __future__ import annotations
@@ -14,23 +14,7 @@ from typing import Any, TypeVar
 from codeloop import __version__
 from codeloop.config import Config, ConfigError, load_config, set_value, to_toml
 
-NOT_BUILT = 2
 T = TypeVar("T")
-
-# Subcommands still to be built: name -> (help line, what it will do, where it is tracked).
-PLANNED: dict[str, tuple[str, str]] = {
-    "bench train": ("training tokens/s, memory, RL step time split", "issue 5"),
-}
-
-
-def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
-    what, where = PLANNED[name]
-
-    def run(args: argparse.Namespace) -> int:
-        print(f"codeloop {name}: not built yet ({what}); tracked in {where}.", file=sys.stderr)
-        return NOT_BUILT
-
-    return run
 
 
 def _config_show(args: argparse.Namespace) -> int:
@@ -99,6 +83,12 @@ def _rollout_bench(args: argparse.Namespace) -> int:
     from codeloop.rollout import bench_rollout
 
     return bench_rollout.main(args.extra)
+
+
+def _train_bench(args: argparse.Namespace) -> int:
+    from codeloop.trainer import bench_train
+
+    return bench_train.main(args.extra)
 
 
 def _scheduler_bench(args: argparse.Namespace) -> int:
@@ -454,17 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
         "rollout", add_help=False, help="trajectories/s of the transformers engine"
     )
     rollout_bench.set_defaults(run=_rollout_bench, passes_extra=True)
-    for name in PLANNED:
-        head, _, tail = name.partition(" ")
-        if tail:
-            if head not in groups:
-                group = commands.add_parser(head, help=group_help[head])
-                groups[head] = group.add_subparsers(dest="sub", metavar="SUBCOMMAND",
-                                                    required=True)  # fmt: skip
-            sub = groups[head].add_parser(tail, help=PLANNED[name][0])
-        else:
-            sub = commands.add_parser(head, help=PLANNED[name][0])
-        sub.set_defaults(run=_not_built(name), passes_extra=True)
+    train_bench = groups["bench"].add_parser(
+        "train", add_help=False, help="training tokens/s, peak memory, RL step time split"
+    )
+    train_bench.set_defaults(run=_train_bench, passes_extra=True)
     data = commands.add_parser("data", help=group_help["data"])
     groups["data"] = data.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_data_commands(groups["data"])

@@ -1,0 +1,136 @@
+"""`codeloop bench train`: training throughput, peak memory, and where an RL step's time goes.
+
+1. Update throughput: the RL update (`RLRun._update`: micro-batches under a token budget,
+   clipped loss, AdamW) on random sequences of a tiny random model, against a baseline measured
+   in the same run: one plain forward/backward/step of cross-entropy over the same padded batch.
+   The ratio is the trainer's overhead (or gain) over the bare model.
+2. Peak memory: the process's peak resident set (and CUDA's peak allocation on a GPU).
+3. One RL step end to end (rollout through the agent loop with the local sandbox, reward,
+   update, weight sync) split by the step's own timers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import resource
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from codeloop.config import Config
+from codeloop.data.problems import Problem
+from codeloop.data.tokenizer import train_tokenizer
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.batch import Sample, collate
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import RLRun
+
+
+def _samples(count: int, length: int, vocab: int, seed: int) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        n = rng.randint(length // 2, length)
+        mask = [0] * 16 + [1] * (n - 16)
+        out.append(Sample([rng.randrange(vocab) for _ in range(n)], mask,
+                          [-1.0 if m else 0.0 for m in mask], rng.uniform(-1, 1)))  # fmt: skip
+    return out
+
+
+def _baseline(model: Any, samples: list[Sample], steps: int) -> float:
+    """Seconds per step of plain cross-entropy on one padded batch of all samples."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    batch = collate(samples, 0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), batch["input_ids"][:, 1:].flatten(),
+            reduction="none") @ batch["loss_mask"].flatten().float()  # fmt: skip
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / steps
+
+
+def _fmt() -> PromptFormat:
+    corpus = ["What is 12 + 34? print(12 + 34) <answer>\\boxed{46}</answer>"] * 50
+    return PromptFormat(train_tokenizer(corpus, vocab_size=400))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="codeloop bench train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--sequences", type=int, default=32, help="sequences per update")
+    parser.add_argument("--length", type=int, default=512, help="longest sequence, tokens")
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    fmt = _fmt()
+    vocab = len(fmt.tokenizer)
+    samples = _samples(args.sequences, args.length, vocab, 0)
+    tokens = sum(len(s.input_ids) for s in samples)
+    cfg = Config()
+    cfg.trainer.micro_batch_tokens, cfg.trainer.warmup_steps = args.micro_batch_tokens, 0
+    cfg.reward.workers, cfg.sandbox.workers = 1, 1
+    cfg.trainer.prompts_per_step, cfg.algo.group_size, cfg.algo.oversample = 2, 2, 2
+    cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 64, 2
+
+    def model() -> Any:
+        return tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8)
+
+    base_s = _baseline(model(), samples, args.steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        problems = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
+        split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp))
+    update_s = split.pop("update_only_s")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"model: {args.layers} layers x {args.hidden} wide; {args.sequences} sequences, "
+          f"{tokens} tokens per update")  # fmt: skip
+    print(f"{'':28}{'s/update':>10}{'tokens/s':>10}{'vs plain':>10}")
+    print(f"{'plain forward/backward':28}{base_s:10.3f}{tokens / base_s:10.0f}{1.0:10.2f}")
+    print(f"{'RL update (trainer)':28}{update_s:10.3f}{tokens / update_s:10.0f}"
+          f"{base_s / update_s:10.2f}")  # fmt: skip
+    print(f"peak resident memory: {peak_mb:.0f} MiB", end="")
+    if torch.cuda.is_available():
+        print(f"; CUDA peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", end="")
+    total = sum(split.values())
+    print(f"\nRL step ({total:.2f} s): " + ", ".join(
+        f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in split.items()))  # fmt: skip
+    return 0
+
+
+async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem],
+              samples: list[Sample], steps: int, run_dir: str) -> dict[str, float]:  # fmt: skip
+    cfg.trainer.output_dir = run_dir
+    async with LocalSandbox(cfg.sandbox) as tools:
+        logger = RunLogger(run_dir, tensorboard=False)
+        run = RLRun(cfg, model, fmt, problems, tools, logger)
+        try:
+            start = time.perf_counter()
+            for _ in range(steps):
+                run._update(samples)
+            update_only = (time.perf_counter() - start) / steps
+            run.sync_weights()
+            metrics = await run.step()
+        finally:
+            run.verifier.close()
+            logger.close()
+    return {
+        "update_only_s": update_only,
+        "rollout+reward": metrics["timing/rollout_and_reward_s"],
+        "update": metrics["timing/update_s"],
+        "weight sync": metrics["timing/sync_s"],
+    }

@@ -1,0 +1,23 @@
+import re
+import subprocess
+import sys
+
+
+def test_bench_train_reports_throughput_memory_and_the_step_split() -> None:
+    done = subprocess.run([sys.executable, "-m", "codeloop", "bench", "train", "--hidden", "32",
+                           "--layers", "1", "--sequences", "4", "--length", "64", "--steps", "1"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    tokens = int(re.search(r"(\d+) tokens per update", out).group(1))  # type: ignore[union-attr]
+    assert 4 * 32 <= tokens <= 4 * 64
+    plain = re.search(r"plain forward/backward\s+([\d.]+)\s+(\d+)\s+1\.00", out)
+    trainer = re.search(r"RL update \(trainer\)\s+([\d.]+)\s+(\d+)\s+([\d.]+)", out)
+    assert plain and trainer
+    ratio = float(plain.group(1)) / float(trainer.group(1))
+    # the printed ratio is the ratio of the times (printed to 3 decimals: small times round)
+    assert abs(float(trainer.group(3)) - ratio) <= 0.1 * ratio + 0.01
+    assert int(re.search(r"peak resident memory: (\d+) MiB", out).group(1)) > 100  # type: ignore[union-attr]
+    split = re.search(r"RL step \(([\d.]+) s\): rollout\+reward ([\d.]+) s .* update ([\d.]+) s "
+                      r".* weight sync ([\d.]+) s", out)  # fmt: skip
+    assert split and abs(sum(map(float, split.groups()[1:])) - float(split.group(1))) < 0.03
