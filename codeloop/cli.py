@@ -7,6 +7,7 @@ and a message on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -15,6 +16,26 @@ from codeloop import __version__
 from codeloop.config import Config, ConfigError, load_config, set_value, to_toml
 
 T = TypeVar("T")
+BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench` imports
+    "reward": "verifier throughput vs plain math-verify",
+    "scheduler": "rollout scheduler policies on simulated engines",
+    "rollout": "trajectories/s of the transformers engine",
+    "train": "training tokens/s, peak memory, RL step time split",
+}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    match args.sub:
+        case "reward":
+            from codeloop.reward import bench as module
+        case "scheduler":
+            from codeloop.rollout import bench_scheduler as module
+        case "rollout":
+            from codeloop.rollout import bench_rollout as module
+        case _:
+            from codeloop.trainer import bench_train as module
+    code: int = module.main(args.extra)
+    return code
 
 
 def _config_show(args: argparse.Namespace) -> int:
@@ -79,24 +100,6 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     serve.set_defaults(run=_serve)
 
 
-def _rollout_bench(args: argparse.Namespace) -> int:
-    from codeloop.rollout import bench_rollout
-
-    return bench_rollout.main(args.extra)
-
-
-def _train_bench(args: argparse.Namespace) -> int:
-    from codeloop.trainer import bench_train
-
-    return bench_train.main(args.extra)
-
-
-def _scheduler_bench(args: argparse.Namespace) -> int:
-    from codeloop.rollout import bench_scheduler
-
-    return bench_scheduler.main(args.extra)
-
-
 def _train(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
@@ -115,7 +118,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.command == "sft":
         from codeloop.trainer.run import run_sft
 
-        print(f"saved {run_sft(cfg)}")
+        saved = run_sft(cfg)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+            print(f"saved {saved}")
         return 0
     import asyncio
 
@@ -369,12 +374,6 @@ def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         parser.set_defaults(run=_train)
 
 
-def _reward_bench(args: argparse.Namespace) -> int:
-    from codeloop.reward import bench
-
-    return bench.main(args.extra)
-
-
 def _add_sandbox_commands(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     bench: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -432,22 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="plain GRPO vs GRPO-RoC from one SFT policy, over --seeds")  # fmt: skip
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     demo.set_defaults(run=_demo)
-    reward_bench = groups["bench"].add_parser(
-        "reward", add_help=False, help="verifier throughput vs plain math-verify"
-    )
-    reward_bench.set_defaults(run=_reward_bench, passes_extra=True)
-    scheduler_bench = groups["bench"].add_parser(
-        "scheduler", add_help=False, help="rollout scheduler policies on simulated engines"
-    )
-    scheduler_bench.set_defaults(run=_scheduler_bench, passes_extra=True)
-    rollout_bench = groups["bench"].add_parser(
-        "rollout", add_help=False, help="trajectories/s of the transformers engine"
-    )
-    rollout_bench.set_defaults(run=_rollout_bench, passes_extra=True)
-    train_bench = groups["bench"].add_parser(
-        "train", add_help=False, help="training tokens/s, peak memory, RL step time split"
-    )
-    train_bench.set_defaults(run=_train_bench, passes_extra=True)
+    for name, help_text in BENCHES.items():
+        runner = groups["bench"].add_parser(name, add_help=False, help=help_text)
+        runner.set_defaults(run=_bench, passes_extra=True)
     data = commands.add_parser("data", help=group_help["data"])
     groups["data"] = data.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_data_commands(groups["data"])

@@ -7,7 +7,7 @@ import pytest
 from codeloop.cli import main, split_overrides
 from codeloop.config import load_config
 
-TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "view", "demo", "data",
+TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "view", "entropy", "demo", "data",
              "bench", "config"]  # fmt: skip
 
 

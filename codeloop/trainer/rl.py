@@ -98,7 +98,7 @@ class RLRun:
     async def step(self) -> dict[str, float]:
         timings: dict[str, float] = {}
         clock = time.perf_counter()
-        groups = await self._groups(self.cfg.trainer.prompts_per_step, timings)
+        groups = await self._groups(self.cfg.trainer.prompts_per_step)
         samples = [
             from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
         ]
@@ -109,6 +109,7 @@ class RLRun:
         _lap(timings, "timing/sync_s", clock)
         self.step_index += 1
         metrics = all_mean(_rollout_metrics(groups) | timings, self.world) | losses
+        metrics["rollout/groups_kept"] = all_sum(len(groups), self.world)
         dumps = all_gather(_dump(groups), self.world)
         if self.world.is_main:
             self.logger.log(self.step_index, metrics)
@@ -126,7 +127,7 @@ class RLRun:
 
     # -- rollout, reward, resampling -------------------------------------------------------
 
-    async def _groups(self, count: int, timings: dict[str, float]) -> list[Group]:
+    async def _groups(self, count: int) -> list[Group]:
         groups: list[Group] = []
         for _ in range(MAX_REFILL_ROUNDS):
             chosen = self._next_problems(count - len(groups))  # the same on every rank
@@ -136,7 +137,6 @@ class RLRun:
             groups += batch
             if len(groups) >= count or not self.cfg.algo.drop_zero_signal_groups:
                 break
-        timings["rollout/groups_kept"] = float(len(groups))
         return groups
 
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
@@ -214,13 +214,17 @@ class RLRun:
         metrics = {f"loss/{k}": sums[key] / tokens for k, key in
                    (("loss", "loss"), ("clip_fraction", "clipped"), ("approx_kl", "kl"),
                     ("entropy", "entropy"))}  # fmt: skip
-        return metrics | {"loss/grad_norm": sums["grad_norm"] / t.updates_per_step,
+        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(len(chunks), 1),
                           "loss/lr": self.scheduler.get_last_lr()[0],
                           "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
 
     @torch.no_grad()
     def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
-        for group in micro_batches(samples, self.cfg.trainer.micro_batch_tokens):
+        groups = micro_batches(samples, self.cfg.trainer.micro_batch_tokens)
+        for group, weight in pad_micro_batches(groups, self.world):  # FSDP: equal forwards
+            if not weight:
+                self.model(input_ids=collate(group, pad_id)["input_ids"][:1, :1])
+                continue
             logprobs, _ = token_logprobs(
                 self.model, collate(group, pad_id), self.cfg.rollout.temperature
             )

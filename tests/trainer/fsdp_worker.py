@@ -58,7 +58,8 @@ def main(tokenizer_dir: str, out: Path) -> None:
                     world=world)  # fmt: skip
     cfg = Config()
     cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.trainer.updates_per_step = 1e-2, 0, 2
-    cfg.trainer.prompts_per_step = 2
+    cfg.trainer.micro_batch_tokens = 80  # rank 0 gets 3 micro-batches, rank 1 2: padding runs
+    cfg.trainer.prompts_per_step, cfg.trainer.recompute_old_logprobs = 2, True
     cfg.reward.workers = 1
     from codeloop.rollout.hf_engine import TransformersEngine
 

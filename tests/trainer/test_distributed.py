@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import conversation, trainer_fmt  # noqa: F401  (the session fixture)
+from conftest import cli_inputs, rl_arguments, trainer_fmt  # noqa: F401  (the session fixture)
 
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World, pad_micro_batches
@@ -72,14 +72,7 @@ def test_pad_micro_batches_in_a_world_of_one() -> None:
 
 @pytest.mark.slow
 def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
-    base = tmp_path / "base"
-    tiny_model(len(trainer_fmt.tokenizer)).save_pretrained(base)
-    trainer_fmt.tokenizer.save_pretrained(base)
-    sft_data, problems = tmp_path / "sft.jsonl", tmp_path / "train.jsonl"
-    sft_data.write_text("".join(json.dumps({"messages": conversation(trainer_fmt, a, b)}) + "\n"
-                                for a, b in [(1, 2), (3, 4), (5, 6)]))  # fmt: skip
-    rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
-    problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    base, sft_data, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "run"
 
     def torchrun(*args: str) -> str:
@@ -92,11 +85,7 @@ def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_pa
     torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
              "--trainer.output_dir", str(run_dir), "--sft.epochs", "2")  # fmt: skip
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]  # one log, not one per rank
-    common = ["--trainer.model", str(run_dir / "sft_model"), "--data.train", str(problems),
-              "--trainer.output_dir", str(run_dir / "rl"), "--trainer.prompts_per_step", "2",
-              "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
-              "--sandbox.workers", "1", "--reward.workers", "1",
-              "--trainer.checkpoint_every", "1"]  # fmt: skip
+    common = rl_arguments(run_dir / "sft_model", problems, run_dir / "rl", 2)
     torchrun("train", *common, "--trainer.max_steps", "2")
     assert "resumed from step 2" in torchrun("train", *common, "--trainer.max_steps", "3")
     assert [m["step"] for m in read_metrics(run_dir / "rl")] == [1, 2, 3]
