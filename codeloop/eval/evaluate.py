@@ -110,33 +110,33 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Finished problems of an earlier run; a half-written last line (a kill) is ignored."""
-    path = out_dir / "results.jsonl"
+def _complete_lines(path: Path) -> list[str]:
+    """The file's JSON lines; a half-written last line (a kill) is cut off the file itself so
+    that appending starts on a fresh line. A bad line elsewhere is an error."""
     if not path.exists():
-        return {}
-    done = {}
-    for line in path.read_text().splitlines():
+        return []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        done[record["id"]] = record
-    return done
+            json.loads(line)
+        except json.JSONDecodeError as err:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+            lines.pop()
+            path.write_text("".join(kept + "\n" for kept in lines))
+    return lines
+
+
+def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Finished problems of an earlier run, by id."""
+    records = (json.loads(line) for line in _complete_lines(out_dir / "results.jsonl"))
+    return {record["id"]: record for record in records}
 
 
 def _keep_finished_trajectories(path: Path, done: set[str]) -> None:
     """Drop trajectories of problems without a results line (they will be sampled again)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["prompt_id"] in done:
-                kept.append(line + "\n")
-        except json.JSONDecodeError:
-            continue
-    path.write_text("".join(kept))
+    lines = _complete_lines(path)
+    path.write_text("".join(line + "\n" for line in lines if json.loads(line)["prompt_id"] in done))
 
 
 async def evaluate(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,

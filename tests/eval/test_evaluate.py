@@ -69,6 +69,7 @@ def test_a_killed_evaluation_resumes_where_it_stopped(
     assert sum(policy.first_turns.values()) == 3 * K  # only the three unfinished problems ran
     assert {f"p{a}" for a in policy.first_turns} == {p.id for p in PROBLEMS} - finished
     assert summary == full_summary
+    assert len(read_jsonl(out / "results.jsonl")) == 5  # the cut line is gone, every line parses
     trajectories = read_jsonl(out / "trajectories.jsonl")
     keys = Counter((t["prompt_id"], t["sample_index"]) for t in trajectories)
     assert len(keys) == 5 * K and set(keys.values()) == {1}
@@ -144,3 +145,14 @@ def test_eval_without_a_policy_is_an_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "codeloop", "eval", "--data", str(data)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "--model" in done.stderr
+
+
+def test_a_corrupt_line_inside_the_results_is_an_error(
+    fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    out = tmp_path / "corrupt"
+    shutil.copytree(scripted_run[0], out)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(["{oops", *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:1: not JSON"):
+        run_eval(fmt, out, ScriptedPolicy(fmt))
