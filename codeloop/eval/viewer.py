@@ -61,6 +61,9 @@ def collect_trajectories(run_dir: Path, max_trajectories: int
     kept: list[dict[str, Any]] = []
     total, report = 0, None
     for source, path in reversed(_trajectory_files(run_dir)):
+        if len(kept) >= max_trajectories:  # older files are only counted, not parsed
+            total += sum(1 for line in path.read_text().splitlines() if line.strip())
+            continue
         entropy, file_report = _entropies(path)
         report = report or file_report
         for record in reversed(list(_jsonl(path))):  # newest first; reversed back at the end
