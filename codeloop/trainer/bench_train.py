@@ -1,6 +1,6 @@
 """`codeloop bench train`: training throughput, peak memory, and where an RL step's time goes.
 
-1. Update throughput: the RL update (`RLRun._update`: micro-batches under a token budget,
+1. Update throughput: the RL update (`RLRun.update`: micro-batches under a token budget,
    clipped loss, AdamW) on random sequences of a tiny random model, against a baseline measured
    in the same run: one plain forward/backward/step of cross-entropy over the same padded batch.
    The ratio is the trainer's overhead (or gain) over the bare model.
@@ -121,7 +121,7 @@ async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem
         try:
             start = time.perf_counter()
             for _ in range(steps):
-                run._update(samples)
+                run.update(samples)
             update_only = (time.perf_counter() - start) / steps
             run.sync_weights()
             metrics = await run.step()

@@ -103,7 +103,7 @@ class RLRun:
             from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
         ]
         clock = _lap(timings, "timing/rollout_and_reward_s", clock)
-        losses = self._update(samples)
+        losses = self.update(samples)
         clock = _lap(timings, "timing/update_s", clock)
         self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
@@ -174,7 +174,8 @@ class RLRun:
 
     # -- the update ------------------------------------------------------------------------
 
-    def _update(self, samples: list[Sample]) -> dict[str, float]:
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
         t, algo = self.cfg.trainer, self.cfg.algo
         pad_id = self.fmt.tokenizer.pad_token_id or 0
         if t.recompute_old_logprobs:
