@@ -1,11 +1,12 @@
 """A synthetic math task family for tiny runs, where the Python tool genuinely helps.
 
-Problems are integer-answer arithmetic a tiny model cannot do in its head but can delegate:
-copy the numbers into code, run it, copy the printed result into `\\boxed{}`. Difficulty
-(1-3) sets the operation and the size of the numbers:
-1. `a + b` with 2-3 digit numbers;
-2. `a * b` with 2-3 digit numbers, or `a - b`;
-3. `(a * b) mod m`, `a ** k mod m`, or how many integers in [1, n] are divisible by k.
+Every problem is `What is A op B?` with three-digit A and B and a three-digit answer: arithmetic
+a tiny model cannot do in its head but can delegate: copy the expression into code, run it, copy
+the printed result into `\\boxed{}`. Difficulty (1-3) sets the operation: 1. `+`; 2. `-`;
+3. `%` (modular arithmetic). The shape is the same on purpose: both copies (problem -> code and
+tool output -> answer) are then at one fixed distance. In our probes a 2-layer model learned a
+copy at one fixed distance in 125-175 SFT steps of 64, but one distance per width (the earlier
+mixed-width family) stalled for the second width; the README's demo section has the figures.
 Generation is deterministic from (seed, index). The split is by construction: a problem belongs
 to `train` or `heldout` by a hash of its text, so the two sets never share a problem.
 """
@@ -33,28 +34,18 @@ class Task:
     difficulty: int
 
 
+OPERATIONS = {1: "+", 2: "-", 3: "%"}
+
+
 def make_task(rng: random.Random, difficulty: int) -> Task:
-    if difficulty not in (1, 2, 3):
+    if difficulty not in OPERATIONS:
         raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
-    a, b = rng.randint(10, 999), rng.randint(10, 999)
-    if difficulty == 1:
-        return Task(f"What is {a} + {b}?", a + b, f"print({a} + {b})", 1)
-    if difficulty == 2:
-        if rng.random() < 0.5:
-            return Task(f"What is {a} * {b}?", a * b, f"print({a} * {b})", 2)
-        return Task(f"What is {a} - {b}?", a - b, f"print({a} - {b})", 2)
-    m, k = rng.randint(7, 97), rng.randint(2, 9)
-    match rng.randrange(3):
-        case 0:
-            return Task(f"What is ({a} * {b}) mod {m}?", a * b % m, f"print(({a} * {b}) % {m})", 3)
-        case 1:
-            return Task(
-                f"What is {a} ** {k} mod {m}?", pow(a, k, m), f"print(pow({a}, {k}, {m}))", 3
-            )
-        case _:
-            n = a * b
-            return Task(f"How many integers from 1 to {n} are divisible by {k}?", n // k,
-                        f"print({n} // {k})", 3)  # fmt: skip
+    op = OPERATIONS[difficulty]
+    while True:  # draw until the answer has three digits (at most a few draws)
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        answer = {"+": a + b, "-": a - b, "%": a % b}[op]
+        if 100 <= answer <= 999:
+            return Task(f"What is {a} {op} {b}?", answer, f"print({a} {op} {b})", difficulty)
 
 
 def split_of(text: str) -> Split:
@@ -91,17 +82,18 @@ def _call(code: str) -> str:
 
 
 def demonstration(
-    task: Task, rng: random.Random, imperfect_share: float = 0.3
+    task: Task, rng: random.Random, error_share: float = 0.2, no_tool_share: float = 0.2
 ) -> list[dict[str, str]]:
     """The assistant and tool turns of one SFT demonstration (the caller adds system + user).
 
-    Most demonstrations are clean (compute with the tool, answer); `imperfect_share` of them are
-    imperfect the way real traces are: a code error followed by a fix, or an answer given
-    without the tool (then usually wrong), so the SFT policy learns the format, not the task.
+    Most demonstrations are clean (compute with the tool, answer); the others are imperfect the
+    way real traces are: `error_share` have a code error followed by a fix, `no_tool_share`
+    answer without the tool (a guess, right only by chance), so the SFT policy learns the
+    format, not the task: RL has to learn to always compute, and RoC to avoid the errors.
     """
     answer = f"<answer>\\boxed{{{task.answer}}}</answer>"
     roll = rng.random()
-    if roll < imperfect_share / 2:  # a typo, the error, then the fix
+    if roll < error_share:  # a typo, the error, then the fix
         broken = task.code[:-1]  # drop the closing parenthesis
         return [
             {"role": "assistant", "content": f"<reason>Compute it.</reason>\n{_call(broken)}"},
@@ -110,8 +102,8 @@ def demonstration(
             {"role": "tool", "content": str(task.answer)},
             {"role": "assistant", "content": answer},
         ]
-    if roll < imperfect_share:  # no tool: a guess, right only by chance
-        guess = task.answer + rng.choice([0, 1, -1, 10, -10, 100])
+    if roll < error_share + no_tool_share:  # no tool: a guess of the same width
+        guess = task.answer + rng.choice([0, 1, -1, 10, -10, 50, -50])
         text = f"<reason>I estimate it.</reason>\n<answer>\\boxed{{{guess}}}</answer>"
         return [{"role": "assistant", "content": text}]
     return [

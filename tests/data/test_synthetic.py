@@ -18,9 +18,21 @@ def test_the_program_prints_the_answer(difficulty: int) -> None:
 
 def test_hand_checked_examples() -> None:
     rng = random.Random(0)
-    first = make_task(rng, 1)
-    a, b = (int(x) for x in first.text.removeprefix("What is ").removesuffix("?").split(" + "))
-    assert first.answer == a + b and first.code == f"print({a} + {b})"
+    for difficulty, op in ((1, "+"), (2, "-"), (3, "%")):
+        task = make_task(rng, difficulty)
+        left, right = task.text.removeprefix("What is ").removesuffix("?").split(f" {op} ")
+        a, b = int(left), int(right)
+        assert task.answer == {"+": a + b, "-": a - b, "%": a % b}[op]
+        assert task.code == f"print({a} {op} {b})"
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_one_shape_three_digit_operands_and_answers(difficulty: int) -> None:
+    rng = random.Random(difficulty)
+    for _ in range(200):
+        task = make_task(rng, difficulty)
+        assert len(task.text) == len("What is 123 + 456?")
+        assert 100 <= task.answer <= 999
 
 
 def test_generation_is_deterministic_and_splits_are_disjoint() -> None:
@@ -48,7 +60,7 @@ def test_demonstrations_mix_clean_and_imperfect_traces() -> None:
     kinds: Counter[str] = Counter()
     for _ in range(400):
         task = make_task(rng, 2)
-        turns = demonstration(task, rng, imperfect_share=0.3)
+        turns = demonstration(task, rng, error_share=0.2, no_tool_share=0.3)
         assert turns[0]["content"].startswith("<reason>")  # as the template opens turn 1
         assert turns[-1]["role"] == "assistant" and "<answer>\\boxed{" in turns[-1]["content"]
         calls = [t for t in turns if "<tool_call>" in t["content"]]
@@ -61,4 +73,5 @@ def test_demonstrations_mix_clean_and_imperfect_traces() -> None:
             assert turns[-1]["content"] == f"<answer>\\boxed{{{task.answer}}}</answer>"
         else:
             kinds["no_tool"] += 1
-    assert 0.6 < kinds["clean"] / 400 < 0.8 and kinds["fixed"] > 40 and kinds["no_tool"] > 40
+    assert 0.4 < kinds["clean"] / 400 < 0.6
+    assert 0.1 < kinds["fixed"] / 400 < 0.3 and 0.2 < kinds["no_tool"] / 400 < 0.4
