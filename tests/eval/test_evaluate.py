@@ -4,14 +4,12 @@ real thing end to end through `codeloop serve` with the local sandbox."""
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
@@ -86,28 +84,13 @@ def test_another_k_in_the_same_directory_is_an_error(
 
 
 @pytest.fixture(scope="module")
-def served_model(fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[tuple[str, Path]]:  # fmt: skip
+def served_model(fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory,
+                 codeloop_serve: Any) -> Iterator[tuple[str, Path]]:  # fmt: skip
     root = tmp_path_factory.mktemp("policy")
     tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(root)
     fmt.tokenizer.save_pretrained(root)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "codeloop", "serve", "--model", str(root),
-                               "--port", str(port)])  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.2)
-    yield url, root
-    server.terminate()
-    server.wait(10)
+    with codeloop_serve(root) as url:
+        yield url, root
 
 
 @pytest.mark.slow

@@ -1,13 +1,10 @@
 """`codeloop serve` in a subprocess, driven by the OpenAI-compatible engine over real HTTP."""
 
 import asyncio
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,32 +25,14 @@ def _tiny_model(fmt: PromptFormat, seed: int) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def served(
-    fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory
+    fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory, codeloop_serve: Any
 ) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("served")
     for name, seed in (("v1", 0), ("v2", 1)):
         _tiny_model(fmt, seed).save_pretrained(root / name)
         fmt.tokenizer.save_pretrained(root / name)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "codeloop", "serve", "--model", str(root / "v1"),
-               "--port", str(port), "--kv-capacity-tokens", "1000"]  # fmt: skip
-    server = subprocess.Popen(command)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, (
-                "codeloop serve did not start"
-            )
-            time.sleep(0.2)
-    yield url, root
-    server.terminate()
-    server.wait(10)
+    with codeloop_serve(root / "v1", "--kv-capacity-tokens", "1000") as url:
+        yield url, root
 
 
 def _logprobs(model: torch.nn.Module, prompt: list[int], gen: Generation) -> list[float]:
