@@ -4,9 +4,8 @@ Every problem is `What is A op B?` with three-digit A and B and a three-digit an
 a tiny model cannot do in its head but can delegate: copy the expression into code, run it, copy
 the printed result into `\\boxed{}`. Difficulty (1-3) sets the operation: 1. `+`; 2. `-`;
 3. `%` (modular arithmetic). The shape is the same on purpose: both copies (problem -> code and
-tool output -> answer) are then at one fixed distance. In our probes a 2-layer model learned a
-copy at one fixed distance in 125-175 SFT steps of 64, but one distance per width (the earlier
-mixed-width family) stalled for the second width; the README's demo section has the figures.
+tool output -> answer) are then at one fixed distance, which a 2-layer model learns to copy
+within a few hundred SFT steps; with mixed widths it stalled (the README's demo section).
 Generation is deterministic from (seed, index). The split is by construction: a problem belongs
 to `train` or `heldout` by a hash of its text, so the two sets never share a problem.
 """
@@ -81,6 +80,13 @@ def _call(code: str) -> str:
     return f"<tool_call>\n{arguments}\n</tool_call>"
 
 
+def syntax_error(code: str) -> str:
+    """What the sandbox reports for one line of code missing its closing parenthesis (a test
+    holds this to the real sandbox's output)."""
+    caret = " " * (4 + code.index("(")) + "^"
+    return f"  File \"<code>\", line 1\n    {code}\n{caret}\nSyntaxError: '(' was never closed"
+
+
 def demonstration(
     task: Task, rng: random.Random, error_share: float = 0.2, no_tool_share: float = 0.2
 ) -> list[dict[str, str]]:
@@ -97,7 +103,7 @@ def demonstration(
         broken = task.code[:-1]  # drop the closing parenthesis
         return [
             {"role": "assistant", "content": f"<reason>Compute it.</reason>\n{_call(broken)}"},
-            {"role": "tool", "content": "SyntaxError: '(' was never closed"},
+            {"role": "tool", "content": syntax_error(broken)},
             {"role": "assistant", "content": f"<reason>Fix the code.</reason>\n{_call(task.code)}"},
             {"role": "tool", "content": str(task.answer)},
             {"role": "assistant", "content": answer},

@@ -4,8 +4,10 @@
    train and held-out problems are disjoint by construction.
 2. A tokenizer trained here (digits one by one; the fixed JSON head of a tool call is one
    token), the demo's compact chat template, and a tiny Llama-style model from a config.
-3. Stage 0: non-reasoning SFT on demonstrations, some imperfect (a code error then its fix,
-   an answer without the tool), so the policy learns the format, not the task.
+3. Stage 0: non-reasoning SFT in two phases: clean demonstrations until the policy reproduces
+   held-out ones exactly (the copies into the code and into the answer are learned suddenly,
+   at a step that varies by seed), then a mix with imperfect ones (a code error then its fix,
+   an answer guessed without the tool), so the policy learns the format, not the task.
 4. Stages 1-3: the recipe in `configs/demo.toml` (GRPO-RoC with the real sandbox, verifier and
    trainer; stage 3 refilters to the problems the policy still fails and resets the optimiser).
 5. After SFT and after each stage: held-out accuracy, mean response length and the tool-error
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 import random
 import shutil
@@ -28,7 +31,7 @@ import torch
 
 from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
-from codeloop.data.synthetic import demonstration, problems, tasks
+from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.passrate import policy_metrics, sample_and_score
 from codeloop.recipe.runner import run_recipe
@@ -36,13 +39,14 @@ from codeloop.reward import Verifier
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.batch import Sample, collate
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.sft import train_sft
+from codeloop.trainer.sft import encode_conversation, train_sft
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 TEMPLATE = Path(__file__).with_name("demo_chat_template.jinja")
-SYSTEM = "Use Python to compute. Put the final answer in <answer>\\boxed{}</answer>."
+SYSTEM = "Compute with Python."
 CALL_HEAD = '{"name": "execute_python_code_with_standard_io", "arguments": {"code": "'
 
 
@@ -50,12 +54,17 @@ CALL_HEAD = '{"name": "execute_python_code_with_standard_io", "arguments": {"cod
 class Sizes:
     """How much of everything; the defaults fit the 15-minute budget on 2 CPU cores."""
 
-    sft_per_difficulty: int = 1600  # 4 epochs of 4,800 = 300 steps of 64; copying emerged at 225
-    # in one probe, not within 300 in the demo run with seed 0 (README, "The demo")
-    sft_epochs: int = 4
+    sft_clean_max_steps: int = 600  # clean demonstrations first, until the format is mastered
+    sft_mastery: float = 0.95  # ... = this share of held-out demonstrations predicted exactly
+    sft_check_every: int = 25
+    sft_mixed_steps: int = 100  # then the imperfect mix: the format, not the task
+    sft_batch: int = 64
+    sft_lr: float = 3e-3
+    no_tool_share: float = 0.4  # of the mixed demonstrations: answers guessed without the tool
+    error_share: float = 0.2  # of the mixed demonstrations: a code error, then the fix
     heldout_per_difficulty: int = 30
     rl_per_difficulty: int = 400
-    eval_samples: int = 2
+    eval_samples: int = 4
 
 
 def build_format(seed: int) -> PromptFormat:
@@ -65,7 +74,7 @@ def build_format(seed: int) -> PromptFormat:
         stream = tasks(seed, "train", difficulty)
         corpus += [f"{task.text} {task.code}" for task in (next(stream) for _ in range(300))]
     corpus += [SYSTEM, "<reason>Compute it.</reason> Fix the code. I estimate it.",
-               "SyntaxError: '(' was never closed"] * 20  # fmt: skip
+               "SyntaxError: '(' was never closed", "system user assistant"] * 20  # fmt: skip
     rng.shuffle(corpus)
     tokenizer = train_tokenizer(corpus, vocab_size=400)
     tokenizer.add_tokens([CALL_HEAD, '"}}'])
@@ -74,18 +83,32 @@ def build_format(seed: int) -> PromptFormat:
     )
 
 
-def sft_conversations(
-    fmt: PromptFormat, seed: int, per_difficulty: int
-) -> list[list[dict[str, str]]]:
-    rng = random.Random(seed)
+def sft_conversations(fmt: PromptFormat, seed: int, count: int, error_share: float,
+                      no_tool_share: float, skip: int = 0, split: Split = "train"
+                      ) -> list[list[dict[str, str]]]:  # fmt: skip
+    """`count` demonstrations, a third per difficulty, after the first `skip` tasks of each."""
+    rng = random.Random(seed * 7919 + skip)
     conversations = []
     for difficulty in (1, 2, 3):
-        stream = tasks(seed, "train", difficulty)
-        for _ in range(per_difficulty):
-            task = next(stream)
-            conversations.append(fmt.messages(task.text) + demonstration(task, rng))
+        chosen = itertools.islice(tasks(seed, split, difficulty), skip, skip + count // 3)
+        conversations += [fmt.messages(task.text)
+                          + demonstration(task, rng, error_share, no_tool_share)
+                          for task in chosen]  # fmt: skip
     rng.shuffle(conversations)
     return conversations
+
+
+@torch.no_grad()
+def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
+    """Share of `samples` whose every trained token is the model's top prediction."""
+    was_training = model.training
+    model.eval()
+    batch = collate(samples, pad_id)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    right = logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]
+    exact = (right | ~batch["loss_mask"].bool()).all(-1)
+    model.train(was_training)
+    return float(exact.float().mean())
 
 
 async def evaluate(model: Any, fmt: PromptFormat, held_out: list[Problem], tools: Any, cfg: Config,
@@ -137,14 +160,31 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(saved)
-    model = tiny_model(len(fmt.tokenizer), hidden_size=256, layers=2, heads=4, max_positions=1024,
+    model = tiny_model(len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024,
                        seed=seed)  # fmt: skip
-    cfg = SFTConfig(epochs=sizes.sft_epochs, lr=3e-3, min_lr_ratio=1.0, warmup_steps=10,
-                    conversations_per_step=64, micro_batch_tokens=8192)  # fmt: skip
+    check = [encode_conversation(fmt, c)
+             for c in sft_conversations(fmt, 0, 60, 0.0, 0.0, split="heldout")]  # fmt: skip
+
+    def mastered(steps: int) -> bool:
+        if steps % sizes.sft_check_every:
+            return False
+        share = exact_share(model, check, fmt.tokenizer.pad_token_id or 0)
+        print(f"sft step {steps}: {100 * share:.0f}% of held-out demonstrations exact", flush=True)
+        return share >= sizes.sft_mastery
+
+    clean = sizes.sft_clean_max_steps * sizes.sft_batch
+    phases = [(clean, 0.0, 0.0, 0, mastered),
+              (sizes.sft_mixed_steps * sizes.sft_batch, sizes.error_share, sizes.no_tool_share,
+               clean // 3, None)]  # fmt: skip
     logger = RunLogger(run_dir / "sft")
     try:
-        conversations = sft_conversations(fmt, seed, sizes.sft_per_difficulty)
-        train_sft(model, fmt, conversations, cfg, logger, seed)
+        done = 0
+        for count, error_share, no_tool_share, skip, stop_when in phases:
+            cfg = SFTConfig(epochs=1, lr=sizes.sft_lr, min_lr_ratio=1.0, warmup_steps=10,
+                            conversations_per_step=sizes.sft_batch)  # fmt: skip
+            conversations = sft_conversations(fmt, seed, count, error_share, no_tool_share, skip)
+            done += len(train_sft(model, fmt, conversations, cfg, logger, seed, first_step=done,
+                                  stop_when=stop_when))  # fmt: skip
     finally:
         logger.close()
     model.save_pretrained(run_dir / "sft" / "model")

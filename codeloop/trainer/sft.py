@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +124,12 @@ def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: i
 
 def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversation],
               cfg: SFTConfig, logger: RunLogger | None = None, seed: int = 0,
-              grad_clip: float = 1.0, world: World | None = None
+              grad_clip: float = 1.0, world: World | None = None, first_step: int = 0,
+              stop_when: Callable[[int], bool] | None = None
               ) -> list[dict[str, float]]:  # fmt: skip
-    """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics."""
+    """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics,
+    logged as steps `first_step + 1`, ... (a later phase of one run continues the numbering).
+    `stop_when(steps done)`, called after every step, ends training early when it says so."""
     world = world or World()
     samples = []
     for i, conversation in enumerate(conversations):
@@ -160,8 +163,11 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
                 optimizer.zero_grad(set_to_none=True)
                 history.append(metrics)
                 if logger is not None:
-                    logger.log(len(history), metrics)
+                    logger.log(first_step + len(history), metrics)
                 bar.update()
                 bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+                if stop_when is not None and stop_when(len(history)):
+                    model.eval()
+                    return history
     model.eval()
     return history

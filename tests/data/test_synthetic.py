@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from codeloop.data.synthetic import make_task, problems, split_of, tasks
+from codeloop.data.synthetic import make_task, problems, split_of, syntax_error, tasks
 
 
 @pytest.mark.parametrize("difficulty", [1, 2, 3])
@@ -66,7 +66,9 @@ def test_demonstrations_mix_clean_and_imperfect_traces() -> None:
         calls = [t for t in turns if "<tool_call>" in t["content"]]
         if len(calls) == 2:
             kinds["fixed"] += 1
-            assert turns[1]["content"].startswith("SyntaxError")
+            broken = task.code[:-1]
+            assert broken + '"}}' in calls[0]["content"]
+            assert turns[1]["content"] == syntax_error(broken)
             assert task.code in calls[1]["content"] and turns[3]["content"] == str(task.answer)
         elif calls:
             kinds["clean"] += 1

@@ -2,14 +2,22 @@
 
 import asyncio
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from codeloop.recipe.demo import Sizes, run_demo
+from codeloop.config import SandboxConfig, SFTConfig
+from codeloop.data.synthetic import Task, demonstration, syntax_error
+from codeloop.recipe.demo import Sizes, build_format, exact_share, run_demo, sft_conversations
+from codeloop.rollout.toolcall import format_observation
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.sft import encode_conversation, train_sft
+from codeloop.types import ExecRequest
 
-TINY = Sizes(sft_per_difficulty=4, sft_epochs=1, heldout_per_difficulty=2, rl_per_difficulty=4,
-             eval_samples=1)  # fmt: skip
+TINY = Sizes(sft_clean_max_steps=2, sft_check_every=1, sft_mixed_steps=1, sft_batch=6,
+             heldout_per_difficulty=2, rl_per_difficulty=4, eval_samples=1)  # fmt: skip
 OVERRIDES = ["--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1", "--recipe.stages.2.steps=1",
              "--trainer.prompts_per_step=2", "--algo.group_size=2", "--sandbox.workers=1",
              "--recipe.stages.2.refilter_samples=1",
@@ -28,3 +36,27 @@ def test_the_demo_runs_every_stage_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "sft" / "model" / "config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "rl").iterdir()) == [
         "1-stage1-short", "2-stage2-longer", "3-stage3-hard"]  # fmt: skip
+
+
+def test_the_demonstrated_syntax_error_is_what_the_sandbox_reports() -> None:
+    code = "print(123 % 456"
+
+    async def run() -> str:
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            result = await sandbox.execute(ExecRequest(code))
+        return format_observation(result, 2000)
+
+    assert asyncio.run(run()) == syntax_error(code)
+    broken = demonstration(Task("What is 123 % 456?", 123, "print(123 % 456)", 3),
+                           random.Random(0), error_share=1.0)  # fmt: skip
+    assert broken[1] == {"role": "tool", "content": syntax_error(code)}
+
+
+def test_exact_share_counts_conversations_whose_every_trained_token_is_predicted() -> None:
+    fmt = build_format(0)
+    samples = [encode_conversation(fmt, c) for c in sft_conversations(fmt, 0, 6, 0.0, 0.0)]
+    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+    assert exact_share(model, samples, 0) == 0.0  # untrained
+    cfg = SFTConfig(epochs=200, lr=1e-2, warmup_steps=5, conversations_per_step=2)
+    train_sft(model, fmt, [sft_conversations(fmt, 0, 6, 0.0, 0.0)[0]], cfg)  # memorise one
+    assert exact_share(model, samples, 0) == pytest.approx(1 / 6)

@@ -60,3 +60,28 @@ def test_sft_fits_a_few_conversations(trainer_fmt: PromptFormat) -> None:
     assert history[0]["sft/tokens"] == sum(
         sum(encode_conversation(trainer_fmt, c).loss_mask[1:]) for c in data
     )
+
+
+def test_stop_when_ends_training_and_a_later_phase_continues_the_step_numbers(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
+    data = [conversation(trainer_fmt, a, a + 1) for a in range(8)]
+    cfg = SFTConfig(epochs=5, conversations_per_step=2)  # 20 steps unless stopped
+    asked: list[int] = []
+
+    def stop_when(steps: int) -> bool:
+        asked.append(steps)
+        return steps == 3
+
+    logged: list[int] = []
+
+    class Steps:
+        def log(self, step: int, metrics: dict[str, float]) -> None:
+            logged.append(step)
+
+    first = train_sft(model, trainer_fmt, data, cfg, Steps(), stop_when=stop_when)  # type: ignore[arg-type]
+    assert len(first) == 3 and asked == [1, 2, 3]
+    cfg.epochs = 1
+    train_sft(model, trainer_fmt, data, cfg, Steps(), first_step=3)  # type: ignore[arg-type]
+    assert logged == [1, 2, 3, 4, 5, 6, 7]
