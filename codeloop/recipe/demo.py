@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
@@ -162,26 +163,28 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
         return AutoModelForCausalLM.from_pretrained(saved)
     model = tiny_model(len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024,
                        seed=seed)  # fmt: skip
-    check = [encode_conversation(fmt, c)
-             for c in sft_conversations(fmt, 0, 60, 0.0, 0.0, split="heldout")]  # fmt: skip
+    # Held-out demonstrations past the problems `run_demo` evaluates on (the same stream).
+    check = [encode_conversation(fmt, c) for c in sft_conversations(
+        fmt, 0, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout")]  # fmt: skip
+    logger = RunLogger(run_dir / "sft")
 
     def mastered(steps: int) -> bool:
         if steps % sizes.sft_check_every:
             return False
         share = exact_share(model, check, fmt.tokenizer.pad_token_id or 0)
-        print(f"sft step {steps}: {100 * share:.0f}% of held-out demonstrations exact", flush=True)
+        logger.log(steps, {"sft/heldout_exact": share})
+        tqdm.write(f"sft step {steps}: {100 * share:.0f}% of held-out demonstrations exact")
         return share >= sizes.sft_mastery
 
     clean = sizes.sft_clean_max_steps * sizes.sft_batch
     phases = [(clean, 0.0, 0.0, 0, mastered),
               (sizes.sft_mixed_steps * sizes.sft_batch, sizes.error_share, sizes.no_tool_share,
                clean // 3, None)]  # fmt: skip
-    logger = RunLogger(run_dir / "sft")
+    cfg = SFTConfig(epochs=1, lr=sizes.sft_lr, min_lr_ratio=1.0, warmup_steps=10,
+                    conversations_per_step=sizes.sft_batch)  # fmt: skip
     try:
         done = 0
         for count, error_share, no_tool_share, skip, stop_when in phases:
-            cfg = SFTConfig(epochs=1, lr=sizes.sft_lr, min_lr_ratio=1.0, warmup_steps=10,
-                            conversations_per_step=sizes.sft_batch)  # fmt: skip
             conversations = sft_conversations(fmt, seed, count, error_share, no_tool_share, skip)
             done += len(train_sft(model, fmt, conversations, cfg, logger, seed, first_step=done,
                                   stop_when=stop_when))  # fmt: skip

@@ -34,6 +34,10 @@ def test_the_demo_runs_every_stage_and_reports(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert (tmp_path / "sft" / "model" / "config.json").is_file()
+    lines = (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records if "sft/heldout_exact" in r] == [1, 2]  # clean phase
+    assert [r["step"] for r in records if "sft/loss" in r] == [1, 2, 3]  # then one mixed step
     assert sorted(p.name for p in (tmp_path / "rl").iterdir()) == [
         "1-stage1-short", "2-stage2-longer", "3-stage3-hard"]  # fmt: skip
 
