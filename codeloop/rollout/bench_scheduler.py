@@ -1,14 +1,31 @@
-"""`codeloop bench scheduler`: the three scheduling policies on simulated engines.
+"""`codeloop bench scheduler`: the scheduling policies in a discrete-event simulation.
 
-Each simulated engine behaves like a paged-KV server: it starts queued requests while their
-contexts fit in its KV capacity, and every decode step emits one token per running request in
-`step_ms x (1 + running / 64)`, plus the time of any prefill. A trajectory has a few turns of
-heavy-tailed length separated by tool calls of a few milliseconds, and keeps its context in the
-engine's KV cache while it lives (an idle prefix stays cached until evicted; a turn that misses
-it prefills its whole context again). A running set that outgrows the KV capacity preempts its
-newest request, which must prefill again later. The same seeded batch of trajectories is rolled
-out under `static`, `least_outstanding` and `kv_aware` (reading the engines' KV use live); the
-bench prints each makespan, its ratio to `static`, preemptions and prefilled tokens.
+The real `Scheduler` drives simulated engines on an asyncio loop whose clock is virtual (time
+jumps to the next event), so a rollout of minutes simulates in seconds and every run of a seed
+is the same. Each simulated engine is a paged-KV server in the manner of vLLM: it starts queued
+requests first come first served while their contexts fit in its KV capacity (evicting idle
+cached prefixes, least recent first), and a decode step emits one token per running request in
+`max(step_ms, step_ms * running / saturation)` (a fixed cost up to `saturation` requests, then
+compute-bound) plus `prefill_ms` per prefilled token. When the running contexts outgrow the
+capacity it preempts its newest request, which must prefill its whole context again later (an
+overflow). A call whose trajectory's prefix is still cached prefills only the new tokens.
+
+The workload (`--seed`): `--prompts` prompts x `--group` samples, a prompt's samples adjacent
+as in a GRPO batch. Each prompt has a difficulty d ~ lognormal(0, 0.8) shared by its samples
+(hard problems make every sample long: the heavy tail comes in groups). A trajectory makes
+Geometric(mean 1.5 d) tool calls, capped at 30 turns; a turn samples lognormal(median 250 d,
+sigma 1.0) tokens, cut at `--turn-cap`, and the trajectory ends when its `--budget` of response
+tokens is spent. A tool call takes lognormal(median 0.3 s, sigma 1.2) seconds (p99 about 5 s),
+cut at a 10 s timeout, and returns lognormal(median 80, sigma 0.8) tokens, at most 512. Prompts
+have 100-400 tokens. Over 2,048 trajectories this gives a mean of about 1,500 response tokens,
+a median near 700, and a few percent of trajectories at the budget.
+
+The lower bound is the largest of three: all the decode and prefill work at the engines' peak
+rate (`saturation / step_ms` tokens/s) spread evenly; the KV memory that every sampled token
+holds for at least one step (its context x `step_ms`) over the engines' total capacity; and
+the longest trajectory alone (its tokens at one step each, its prefill and its tool calls).
+The bench prints, per policy, the makespan, its ratio to `static` and to the bound, the share
+of engine time spent idle, the overflows (preemptions) and the prefilled tokens.
 """
 
 from __future__ import annotations
@@ -16,23 +33,72 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
+import selectors
 import time
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.scheduler import POLICIES, Scheduler
 
-PREFILL_PER_STEP = 256  # prompt tokens a prefill processes in the time of one decode step
+MAX_TURNS = 30
+T = TypeVar("T")
+TOOL_TIMEOUT_S = 10.0
+MAX_OBSERVATION = 512
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """Waiting for `timeout` moves the loop's clock instead of sleeping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout is None:
+            raise RuntimeError("simulation stalled: nothing is scheduled and nothing is ready")
+        self.now += timeout
+        return []
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self._virtual = _VirtualSelector()
+        super().__init__(self._virtual)
+
+    def time(self) -> float:
+        return self._virtual.now
+
+
+@dataclass
+class Trajectory:
+    prompt: int
+    turns: list[int]  # sampled tokens per turn
+    tools: list[tuple[float, int]]  # (latency s, observation tokens) after each turn but the last
+
+
+@dataclass
+class _Prompt:
+    """What a simulated engine is asked: a context of `len()` tokens that continues with
+    `tokens` sampled ones; `key` names the trajectory for the prefix cache."""
+
+    key: int
+    context: int
+    tokens: int
+
+    def __len__(self) -> int:
+        return self.context
 
 
 @dataclass
 class _Request:
-    key: int  # the trajectory
-    context: int  # tokens in the KV cache once prefilled
+    key: int
+    context: int  # tokens in the KV cache once running
     tokens_left: int
     done: asyncio.Future[None]
 
@@ -40,86 +106,173 @@ class _Request:
 class SimEngine:
     """A toy paged-KV engine: see the module docstring."""
 
-    def __init__(self, capacity_tokens: int, step_ms: float) -> None:
-        self.capacity_tokens, self.step_s = capacity_tokens, step_ms / 1000
+    def __init__(self, capacity: int, step_ms: float, saturation: int, prefill_ms: float,
+                 max_running: int = 256) -> None:  # fmt: skip
+        self.capacity, self.step_s, self.saturation = capacity, step_ms / 1000, saturation
+        self.prefill_s, self.max_running = prefill_ms / 1000, max_running
         self.running: list[_Request] = []
         self.waiting: list[_Request] = []
         self.cached: OrderedDict[int, int] = OrderedDict()  # idle prefixes, least recent first
+        self.used = 0  # KV tokens of the running requests
         self.preemptions = self.prefill_tokens = 0
-        self._loop_task: asyncio.Task[None] | None = None
+        self.busy_s = 0.0
+        self._task: asyncio.Task[None] | None = None
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Any, params: SamplingParams) -> Generation:
+        prompt: _Prompt = prompt_ids
         done = asyncio.get_running_loop().create_future()
-        self.waiting.append(_Request(prompt_ids[0], len(prompt_ids), params.max_tokens, done))
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.create_task(self._run())
+        self.waiting.append(_Request(prompt.key, prompt.context, prompt.tokens, done))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
         await done
-        return Generation([0] * params.max_tokens, [0.0] * params.max_tokens, "stop")
+        return Generation([0] * prompt.tokens, [0.0] * prompt.tokens, "stop")
 
-    def _used(self) -> int:
-        return sum(r.context for r in self.running)
-
-    @property
-    def kv_tokens_used(self) -> int:
-        """KV demand the scheduler reads live: running contexts and queued prompts."""
-        return self._used() + sum(r.context for r in self.waiting)
-
-    def _admit(self) -> int:
-        """Start waiting requests that fit; return the tokens they must prefill."""
+    def _start_waiting(self) -> int:
+        """Start queued requests while they fit; return the tokens they prefill."""
         prefill = 0
-        while self.waiting and self._used() + self.waiting[0].context < self.capacity_tokens:
-            request = self.waiting.pop(0)
-            prefill += request.context - min(self.cached.pop(request.key, 0), request.context)
+        while self.waiting and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            hit = min(self.cached.pop(request.key, 0), request.context)
+            if self.running and self.used + request.context > self.capacity:
+                if hit:
+                    self.cached[request.key] = hit
+                break
+            self.waiting.pop(0)
             self.running.append(request)
-        while self.cached and self._used() + sum(self.cached.values()) > self.capacity_tokens:
-            self.cached.popitem(last=False)  # evict the least recent idle prefix
+            self.used += request.context
+            prefill += request.context - hit
+        while self.cached and self.used + sum(self.cached.values()) > self.capacity:
+            self.cached.popitem(last=False)
         return prefill
 
     async def _run(self) -> None:
         while self.running or self.waiting:
-            prefill = self._admit()
+            prefill = self._start_waiting()
             self.prefill_tokens += prefill
-            step_s = self.step_s * (1 + len(self.running) / 64 + prefill / PREFILL_PER_STEP)
+            batch = len(self.running)
+            step_s = self.step_s * max(1.0, batch / self.saturation) + prefill * self.prefill_s
             await asyncio.sleep(step_s)
+            self.busy_s += step_s
             for request in self.running:
                 request.tokens_left -= 1
                 request.context += 1
-            while self._used() > self.capacity_tokens:  # out of KV: recompute the newest later
+            self.used += batch
+            while self.used > self.capacity and len(self.running) > 1:  # overflow: recompute
                 victim = self.running.pop()
+                self.used -= victim.context
                 self.waiting.insert(0, victim)
                 self.preemptions += 1
-            for request in [r for r in self.running if r.tokens_left <= 0]:
+            finished = [r for r in self.running if r.tokens_left <= 0]
+            for request in finished:
                 self.running.remove(request)
+                self.used -= request.context
                 self.cached[request.key] = request.context
                 request.done.set_result(None)
 
 
-def _workload(n: int, seed: int) -> list[list[int]]:
-    """Per trajectory, the tokens of each turn (heavy-tailed, as reasoning traces are)."""
+MIXES = {"heavy": (0.8, 1.0), "light": (0.2, 0.4)}  # sigma of difficulty, of turn length
+
+
+def workload(mix: str, prompts: int, group: int, budget: int, turn_cap: int, seed: int
+             ) -> list[Trajectory]:  # fmt: skip
+    """See the module docstring."""
     rng = random.Random(seed)
-    return [[min(1000, int(rng.paretovariate(1.3) * 60)) for _ in range(rng.randint(1, 4))]
-            for _ in range(n)]  # fmt: skip
+    difficulty_sigma, turn_sigma = MIXES[mix]
+    out = []
+    for _ in range(prompts):
+        difficulty = rng.lognormvariate(0.0, difficulty_sigma)
+        for _ in range(group):
+            calls = min(MAX_TURNS - 1, _geometric(rng, 1.5 * difficulty))
+            turns: list[int] = []
+            tools: list[tuple[float, int]] = []
+            left = budget
+            for turn in range(calls + 1):
+                tokens = min(
+                    turn_cap,
+                    left,
+                    max(1, int(rng.lognormvariate(0, turn_sigma) * 250 * difficulty)),
+                )
+                turns.append(tokens)
+                left -= tokens
+                if turn == calls or left <= 0:
+                    break
+                latency = min(TOOL_TIMEOUT_S, rng.lognormvariate(math.log(0.3), 1.2))
+                observation = min(MAX_OBSERVATION, int(rng.lognormvariate(math.log(80), 0.8)))
+                if observation >= left:
+                    break
+                tools.append((latency, observation))
+                left -= observation
+            out.append(Trajectory(rng.randint(100, 400), turns, tools))
+    return out
 
 
-async def _rollout(
-    policy: str, workload: list[list[int]], args: argparse.Namespace
-) -> dict[str, Any]:
-    engines = [SimEngine(args.capacity, args.step_ms) for _ in range(args.engines)]
-    scheduler = Scheduler(engines, policy, capacity_tokens=args.capacity)
+def _geometric(rng: random.Random, mean: float) -> int:
+    """Failures before the first success, with the given mean."""
+    p = 1.0 / (1.0 + mean)
+    return int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
-    async def trajectory(key: int, turns: list[int]) -> None:
-        async with scheduler.lease(args.prompt_tokens, args.budget) as engine:
-            context = args.prompt_tokens
-            for tokens in turns:
-                await engine.generate([key] * context, SamplingParams(tokens))
-                context += tokens
-                await asyncio.sleep(args.tool_ms / 1000)  # the tool call
 
-    start = time.perf_counter()
-    await asyncio.gather(*(trajectory(k, turns) for k, turns in enumerate(workload)))
-    return {"policy": policy, "makespan_s": time.perf_counter() - start,
+def lower_bound(trajectories: list[Trajectory], args: argparse.Namespace) -> dict[str, float]:
+    step_s, prefill_s = args.step_ms / 1000, args.prefill_ms / 1000
+    decode = prefill = kv_token_s = 0.0
+    longest = 0.0
+    for t in trajectories:
+        own_prefill = t.prompt + sum(obs for _, obs in t.tools)
+        context = t.prompt
+        for i, tokens in enumerate(t.turns):
+            kv_token_s += (tokens * context + tokens * (tokens + 1) / 2) * step_s
+            context += tokens + (t.tools[i][1] if i < len(t.tools) else 0)
+        decode += sum(t.turns)
+        prefill += own_prefill
+        alone = sum(t.turns) * step_s + own_prefill * prefill_s + sum(lat for lat, _ in t.tools)
+        longest = max(longest, alone)
+    work = (decode * step_s / args.saturation + prefill * prefill_s) / args.engines
+    memory = kv_token_s / (args.engines * args.capacity)
+    return {"work_s": work, "memory_s": memory, "longest_s": longest,
+            "bound_s": max(work, memory, longest), "decode_tokens": decode}  # fmt: skip
+
+
+async def _rollout(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
+                   ) -> dict[str, Any]:  # fmt: skip
+    engines = [SimEngine(args.capacity, args.step_ms, args.saturation, args.prefill_ms)
+               for _ in range(args.engines)]  # fmt: skip
+    scheduler = Scheduler(engines, policy, capacity_tokens=args.capacity,
+                          batch_size=len(trajectories))  # fmt: skip
+
+    async def trajectory(key: int, t: Trajectory) -> None:
+        async with scheduler.lease() as engine:
+            context, spent = t.prompt, 0
+            for i, tokens in enumerate(t.turns):
+                cap = min(args.turn_cap, args.budget - spent)
+                await engine.generate(_Prompt(key, context, tokens), SamplingParams(cap))  # type: ignore[arg-type]
+                context, spent = context + tokens, spent + tokens
+                if i < len(t.tools):
+                    latency, observation = t.tools[i]
+                    await asyncio.sleep(latency)
+                    context, spent = context + observation, spent + observation
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.gather(*(trajectory(k, t) for k, t in enumerate(trajectories)))
+    makespan = loop.time() - start
+    busy = sum(e.busy_s for e in engines) / len(engines)
+    return {"policy": policy, "makespan_s": makespan, "idle": 1 - busy / makespan,
             "preemptions": sum(e.preemptions for e in engines),
             "prefill_tokens": sum(e.prefill_tokens for e in engines)}  # fmt: skip
+
+
+def run_simulated(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end on a fresh loop with the virtual clock."""
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
+
+
+def simulate(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
+             ) -> dict[str, Any]:  # fmt: skip
+    return run_simulated(_rollout(policy, trajectories, args))
 
 
 def main(argv: list[str]) -> int:
@@ -128,29 +281,42 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"])
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--trajectories", type=int, default=256)
-    parser.add_argument("--capacity", type=int, default=16384, help="KV tokens per engine")
-    parser.add_argument("--prompt-tokens", type=int, default=300)
-    parser.add_argument("--budget", type=int, default=4000, help="response budget per trajectory")
-    parser.add_argument("--step-ms", type=float, default=0.5)
-    parser.add_argument("--tool-ms", type=float, default=5.0)
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--group", type=int, default=16, help="samples per prompt")
+    parser.add_argument("--capacity", type=int, default=262144, help="KV tokens per engine")
+    parser.add_argument("--budget", type=int, default=8192, help="response tokens per trajectory")
+    parser.add_argument("--turn-cap", type=int, default=2048, help="tokens per turn at most")
+    parser.add_argument("--step-ms", type=float, default=20.0, help="decode step, small batch")
+    parser.add_argument("--saturation", type=int, default=64, help="batch beyond which steps slow")
+    parser.add_argument("--prefill-ms", type=float, default=0.05, help="per prefilled token")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--out", default="bench-results/scheduler.json")
     args = parser.parse_args(argv)
     rows = []
-    print(f"{'seed':>4} {'policy':18} {'makespan s':>10} {'vs static':>9} {'preempted':>9} "
-          f"{'prefilled':>10}")  # fmt: skip
-    for seed in range(args.seeds):
-        workload = _workload(args.trajectories, seed)
-        static_s = 0.0
-        for policy in ("static", *[p for p in POLICIES if p != "static"]):
-            row = asyncio.run(_rollout(policy, workload, args)) | {"seed": seed}
-            static_s = static_s or row["makespan_s"]
-            row["vs_static"] = static_s / row["makespan_s"]
-            rows.append(row)
-            print(f"{seed:>4} {policy:18} {row['makespan_s']:>10.2f} {row['vs_static']:>8.2f}x "
-                  f"{row['preemptions']:>9} {row['prefill_tokens']:>10}")  # fmt: skip
+    print(f"{'mix':5} {'seed':>4} {'policy':18} {'makespan s':>10} {'vs static':>9} "
+          f"{'vs bound':>8} {'idle':>6} {'overflows':>9} {'prefilled':>10}")  # fmt: skip
+    for mix in args.mix:
+        for seed in range(args.seeds):
+            trajectories = workload(mix, args.prompts, args.group, args.budget, args.turn_cap, seed)
+            bound = lower_bound(trajectories, args)
+            static_s = 0.0
+            for policy in ("static", *[p for p in POLICIES if p != "static"]):
+                clock = time.perf_counter()
+                row = simulate(policy, trajectories, args) | {"mix": mix, "seed": seed}
+                row["wall_s"], row["bound"] = time.perf_counter() - clock, bound
+                static_s = static_s or row["makespan_s"]
+                row["vs_static"] = static_s / row["makespan_s"]
+                row["vs_bound"] = row["makespan_s"] / bound["bound_s"]
+                rows.append(row)
+                print(f"{mix:5} {seed:>4} {policy:18} {row['makespan_s']:>10.1f} "
+                      f"{row['vs_static']:>8.2f}x {row['vs_bound']:>7.2f}x {row['idle']:>6.1%} "
+                      f"{row['preemptions']:>9} {row['prefill_tokens']:>10}")  # fmt: skip
+            print(f"{'':10} bound {bound['bound_s']:.1f} s = max(work {bound['work_s']:.1f}, "
+                  f"memory {bound['memory_s']:.1f}, longest trajectory "
+                  f"{bound['longest_s']:.1f}); {len(trajectories)} trajectories, mean "
+                  f"{bound['decode_tokens'] / len(trajectories):.0f} sampled tokens")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
     print(f"wrote {args.out}")

@@ -1,18 +1,27 @@
 """Spreading trajectories over N engines.
 
-A trajectory takes a lease for its whole life (`async with scheduler.lease(prompt, budget)`)
-and generates through the leased engine. Policies (`rollout.scheduler`):
-- `static`: trajectory k goes to engine k mod N, whatever the load (the report's starting
-  point, where long trajectories pile up on some engines while others idle);
-- `least_outstanding`: every generate call goes to the engine with the fewest calls in flight
-  (verl's balancing); no stickiness, so no prefix-cache reuse across turns;
-- `kv_aware` (the report's): a trajectory is admitted to the engine with the most free KV
-  capacity and stays there across turns for the prefix cache; when no engine has room it
-  waits. Free capacity is read live from the engine when it reports `kv_tokens_used`
-  (`OpenAIEngine` reads it from the server's /metrics, `refresh_kv`; then a
-  trajectory needs room for its prompt plus `headroom_tokens`), else it is the capacity minus
-  the reservations (prompt plus response budget) of the trajectories already admitted. A
-  trajectory larger than any engine is admitted to an idle engine rather than waiting forever.
+A trajectory takes a lease for its whole life (`async with scheduler.lease() as engine`) and
+generates through the leased engine, which routes each call as the policy
+(`rollout.scheduler`) says:
+- `static`: trajectory k goes to one engine for its whole life, whatever the load: with
+  `batch_size` the batch is cut into N contiguous chunks (as verl splits a batch over its
+  rollout workers, so a prompt's samples share an engine), else round-robin. The report's
+  starting point, where long trajectories pile up on some engines while others idle.
+- `least_outstanding`: every call goes to the engine with the fewest calls in flight (verl's
+  balancing); no stickiness, so no prefix-cache reuse across turns.
+- `kv_aware` (the report's): a call is admitted only where its KV cache fits. It reserves its
+  most, the context plus `max_tokens`, so an engine never holds more than its capacity and
+  never preempts a running request; the reservation ends with the call, so a trajectory in its
+  tool call holds nothing. A call stays on its trajectory's engine when that has room (its
+  prefix is cached there); it moves only to an engine with room for it and `move_share` of
+  its capacity besides (a move prefills the whole context again), else it waits for its own.
+  A first call goes to the engine with the most room. Waiting calls are admitted longest
+  context first (a trajectory that has run long is likely to run longer, and finishing it
+  early shortens the tail), then in lease order, as running calls end. When an engine
+  reports its live use (`kv_tokens_used`; `OpenAIEngine.refresh_kv` reads it from the
+  server's /metrics, polled every `poll_s` while calls wait), its room is the smaller of what
+  the reservations and the engine say. A call larger than every engine runs alone on an idle
+  one rather than waiting forever.
 Waiting on a tool call never blocks an engine: generation is async and the engine keeps
 serving the other trajectories.
 """
@@ -20,6 +29,8 @@ serving the other trajectories.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,36 +44,42 @@ POLICIES = ("static", "least_outstanding", "kv_aware")
 class EngineSlot:
     engine: Engine
     capacity_tokens: int
-    reserved_tokens: int = 0
+    reserved_tokens: int = 0  # kv_aware: context + max_tokens of the calls admitted
     outstanding: int = 0  # generate calls in flight
-    leases: int = 0  # live trajectories
+    leases: int = 0  # live trajectories whose home this is
     calls: int = 0  # generate calls served in all
-
-    @property
-    def free_tokens(self) -> int:
-        return self.capacity_tokens - self.reserved_tokens
 
 
 class _Leased:
     """The engine a trajectory sees: routes its calls as the policy says, counts them."""
 
-    def __init__(self, scheduler: Scheduler, slot: EngineSlot | None) -> None:
-        self.scheduler, self.slot = scheduler, slot
+    def __init__(self, scheduler: Scheduler, home: EngineSlot | None, order: int) -> None:
+        self.scheduler, self.home, self.order = scheduler, home, order
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        slot = self.slot or min(self.scheduler.slots, key=lambda s: s.outstanding)
+        scheduler, reserve = self.scheduler, 0
+        if scheduler.policy == "kv_aware":
+            reserve = len(prompt_ids) + params.max_tokens
+            slot = await scheduler._acquire(self, prompt_ids, reserve)
+        elif self.home is not None:
+            slot = self.home
+        else:
+            slot = min(scheduler.slots, key=lambda s: s.outstanding)
         slot.outstanding += 1
         slot.calls += 1
         try:
             return await slot.engine.generate(prompt_ids, params)
         finally:
             slot.outstanding -= 1
+            if reserve:
+                slot.reserved_tokens -= reserve
+                scheduler._dispatch()
 
 
 class Scheduler:
     def __init__(self, engines: Sequence[Engine], policy: str = "kv_aware",
-                 capacity_tokens: int | Sequence[int] = 1 << 20, headroom_tokens: int = 1024,
-                 poll_s: float = 0.005) -> None:  # fmt: skip
+                 capacity_tokens: int | Sequence[int] = 1 << 20, batch_size: int = 0,
+                 move_share: float = 0.25, poll_s: float = 0.05) -> None:  # fmt: skip
         if policy not in POLICIES:
             raise ValueError(f"rollout.scheduler: unknown policy {policy!r}; expected {POLICIES}")
         if not engines:
@@ -70,61 +87,95 @@ class Scheduler:
         capacities = ([capacity_tokens] * len(engines) if isinstance(capacity_tokens, int)
                       else list(capacity_tokens))  # fmt: skip
         self.slots = [EngineSlot(e, c) for e, c in zip(engines, capacities, strict=True)]
-        self.policy = policy
-        self.headroom_tokens, self.poll_s = headroom_tokens, poll_s
-        self._next = 0
-        self._freed = asyncio.Condition()
+        self.policy, self.batch_size, self.poll_s = policy, batch_size, poll_s
+        self.move_share = move_share
+        self._leased = 0
+        self._order, self._arrivals = itertools.count(), itertools.count()
+        self._waiting: list[tuple[int, int, int, int, _Leased, asyncio.Future[EngineSlot]]] = []
+        self._poller: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def lease(self, prompt_tokens: int, budget_tokens: int) -> AsyncIterator[Engine]:
+    async def lease(self) -> AsyncIterator[Engine]:
         """An engine for one trajectory, held until the block ends."""
-        reserve_tokens = prompt_tokens + budget_tokens
-        slot = await self._admit(prompt_tokens, reserve_tokens)
+        k = self._leased
+        self._leased += 1
+        home = None
+        if self.policy == "static":
+            n = len(self.slots)
+            index = (k % self.batch_size) * n // self.batch_size if self.batch_size else k % n
+            home = self.slots[index]
+            home.leases += 1
         try:
-            yield _Leased(self, None if self.policy == "least_outstanding" else slot)
+            yield _Leased(self, home, next(self._order))
         finally:
-            async with self._freed:
-                slot.leases -= 1
-                slot.reserved_tokens -= reserve_tokens
-                self._freed.notify_all()
+            if home is not None:
+                home.leases -= 1
 
-    async def _admit(self, prompt_tokens: int, reserve_tokens: int) -> EngineSlot:
-        async with self._freed:
-            slot: EngineSlot | None
-            if self.policy == "kv_aware":
-                await self._refresh_kv()
-                while (slot := self._roomiest(prompt_tokens, reserve_tokens)) is None:
-                    try:  # woken by a lease ending, or polled: live usage changes on its own
-                        await asyncio.wait_for(self._freed.wait(), self.poll_s)
-                    except asyncio.TimeoutError:
-                        pass
-                    await self._refresh_kv()
-            elif self.policy == "static":
-                slot, self._next = self.slots[self._next % len(self.slots)], self._next + 1
-            else:
-                slot = min(self.slots, key=lambda s: s.leases)
-            slot.leases += 1
-            slot.reserved_tokens += reserve_tokens
+    # -- kv_aware ----------------------------------------------------------------------------
+
+    async def _acquire(self, leased: _Leased, prompt_ids: list[int], tokens: int) -> EngineSlot:
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(
+            self._waiting,
+            (-len(prompt_ids), leased.order, next(self._arrivals), tokens, leased, future),
+        )
+        self._dispatch()
+        if not future.done() and self._poller is None and self._live_engines():
+            self._poller = asyncio.create_task(self._poll())
+        try:
+            slot: EngineSlot = await future
             return slot
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # admitted as it was cancelled
+                future.result().reserved_tokens -= tokens
+                self._dispatch()
+            raise
 
-    async def _refresh_kv(self) -> None:
-        """Ask engines that read their KV use from a server to do so (`OpenAIEngine`)."""
-        refreshes = [s.engine.refresh_kv() for s in self.slots if hasattr(s.engine, "refresh_kv")]
-        if refreshes:
-            await asyncio.gather(*refreshes, return_exceptions=True)
+    def _dispatch(self) -> None:
+        """Admit waiting calls in order (older trajectories first) while the next one fits."""
+        while self._waiting:
+            *_, tokens, leased, future = self._waiting[0]
+            if future.done():  # cancelled while waiting
+                heapq.heappop(self._waiting)
+                continue
+            slot = self._place(leased.home, tokens)
+            if slot is None:
+                return
+            heapq.heappop(self._waiting)
+            slot.reserved_tokens += tokens
+            leased.home = slot
+            future.set_result(slot)
+
+    def _place(self, home: EngineSlot | None, tokens: int) -> EngineSlot | None:
+        fits = [s for s in self.slots if self._free(s) >= tokens]
+        if home in fits:
+            return home
+        roomiest = max(fits, key=self._free, default=None)
+        if roomiest is not None and (
+            home is None
+            or self._free(roomiest) >= tokens + self.move_share * roomiest.capacity_tokens
+        ):
+            return roomiest
+        if tokens > max(s.capacity_tokens for s in self.slots):
+            idle = [s for s in self.slots if s.reserved_tokens == 0]
+            return home if home in idle else (idle[0] if idle else None)
+        return None
 
     def _free(self, slot: EngineSlot) -> int:
+        free = slot.capacity_tokens - slot.reserved_tokens
         used = getattr(slot.engine, "kv_tokens_used", None)
-        return slot.free_tokens if used is None else slot.capacity_tokens - int(used)
+        return free if used is None else min(free, slot.capacity_tokens - int(used))
 
-    def _roomiest(self, prompt_tokens: int, reserve_tokens: int) -> EngineSlot | None:
-        best = max(self.slots, key=self._free)
-        live = getattr(best.engine, "kv_tokens_used", None) is not None
-        if self._free(best) >= (prompt_tokens + self.headroom_tokens if live else reserve_tokens):
-            return best
-        idle = [s for s in self.slots if s.leases == 0]
-        return (
-            idle[0]
-            if idle and reserve_tokens > max(s.capacity_tokens for s in self.slots)
-            else None
-        )
+    def _live_engines(self) -> list[EngineSlot]:
+        return [s for s in self.slots if hasattr(s.engine, "refresh_kv")]
+
+    async def _poll(self) -> None:
+        """While calls wait, re-read the engines' live KV use: it changes on its own."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(self.poll_s)
+                refreshes = [s.engine.refresh_kv() for s in self._live_engines()]  # type: ignore[attr-defined]
+                await asyncio.gather(*refreshes, return_exceptions=True)
+                self._dispatch()
+        finally:
+            self._poller = None

@@ -1,7 +1,12 @@
 import asyncio
+import json
+import time
+from pathlib import Path
 
 import pytest
 
+from codeloop.rollout import bench_scheduler
+from codeloop.rollout.bench_scheduler import SimEngine, Trajectory, _Prompt, run_simulated
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
 
@@ -19,77 +24,123 @@ class Recorder:
         return Generation([1], [-0.1], "stop")
 
 
-def test_static_splits_trajectories_round_robin() -> None:
-    async def main() -> list[str]:
+def _engines(log: list[str], *names: str, gate: asyncio.Event | None = None) -> list[Recorder]:
+    return [Recorder(name, log, gate) for name in names]
+
+
+def test_static_splits_round_robin_or_in_contiguous_chunks() -> None:
+    async def main(batch_size: int) -> list[str]:
         log: list[str] = []
-        scheduler = Scheduler(
-            [Recorder("a", log), Recorder("b", log), Recorder("c", log)], "static"
-        )
+        scheduler = Scheduler(_engines(log, "a", "b", "c"), "static", batch_size=batch_size)
         for _ in range(6):
-            async with scheduler.lease(5, 5) as engine:
+            async with scheduler.lease() as engine:
                 await engine.generate([1], PARAMS)
                 await engine.generate([1], PARAMS)  # a second turn stays on the same engine
         return log
 
-    assert asyncio.run(main()) == ["a", "a", "b", "b", "c", "c"] * 2
+    assert asyncio.run(main(0)) == ["a", "a", "b", "b", "c", "c"] * 2
+    assert asyncio.run(main(6)) == ["a"] * 4 + ["b"] * 4 + ["c"] * 4
 
 
-def test_kv_aware_admits_by_free_capacity_and_waits_for_room() -> None:
-    async def main() -> list[str]:
+def test_kv_aware_reserves_context_plus_max_tokens_and_waits_for_room() -> None:
+    async def main() -> tuple[list[str], list[str]]:
         log: list[str] = []
         events: list[str] = []
-        scheduler = Scheduler(
-            [Recorder("a", log), Recorder("b", log)], "kv_aware", capacity_tokens=100
-        )
+        gates = {name: asyncio.Event() for name in ("t1", "t2", "t3")}
+        engines = [Recorder("a", log, gates["t1"]), Recorder("b", log, gates["t2"])]
+        scheduler = Scheduler(engines, "kv_aware", capacity_tokens=100)
 
-        async def trajectory(name: str, tokens: int, hold: asyncio.Event) -> None:
-            async with scheduler.lease(tokens, 0) as engine:
-                events.append(f"{name} admitted")
-                await engine.generate([1], PARAMS)
-                await hold.wait()
-            events.append(f"{name} done")
+        async def trajectory(name: str) -> None:
+            async with scheduler.lease() as engine:
+                await engine.generate([1] * 40, SamplingParams(20))  # reserves 60
+                events.append(f"{name} done")
 
-        first, second, third = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        tasks = [asyncio.create_task(trajectory("t1", 60, first)),
-                 asyncio.create_task(trajectory("t2", 60, second)),
-                 asyncio.create_task(trajectory("t3", 60, third))]  # fmt: skip
+        tasks = [asyncio.create_task(trajectory(n)) for n in ("t1", "t2", "t3")]
         await asyncio.sleep(0.05)
-        assert events == ["t1 admitted", "t2 admitted"]  # 40 tokens left on each: t3 waits
-        assert [s.reserved_tokens for s in scheduler.slots] == [60, 60]
-        second.set()
+        assert [s.reserved_tokens for s in scheduler.slots] == [60, 60]  # t3 waits: 40 free
+        assert log == ["a", "b"]
+        gates["t2"].set()  # t2 ends; t3 takes b's room (b's gate is open now) and ends
         await asyncio.sleep(0.05)
-        assert events[2:] == ["t2 done", "t3 admitted"]
-        first.set()
-        third.set()
+        assert events == ["t2 done", "t3 done"]
+        assert [s.reserved_tokens for s in scheduler.slots] == [60, 0]
+        gates["t1"].set()
         await asyncio.gather(*tasks)
-        return log
+        assert [s.reserved_tokens for s in scheduler.slots] == [0, 0]
+        return log, events
 
-    assert asyncio.run(main()) == ["a", "b", "b"]  # t3 took t2's engine, the one with room
+    log, events = asyncio.run(main())
+    assert log == ["a", "b", "b"]
+    assert events == ["t2 done", "t3 done", "t1 done"]
 
 
-def test_kv_aware_prefers_the_emptiest_engine() -> None:
-    async def main() -> list[str]:
+def test_kv_aware_admits_the_longest_context_first() -> None:
+    async def main() -> list[int]:
+        gate = asyncio.Event()
+        order: list[int] = []
+
+        class Tracker(Recorder):
+            async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+                order.append(len(prompt_ids))
+                return await super().generate(prompt_ids, params)
+
+        scheduler = Scheduler([Tracker("a", [], gate)], "kv_aware", capacity_tokens=100)
+
+        async def call(context: int) -> None:
+            async with scheduler.lease() as engine:
+                await engine.generate([1] * context, SamplingParams(10))
+
+        first = asyncio.create_task(call(80))  # holds 90 of 100: the others wait
+        await asyncio.sleep(0.01)
+        waiting = [asyncio.create_task(call(c)) for c in (10, 30, 20)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *waiting)
+        return order
+
+    assert asyncio.run(main()) == [80, 30, 20, 10]
+
+
+class HeldAt(Recorder):
+    """Calls with a context of `held` tokens wait for the gate; the others return at once."""
+
+    def __init__(self, name: str, log: list[str], gate: asyncio.Event, held: int) -> None:
+        super().__init__(name, log, gate)
+        self.held = held
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self.log.append(self.name)
+        if len(prompt_ids) == self.held:
+            await self.gate.wait()  # type: ignore[union-attr]
+        return Generation([1], [-0.1], "stop")
+
+
+def test_kv_aware_keeps_a_trajectory_on_its_engine_and_moves_only_with_room_to_spare() -> None:
+    async def main(move_share: float) -> list[str]:
         log: list[str] = []
-        scheduler = Scheduler([Recorder("a", log), Recorder("b", log)], "kv_aware",
-                              capacity_tokens=[100, 300])  # fmt: skip
-        async with (
-            scheduler.lease(25, 25) as one,
-            scheduler.lease(25, 25) as two,
-            scheduler.lease(25, 25) as three,
-        ):
-            for engine in (one, two, three):
-                await engine.generate([1], PARAMS)
+        gate = asyncio.Event()
+        engines = [HeldAt(name, log, gate, held=60) for name in ("a", "b")]
+        scheduler = Scheduler(engines, "kv_aware", capacity_tokens=100, move_share=move_share)
+        async with scheduler.lease() as mine, scheduler.lease() as filler:
+            await mine.generate([1] * 10, SamplingParams(10))  # both empty: a, the first
+            held = asyncio.create_task(filler.generate([1] * 60, SamplingParams(10)))
+            await asyncio.sleep(0.01)  # filler holds 70 on a (a tie again: a)
+            await mine.generate([1] * 10, SamplingParams(10))  # fits a's 30: stays on a
+            moved = asyncio.create_task(mine.generate([1] * 40, SamplingParams(10)))
+            await asyncio.sleep(0.01)  # 50 does not fit a: b, if b has room to spare
+            gate.set()
+            await asyncio.gather(held, moved)
         return log
 
-    assert asyncio.run(main()) == ["b", "b", "b"]  # 250 free on b after two leases > 100 on a
+    assert asyncio.run(main(0.0)) == ["a", "a", "a", "b"]
+    assert asyncio.run(main(0.6)) == ["a", "a", "a", "a"]  # b lacks 50 + 60: waits for a
 
 
-def test_an_oversized_trajectory_runs_on_an_idle_engine() -> None:
+def test_an_oversized_call_runs_on_an_idle_engine() -> None:
     async def main() -> str:
         log: list[str] = []
-        scheduler = Scheduler([Recorder("a", log)], "kv_aware", capacity_tokens=100)
-        async with scheduler.lease(500, 500) as engine:
-            await asyncio.wait_for(engine.generate([1], PARAMS), 1)
+        scheduler = Scheduler(_engines(log, "a"), "kv_aware", capacity_tokens=100)
+        async with scheduler.lease() as engine:
+            await asyncio.wait_for(engine.generate([1] * 500, SamplingParams(500)), 1)
         return log[0]
 
     assert asyncio.run(main()) == "a"
@@ -99,10 +150,8 @@ def test_least_outstanding_routes_each_call_to_the_least_busy_engine() -> None:
     async def main() -> list[str]:
         log: list[str] = []
         gate = asyncio.Event()
-        scheduler = Scheduler(
-            [Recorder("a", log, gate), Recorder("b", log, gate)], "least_outstanding"
-        )
-        async with scheduler.lease(5, 5) as engine:
+        scheduler = Scheduler(_engines(log, "a", "b", gate=gate), "least_outstanding")
+        async with scheduler.lease() as engine:
             calls = [asyncio.create_task(engine.generate([1], PARAMS)) for _ in range(4)]
             await asyncio.sleep(0.02)
             gate.set()
@@ -119,16 +168,84 @@ def test_bad_configuration() -> None:
         Scheduler([], "static")
 
 
-def test_bench_scheduler_runs_every_policy(tmp_path: object) -> None:
-    import json
-    from pathlib import Path
+# -- the simulation --------------------------------------------------------------------------
 
-    from codeloop.rollout import bench_scheduler
 
-    out = Path(str(tmp_path)) / "s.json"
-    args = ["--trajectories", "24", "--engines", "2", "--seeds", "1", "--step-ms", "0.2",
-            "--out", str(out)]  # fmt: skip
+def test_the_virtual_clock_jumps_instead_of_sleeping() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(asyncio.sleep(3600), asyncio.sleep(1800))
+        return loop.time()
+
+    wall = time.perf_counter()
+    assert run_simulated(main()) == pytest.approx(3600)
+    assert time.perf_counter() - wall < 1
+
+
+def test_sim_engine_steps_caches_prefixes_and_preempts_on_overflow() -> None:
+    async def main() -> tuple[float, SimEngine]:
+        engine = SimEngine(capacity=100, step_ms=10, saturation=2, prefill_ms=1)
+        loop = asyncio.get_running_loop()
+        # three requests of 40 context: all start (120 > 100? no: the third waits)
+        await asyncio.gather(*(engine.generate(_Prompt(k, 40, 5), SamplingParams(5))
+                               for k in range(3)))  # fmt: skip
+        return loop.time(), engine
+
+    elapsed, engine = run_simulated(main())
+    # two start (80 tokens, prefill 80 x 1 ms), 5 steps of 10 ms; then the third (prefill 40)
+    assert engine.preemptions == 0
+    assert engine.prefill_tokens == 120
+    assert elapsed == pytest.approx(0.080 + 5 * 0.010 + 0.040 + 5 * 0.010)
+
+    async def cached() -> SimEngine:
+        engine = SimEngine(capacity=100, step_ms=10, saturation=2, prefill_ms=1)
+        await engine.generate(_Prompt(7, 30, 10), SamplingParams(10))
+        await engine.generate(_Prompt(7, 50, 1), SamplingParams(1))  # 40 cached + 10 new
+        return engine
+
+    assert run_simulated(cached()).prefill_tokens == 30 + 10
+
+    async def overflow() -> SimEngine:
+        engine = SimEngine(capacity=100, step_ms=10, saturation=2, prefill_ms=0)
+        await asyncio.gather(*(engine.generate(_Prompt(k, 45, 20), SamplingParams(20))
+                               for k in range(2)))  # fmt: skip
+        return engine
+
+    engine = run_simulated(overflow())  # 90 -> 100 after 5 steps -> 102: the newest is preempted
+    assert engine.preemptions == 1
+    assert engine.prefill_tokens == 45 + 45 + 51
+
+
+def test_lower_bound_by_hand() -> None:
+    import argparse
+
+    args = argparse.Namespace(engines=2, capacity=1000, step_ms=10.0, saturation=2,
+                              prefill_ms=1.0)  # fmt: skip
+    trajectories = [Trajectory(10, [4, 2], [(1.5, 3)]), Trajectory(20, [6], [])]
+    bound = bench_scheduler.lower_bound(trajectories, args)
+    # work: 12 tokens x 5 ms + 33 prefilled x 1 ms, over 2 engines
+    assert bound["work_s"] == pytest.approx((12 * 0.005 + 33 * 0.001) / 2)
+    # memory: per sampled token its context x 10 ms, over 2 x 1000 tokens
+    token_contexts = [11, 12, 13, 14] + [18, 19] + [21, 22, 23, 24, 25, 26]
+    assert bound["memory_s"] == pytest.approx(sum(token_contexts) * 0.010 / 2000)
+    # the first alone: 6 steps, 13 prefilled, a 1.5 s tool call
+    assert bound["longest_s"] == pytest.approx(6 * 0.010 + 0.013 + 1.5)
+    assert bound["bound_s"] == bound["longest_s"]
+
+
+def test_bench_scheduler_kv_aware_never_overflows(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    args = ["--prompts", "16", "--group", "8", "--engines", "2", "--seeds", "1",
+            "--capacity", "16384", "--out", str(out)]  # fmt: skip
     assert bench_scheduler.main(args) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["policy"] for r in rows] == ["static", "least_outstanding", "kv_aware"]
-    assert all(r["makespan_s"] > 0 and r["prefill_tokens"] >= 24 * 300 for r in rows)
+    assert [(r["mix"], r["policy"]) for r in rows] == [
+        (mix, policy)
+        for mix in ("heavy", "light")
+        for policy in ("static", "least_outstanding", "kv_aware")
+    ]
+    for row in rows:
+        assert row["makespan_s"] >= row["bound"]["bound_s"] * 0.999
+        assert 0 <= row["idle"] < 1
+    assert all(r["preemptions"] == 0 for r in rows if r["policy"] == "kv_aware")
+    assert any(r["preemptions"] > 0 for r in rows if r["policy"] == "static")
