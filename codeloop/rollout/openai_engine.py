@@ -5,7 +5,11 @@ logprobs (`logprobs: 0`, `return_tokens_as_token_ids`, `include_stop_str_in_outp
 `skip_special_tokens: false`), so nothing is re-tokenised. The ids are read from `token_ids`
 when the server returns them, else from `token_id:N` tokens. `reload(path)` points the server
 at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
-`{"model_path"}` to `/update_weights_from_disk`. vLLM's weight-reload routes are not wired yet.
+`{"model_path"}` to `/update_weights_from_disk`; `vllm` posts `{"method": "reload_weights"}` to
+`/collective_rpc` (a development route: start vLLM with `VLLM_SERVER_DEV_MODE=1`), which reloads
+the weights from the directory vLLM serves, so `path` must be that directory (checked against
+`/v1/models`). The vLLM and SGLang routes follow their documentation and code; no server of
+theirs runs on this machine, so they are untested here.
 
 `refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
 scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a usage fraction
@@ -16,18 +20,20 @@ live server here.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import aiohttp
 
 from codeloop.rollout.engine import Generation, SamplingParams
 
-Backend = Literal["codeloop", "sglang"]
+Backend = Literal["codeloop", "sglang", "vllm"]
 _USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
     "codeloop": ("/v1/reload", "path"),
     "sglang": ("/update_weights_from_disk", "model_path"),
 }
+_VLLM_RELOAD = ("/collective_rpc", {"method": "reload_weights"})
 
 
 class EngineError(RuntimeError):
@@ -83,8 +89,24 @@ class OpenAIEngine:
                 return
 
     async def reload(self, path: str) -> None:
+        """Make the server load the weights saved in the directory `path`."""
+        if self.backend == "vllm":
+            served = await self._served_roots()
+            if served and not any(_same_dir(root, path) for root in served):
+                raise EngineError(f"{self.base_url}: vLLM reloads the directory it serves "
+                                  f"({', '.join(served)}), not {path}: serve {path}")  # fmt: skip
+            await self._post(*_VLLM_RELOAD)
+            return
         route, key = _RELOAD_ROUTES[self.backend]
         await self._post(route, {key: path})
+
+    async def _served_roots(self) -> list[str]:
+        session = await self._http()
+        async with session.get(self.base_url + "/v1/models") as response:
+            if response.status != 200:
+                return []
+            models = (await response.json()).get("data", [])
+        return [str(m.get("root") or m.get("id")) for m in models if isinstance(m, dict)]
 
     async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         session = await self._http()
@@ -109,6 +131,10 @@ def _generation(choice: dict[str, Any]) -> Generation:
     if choice.get("finish_reason") == "length":
         return Generation(ids, values, "length")
     return Generation(ids, values, "stop")
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _gauges(text: str) -> dict[str, float]:

@@ -133,3 +133,46 @@ def test_live_kv_readings(served: tuple[str, Path]) -> None:
             await runner.cleanup()
 
     assert asyncio.run(main()) == (250, 0)  # 25% of 1000; an idle codeloop serve holds 0
+
+
+def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
+    """What the engine posts to reload weights, recorded by a stand-in server."""
+    from aiohttp import web
+
+    served = tmp_path / "weights"
+    served.mkdir()
+    posted: list[tuple[str, Any]] = []
+
+    async def main() -> str:
+        async def record(request: web.Request) -> web.Response:
+            posted.append((request.path, await request.json()))
+            return web.json_response({"ok": True})
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "policy", "root": str(served)}]})
+
+        app = web.Application()
+        app.router.add_post("/collective_rpc", record)
+        app.router.add_post("/update_weights_from_disk", record)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        vllm, sglang = OpenAIEngine(url, backend="vllm"), OpenAIEngine(url, backend="sglang")
+        try:
+            await vllm.reload(str(served))
+            await sglang.reload(str(served))
+            with pytest.raises(EngineError, match="reloads the directory it serves") as err:
+                await vllm.reload(str(tmp_path / "elsewhere"))
+            return str(err.value)
+        finally:
+            await vllm.close()
+            await sglang.close()
+            await runner.cleanup()
+
+    message = asyncio.run(main())
+    assert posted == [("/collective_rpc", {"method": "reload_weights"}),
+                      ("/update_weights_from_disk", {"model_path": str(served)})]  # fmt: skip
+    assert str(served) in message
