@@ -136,8 +136,13 @@ def test_bench_rollout_compares_batched_with_one_at_a_time(tmp_path: object) -> 
 
     out = Path(str(tmp_path)) / "rollout.json"
     args = ["--trajectories", "4", "--tokens", "6", "--hidden", "32", "--layers", "1",
-            "--max-batch", "4", "--out", str(out)]  # fmt: skip
+            "--max-batch", "4", "--tool-turns", "2", "--tool-s", "0.1",
+            "--out", str(out)]  # fmt: skip
     assert bench_rollout.main(args) == 0
     report = json.loads(out.read_text())
-    assert set(report["rows"]) == {"one_at_a_time", "batched"}
-    assert all(row["tokens_per_s"] > 0 for row in report["rows"].values())
+    rows = report["rows"]
+    assert set(rows) == {"one_at_a_time", "batched", "tools_serialised", "tools_overlapped"}
+    assert all(row["tokens_per_s"] > 0 for row in rows.values())
+    for name in ("tools_serialised", "tools_overlapped"):  # every call ran in the sandbox
+        assert rows[name]["tool_calls"] == 4 * 2
+        assert rows[name]["seconds"] >= 2 * 0.1
