@@ -110,10 +110,12 @@ def _train(args: argparse.Namespace) -> int:
         import asyncio
 
         from codeloop.recipe.runner import run_recipe_from_config
+        from codeloop.trainer.distributed import launched_main
 
         for summary in asyncio.run(run_recipe_from_config(cfg)):
             steps, problems = summary["steps"], summary["problems"]
-            print(f"stage {summary['stage']}: {steps} steps on {problems} problems")
+            if launched_main():
+                print(f"stage {summary['stage']}: {steps} steps on {problems} problems")
         return 0
     if args.command == "sft":
         from codeloop.trainer.run import run_sft

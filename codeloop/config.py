@@ -101,6 +101,16 @@ class RolloutConfig:
         "transformers", "Engine: in-process transformers, or OpenAI-compatible servers."
     )
     endpoints: list[str] = knob([], "Base URLs of OpenAI-compatible servers (backend=openai).")
+    server: Literal["codeloop", "sglang", "vllm"] = knob(
+        "codeloop", "What serves rollout.endpoints; it decides how new weights are loaded."
+    )
+    served_model: str = knob("", "Model name sent to the servers; empty = trainer.model.")
+    weights_dir: str = knob(
+        "", "Where RL writes the weights the servers reload; empty = <output_dir>/weights."
+    )
+    kv_capacity_tokens: int = knob(
+        0, "KV-cache tokens per engine for the kv_aware scheduler; 0 = no limit.", ge=0
+    )
     scheduler: Literal["kv_aware", "least_outstanding", "static"] = knob(
         "kv_aware", "How trajectories are assigned to engines (report: kv_aware)."
     )
@@ -188,6 +198,11 @@ class SFTConfig:
     min_lr_ratio: float = knob(0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1)
     warmup_steps: int = knob(10, "Linear warm-up steps.", ge=0)
     conversations_per_step: int = knob(32, "Conversations per optimiser step.", ge=1)
+    packing: Literal["auto", "on", "off"] = knob(
+        "auto",
+        "Lay conversations end to end in micro-batches instead of padding; auto = when the model "
+        "uses FlashAttention (varlen kernels; with sdpa a packed row costs its full square).",
+    )
     micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
     max_tokens: int = knob(8192, "Longest conversation kept; longer ones are an error.", ge=1)
 

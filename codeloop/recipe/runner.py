@@ -6,6 +6,11 @@ not solve reliably (`refilter_samples` samples each, pass rate <= `refilter_max_
 then run `steps` GRPO-RoC steps. The optimiser and its schedule carry over from the previous
 stage unless `reset_optimizer`. A stage that finished (`stage.json` written) is skipped on a
 rerun, with its final weights loaded; an unfinished one resumes from its latest checkpoint.
+
+Under torchrun every rank runs the stages (FSDP2 over the ranks, as `codeloop train`): the
+refilter samples each rank's share of the problems and gathers the pass rates, rank 0 writes
+`stage.json`, and after a stage each rank starts the next from the stage's final (unsharded)
+checkpoint. The run directory must be shared by the ranks (one node, or a shared file system).
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ from codeloop.eval.passrate import pass_rates
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
+from codeloop.trainer.distributed import World, all_gather, barrier
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.rl import RLRun
 
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                     tools: ToolExecutor) -> list[dict[str, Any]]:  # fmt: skip
+                     tools: ToolExecutor, world: World | None = None
+                     ) -> list[dict[str, Any]]:  # fmt: skip
     """Run every stage; return one summary per stage (also written to its `stage.json`)."""
+    world = world or World()
     if not cfg.recipe.stages:
         raise ValueError("recipe.stages is empty: nothing to run")
     summaries: list[dict[str, Any]] = []
@@ -40,8 +48,8 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             carried = _load_final_state(stage_dir, model)
             summaries.append(json.loads(done.read_text()))
             continue
-        logger = RunLogger(stage_dir)
-        run = RLRun(scfg, model, fmt, problems, tools, logger)
+        logger = RunLogger(stage_dir, tensorboard=world.is_main)
+        run = RLRun(scfg, model, fmt, problems, tools, logger, world=world)
         try:
             kept = await _stage_problems(run, stage, problems, scfg)
             run.problems = list(kept)
@@ -54,12 +62,16 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             run.save()
         finally:
             logger.close()
-            run.verifier.close()
+            await run.close()
         summary = {"stage": stage.name, "index": index, "steps": stage.steps,
                    "problems": len(kept), "final": history[-1] if history else {}}  # fmt: skip
-        done.write_text(json.dumps(summary, indent=2))
+        if world.is_main:
+            done.write_text(json.dumps(summary, indent=2))
+        barrier(world)
         summaries.append(summary)
         carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+        if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
+            model = _final_model(stage_dir, model)
     return summaries
 
 
@@ -67,17 +79,32 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
                           ) -> Sequence[Problem]:  # fmt: skip
     if not stage.refilter:
         return problems
-    run.sync_weights()
-    rates = await pass_rates(run.engine, run.tools, run.fmt, problems, stage.refilter_samples,
+    await run.sync_weights()
+    world = run.world
+    mine = list(problems)[world.rank :: world.size]
+    rates = await pass_rates(run.engine, run.tools, run.fmt, mine, stage.refilter_samples,
                              cfg.rollout, run.verifier, cfg.trainer.seed)  # fmt: skip
+    rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
     kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
     limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples
-    print(f"refilter: kept {len(kept)} of {len(problems)} problems "
-          f"(pass rate <= {limit} over {samples} samples)")  # fmt: skip
+    if world.is_main:
+        print(f"refilter: kept {len(kept)} of {len(problems)} problems "
+              f"(pass rate <= {limit} over {samples} samples)")  # fmt: skip
     if not kept:
         raise RuntimeError("refilter kept no problems: the policy solves them all; raise "
                            "refilter_max_pass_rate or add harder problems")  # fmt: skip
     return kept
+
+
+def _final_model(stage_dir: Path, like: Any) -> Any:
+    """A fresh, unsharded model with a finished stage's final weights."""
+    from transformers import AutoModelForCausalLM
+
+    path = latest_checkpoint(stage_dir)
+    if path is None:
+        raise FileNotFoundError(f"{stage_dir}: the stage ended without a checkpoint")
+    dtype = next(like.parameters()).dtype
+    return AutoModelForCausalLM.from_pretrained(path / "model", dtype=dtype)
 
 
 def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
@@ -97,8 +124,10 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:
     """`codeloop recipe`: the policy, problems and sandbox the config names, every stage."""
+    from codeloop.trainer import distributed
     from codeloop.trainer.run import prepare, tools_for
 
+    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
-        return await run_recipe(cfg, model, fmt, problems, tools)
+        return await run_recipe(cfg, model, fmt, problems, tools, world)

@@ -3,6 +3,13 @@
 A `Sample` is one full sequence (prompt + response) with a loss mask over its tokens. Logprobs
 and masks are stored per token (position j = token j); the model's logits at position j - 1
 score token j, so everything is shifted by one when a batch is made.
+
+Two ways to batch: `micro_batches` + `collate` pad samples to the longest of a micro-batch;
+`pack` + `collate_packed` lay several samples end to end in one row under the token budget,
+with position ids restarting at each sample and a block-diagonal causal attention mask, so
+that no token sees another sample and nothing is spent on padding. Packed rows carry a 4D
+boolean mask [rows, 1, T, T] (the `sdpa` and `eager` attentions take it); with a FlashAttention
+implementation the mask is left out and the position ids mark the samples.
 """
 
 from __future__ import annotations
@@ -47,6 +54,54 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sam
     return batches
 
 
+def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+    """Rows of samples laid end to end, each <= token_budget tokens (first fit, longest
+    first); a sample longer than the budget gets a row of its own."""
+    rows: list[list[Sample]] = []
+    room: list[int] = []
+    for sample in sorted(samples, key=lambda s: len(s.input_ids), reverse=True):
+        size = len(sample.input_ids)
+        row = next((i for i, free in enumerate(room) if free >= size), None)
+        if row is None:
+            rows.append([sample])
+            room.append(token_budget - size)
+        else:
+            rows[row].append(sample)
+            room[row] -= size
+    return rows
+
+
+def collate_packed(rows: Sequence[Sequence[Sample]], pad_id: int, flash: bool = False
+                   ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Packed rows (see the module docstring) with the fields of `collate` plus
+    `position_ids`; the first token of each sample is never a target."""
+    width = max(sum(len(s.input_ids) for s in row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    segments = torch.full((len(rows), width), -1)
+    mask = torch.zeros((len(rows), width))
+    old = torch.zeros((len(rows), width))
+    for r, row in enumerate(rows):
+        start = 0
+        for k, sample in enumerate(row):
+            end = start + len(sample.input_ids)
+            ids[r, start:end] = torch.tensor(sample.input_ids)
+            positions[r, start:end] = torch.arange(end - start)
+            segments[r, start:end] = k
+            mask[r, start:end] = torch.tensor(sample.loss_mask, dtype=torch.float)
+            mask[r, start] = 0.0
+            old[r, start:end] = torch.tensor(sample.old_logprobs)
+            start = end
+        segments[r, start:] = len(row)  # padding: a segment of its own, never trained
+    batch = {"input_ids": ids, "position_ids": positions, "loss_mask": mask[:, 1:],
+             "old_logprobs": old[:, 1:]}  # fmt: skip
+    if not flash:
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+        batch["attention_mask"] = (segments[:, :, None] == segments[:, None, :]) & causal
+        batch["attention_mask"] = batch["attention_mask"][:, None]
+    return batch
+
+
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors; `loss_mask` and `old_logprobs` are shifted to the targets."""
     width = max(len(s.input_ids) for s in samples)
@@ -66,7 +121,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
 def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(logprobs of each next token [B, T-1], logits [B, T-1, V]) under logits / temperature."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    logits = model(**inputs).logits
     logits = logits[:, :-1].float() / (temperature or 1.0)  # [B, T-1, V]
     targets = batch["input_ids"][:, 1:].unsqueeze(-1)  # [B, T-1, 1]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1), logits

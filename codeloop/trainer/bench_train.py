@@ -5,6 +5,7 @@
    in the same run: one plain forward/backward/step of cross-entropy over the same padded batch.
    The ratio is the trainer's overhead (or gain) over the bare model.
 2. Peak memory: the process's peak resident set (and CUDA's peak allocation on a GPU).
+   Also the SFT step (`sft_step`) over the same sequences, packed end to end against padded.
 3. One RL step end to end (rollout through the agent loop with the local sandbox, reward,
    update, weight sync) split by the step's own timers.
 """
@@ -59,6 +60,19 @@ def _baseline(model: Any, samples: list[Sample], steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: str) -> float:
+    """Seconds per SFT step (forward, backward, AdamW) over the samples."""
+    from codeloop.trainer.sft import sft_step
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    start = time.perf_counter()
+    for _ in range(steps):
+        sft_step(model, samples, 0, budget, packing=packing)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / steps
+
+
 def _fmt() -> PromptFormat:
     corpus = ["What is 12 + 34? print(12 + 34) <answer>\\boxed{46}</answer>"] * 50
     return PromptFormat(train_tokenizer(corpus, vocab_size=400))
@@ -92,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8)
 
     base_s = _baseline(model(), samples, args.steps)
+    sft_s = {packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing)
+             for packing in ("off", "on")}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         problems = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
         split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp))
@@ -103,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'plain forward/backward':28}{base_s:10.3f}{tokens / base_s:10.0f}{1.0:10.2f}")
     print(f"{'RL update (trainer)':28}{update_s:10.3f}{tokens / update_s:10.0f}"
           f"{base_s / update_s:10.2f}")  # fmt: skip
+    for packing, name in (("off", "SFT step, padded"), ("on", "SFT step, packed")):
+        print(f"{name:28}{sft_s[packing]:10.3f}{tokens / sft_s[packing]:10.0f}"
+              f"{base_s / sft_s[packing]:10.2f}")  # fmt: skip
     print(f"peak resident memory: {peak_mb:.0f} MiB", end="")
     if torch.cuda.is_available():
         print(f"; CUDA peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", end="")
@@ -123,10 +142,10 @@ async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem
             for _ in range(steps):
                 run.update(samples)
             update_only = (time.perf_counter() - start) / steps
-            run.sync_weights()
+            await run.sync_weights()
             metrics = await run.step()
         finally:
-            run.verifier.close()
+            await run.close()
             logger.close()
     return {
         "update_only_s": update_only,

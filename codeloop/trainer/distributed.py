@@ -44,6 +44,11 @@ class World:
         return self.size > 1
 
 
+def launched_main() -> bool:
+    """Whether this process is rank 0 of its launch (torchrun's RANK), before `init()`."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def init() -> World:
     """Join torchrun's process group (idempotent); a world of one without torchrun."""
     size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -7,8 +7,11 @@ refill dropped zero-signal groups when `algo.drop_zero_signal_groups`), take
 weights to the engine, log, checkpoint. Everything random is seeded from `trainer.seed`, the
 step and the sample index, and the checkpoint holds the data position and the RoC generator, so
 a run stopped and resumed reproduces the uninterrupted run (with a deterministic engine).
-Weights reach the engine through its `update_weights` (the in-process engine); pushing to
-servers is not wired into this loop yet.
+Trajectories go through a `Scheduler` (`rollout.scheduler`) over the engines: the in-process
+engine, or one `OpenAIEngine` per `rollout.endpoints` (`rollout.backend = "openai"`: vLLM,
+SGLang, `codeloop serve`). New weights reach the in-process engine through `update_weights`;
+for servers, rank 0 saves them (model and tokenizer) to `rollout.weights_dir` and asks every
+server to reload that directory before the next rollout.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,9 +36,11 @@ from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.engine import ToolExecutor
+from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.openai_engine import OpenAIEngine
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import Sample, collate, from_trajectory, micro_batches, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
@@ -61,6 +67,7 @@ class Group:
     sampled: list[Trajectory]
     kept: list[Trajectory]
     advantages: list[float]
+    position: int = 0  # in the data order: the same on every rank
 
 
 def _seed(*parts: int) -> int:
@@ -74,14 +81,15 @@ class RLRun:
         if not problems:
             raise ValueError("RL needs at least one training problem (data.train)")
         t, world = cfg.trainer, world or World()
-        too_few = t.prompts_per_step < world.size
-        if world.distributed and (cfg.algo.drop_zero_signal_groups or too_few):
-            raise ValueError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size} "
-                             "and no algo.drop_zero_signal_groups")  # fmt: skip
+        if world.distributed and t.prompts_per_step < world.size:
+            raise ValueError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size}")
         self.cfg, self.fmt, self.problems, self.world = cfg, fmt, list(problems), world
         self.tools, self.logger = tools, logger
-        self.engine = engine or TransformersEngine(copy.deepcopy(model), fmt.tokenizer,
-                                                   fmt.end_of_turn_ids)  # fmt: skip
+        self.servers = _servers(cfg)
+        self.engines: list[Engine] = list(self.servers) or [
+            engine or TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids)
+        ]
+        self.engine: Any = self.engines[0]
         self.model = model = shard(model, world)  # after the engine's unsharded copy
         self.verifier = Verifier(cfg.reward)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -105,7 +113,7 @@ class RLRun:
         clock = _lap(timings, "timing/rollout_and_reward_s", clock)
         losses = self.update(samples)
         clock = _lap(timings, "timing/update_s", clock)
-        self.sync_weights()
+        await self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
         self.step_index += 1
         metrics = all_mean(_rollout_metrics(groups) | timings, self.world) | losses
@@ -117,27 +125,56 @@ class RLRun:
         self._maybe_checkpoint()
         return metrics
 
-    def sync_weights(self) -> None:
-        """The engine samples with the trained weights (gathered from the shards)."""
-        self.engine.update_weights(full_state_dict(self.model, self.world))
+    async def sync_weights(self) -> None:
+        """The engines sample with the trained weights (gathered from the shards)."""
+        state = full_state_dict(self.model, self.world)
+        if not self.servers:
+            self.engine.update_weights(state)
+            return
+        if self.world.is_main:
+            path = Path(self.cfg.rollout.weights_dir or Path(self.logger.run_dir) / "weights")
+            self.model.save_pretrained(path, state_dict=state)
+            self.fmt.tokenizer.save_pretrained(path)
+            await asyncio.gather(*(server.reload(str(path.resolve())) for server in self.servers))
+        barrier(self.world)
+
+    async def close(self) -> None:
+        """Close the verifier's workers and the servers' HTTP sessions."""
+        self.verifier.close()
+        await asyncio.gather(*(server.close() for server in self.servers))
 
     async def train(self, steps: int) -> list[dict[str, float]]:
-        self.sync_weights()
+        await self.sync_weights()
         return [await self.step() for _ in range(steps)]
 
     # -- rollout, reward, resampling -------------------------------------------------------
 
     async def _groups(self, count: int) -> list[Group]:
+        """This rank's groups of the step. Every rank takes its share of the same problems;
+        with `algo.drop_zero_signal_groups` the groups without signal are dropped and more
+        problems drawn until `count` remain over all ranks (at most MAX_REFILL_ROUNDS rounds);
+        with several ranks the kept groups are then gathered in data order and dealt out
+        again, so that the step trains on the groups one process would."""
+        drop, world = self.cfg.algo.drop_zero_signal_groups, self.world
         groups: list[Group] = []
         for _ in range(MAX_REFILL_ROUNDS):
             chosen = self._next_problems(count - len(groups))  # the same on every rank
-            batch = await self._rollout(chosen[self.world.rank :: self.world.size])
-            if self.cfg.algo.drop_zero_signal_groups:
+            batch = await self._rollout(chosen[world.rank :: world.size])
+            if drop:
                 batch = [g for g in batch if has_signal([t.reward or 0.0 for t in g.kept])]
+                if world.distributed:  # everyone's, so that every rank decides alike
+                    batch = sorted((g for rank in all_gather(batch, world) for g in rank),
+                                   key=lambda g: g.position)  # fmt: skip
             groups += batch
-            if len(groups) >= count or not self.cfg.algo.drop_zero_signal_groups:
+            if len(groups) >= count or not drop:
                 break
-        return groups
+        if not (drop and world.distributed):
+            return groups
+        if 0 < len(groups) < world.size:
+            raise RuntimeError(f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
+                               f"rounds, fewer than the {world.size} ranks: raise "
+                               "trainer.prompts_per_step")  # fmt: skip
+        return groups[world.rank :: world.size]
 
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
         chosen = []
@@ -153,11 +190,16 @@ class RLRun:
         algo, seed = self.cfg.algo, self.cfg.trainer.seed
         n = algo.group_size * algo.oversample
 
+        r = self.cfg.rollout
+        scheduler = Scheduler(self.engines, r.scheduler, r.kv_capacity_tokens or 1 << 40,
+                              batch_size=len(problems) * n)  # fmt: skip
+
         async def one(position: int, problem: Problem, k: int) -> Trajectory:
             prompt = self.fmt.prompt_ids(problem.problem)
             sample_seed = _seed(seed, position, k)
-            return await run_trajectory(self.engine, self.tools, self.fmt, self.cfg.rollout,
-                                        problem.id, k, prompt, sample_seed)  # fmt: skip
+            async with scheduler.lease() as engine:
+                return await run_trajectory(engine, self.tools, self.fmt, r, problem.id, k,
+                                            prompt, sample_seed)  # fmt: skip
 
         sampled = await asyncio.gather(*(one(pos, p, k) for pos, p in problems for k in range(n)))
         golds = [p.answer for _, p in problems for _ in range(n)]
@@ -169,7 +211,7 @@ class RLRun:
             trajectories = list(sampled[i * n : (i + 1) * n])
             kept = resample(trajectories, algo.group_size, algo.resample, self.roc_rng)
             advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
-            groups.append(Group(problem, trajectories, kept, advantages))
+            groups.append(Group(problem, trajectories, kept, advantages, problems[i][0]))
         return groups
 
     # -- the update ------------------------------------------------------------------------
@@ -262,6 +304,17 @@ class RLRun:
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
         return True
+
+
+def _servers(cfg: Config) -> list[OpenAIEngine]:
+    r = cfg.rollout
+    if r.backend != "openai":
+        return []
+    if not r.endpoints:
+        raise ValueError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
+    model = r.served_model or cfg.trainer.model
+    return [OpenAIEngine(url, model, r.server, kv_capacity_tokens=r.kv_capacity_tokens)
+            for url in r.endpoints]  # fmt: skip
 
 
 def _lap(timings: dict[str, float], key: str, since: float) -> float:

@@ -49,7 +49,8 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     kept, removed = curate(problems, cfg.data.integer_answers_only, False, benchmarks,
                            cfg.data.ngram)  # fmt: skip
     reasons = Counter(r.reason for r in removed)
-    print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
+    if distributed.launched_main():
+        print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
     problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
     return model, PromptFormat(tokenizer, cfg.rollout.chat_template), problems
@@ -66,7 +67,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
         try:
             if run.resume():
                 print(f"resumed from step {run.step_index}")
-            run.sync_weights()
+            await run.sync_weights()
             total = cfg.trainer.max_steps
             with tqdm(total=total, initial=run.step_index, desc="rl", unit="step",
                       disable=not world.is_main) as bar:  # fmt: skip
@@ -78,7 +79,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
             run.save()
         finally:
             logger.close()
-            run.verifier.close()
+            await run.close()
         return history
 
 

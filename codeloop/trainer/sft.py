@@ -5,8 +5,9 @@ string contents; an assistant turn that calls the tool ends with its `</tool_cal
 conversation is rendered with the rollout's chat template, and the loss covers only the
 assistant's own tokens: what the policy will sample at RL time (a tool-calling turn up to its
 `</tool_call>`, a final turn up to its end-of-turn token). Batches: conversations per optimiser
-step, split into micro-batches under a token budget with gradient accumulation; the loss is the
-mean over the step's assistant tokens. Schedule: linear warm-up, then cosine decay.
+step, split into micro-batches under a token budget with gradient accumulation (packed end to
+end or padded, `sft.packing`); the loss is the mean over the step's assistant tokens.
+Schedule: linear warm-up, then cosine decay.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from tqdm import tqdm
 
 from codeloop.config import SFTConfig
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.trainer.batch import Sample, collate, micro_batches, token_logprobs
+from codeloop.trainer.batch import (
+    Sample,
+    collate,
+    collate_packed,
+    micro_batches,
+    pack,
+    token_logprobs,
+)
 from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
 
@@ -107,14 +115,18 @@ def _schedule(optimizer: torch.optim.Optimizer, cfg: SFTConfig, total_steps: int
 
 
 def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: int,
-             world: World | None = None) -> dict[str, float]:  # fmt: skip
+             world: World | None = None, packing: str = "auto") -> dict[str, float]:  # fmt: skip
     """Forward and backward over this rank's share of a step; the loss is the token mean over
-    the whole step (all ranks). Returns loss and token count."""
+    the whole step (all ranks). Micro-batches: one packed row each under the token budget, or
+    padded samples (`packing`: see `SFTConfig.packing`). Returns loss and token count."""
     world = world or World()
     tokens = all_sum(sum(sum(s.loss_mask[1:]) for s in samples), world)
     total = 0.0
-    for group, weight in pad_micro_batches(micro_batches(samples, token_budget), world):
-        batch = collate(group, pad_id)
+    flash = "flash" in str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
+    packed = packing == "on" or (packing == "auto" and flash)
+    groups = pack(samples, token_budget) if packed else micro_batches(samples, token_budget)
+    for group, weight in pad_micro_batches(groups, world):
+        batch = collate_packed([group], pad_id, flash) if packed else collate(group, pad_id)
         logprobs, _ = token_logprobs(model, batch)
         loss = -(logprobs * batch["loss_mask"]).sum() / max(tokens, 1)
         (loss * weight * world.size).backward()  # FSDP averages gradients over ranks
@@ -154,7 +166,7 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
             for start in range(0, len(order), per_step):
                 mine = order[start : start + per_step][world.rank :: world.size]
                 metrics = sft_step(model, [samples[i] for i in mine], pad_id,
-                                   cfg.micro_batch_tokens, world)  # fmt: skip
+                                   cfg.micro_batch_tokens, world, cfg.packing)  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
                 norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
                 metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_jsonl
+from eval_helpers import read_jsonl
 
 from codeloop.eval.entropy import after_tool_flags, analyse, analyse_file, response_entropies
 from codeloop.rollout.prompt import PromptFormat

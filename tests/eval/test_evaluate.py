@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
+from eval_helpers import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
 
 from codeloop.eval.evaluate import evaluate
 from codeloop.rollout.prompt import PromptFormat

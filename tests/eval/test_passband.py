@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROBLEMS, ScriptedPolicy, cfg_for_eval, read_jsonl
+from eval_helpers import PROBLEMS, ScriptedPolicy, cfg_for_eval, read_jsonl
 
 from codeloop.eval.evaluate import eval_rollout_config
 from codeloop.eval.passrate import pass_band

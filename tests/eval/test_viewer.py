@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROBLEMS, read_jsonl
+from eval_helpers import PROBLEMS, read_jsonl
 
 from codeloop.eval.entropy import analyse_file
 from codeloop.rollout.prompt import PromptFormat

@@ -1,7 +1,7 @@
 import asyncio
 import json
 
-from conftest import ScriptedEngine
+from rollout_helpers import ScriptedEngine
 
 from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.reward import Verdict, Verifier

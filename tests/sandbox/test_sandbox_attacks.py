@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SECRET, SyncSandbox, assert_healthy
+from sandbox_helpers import SECRET, SyncSandbox, assert_healthy
 
 from codeloop.sandbox.isolation import python_paths
 from codeloop.sandbox.pool import UID_BASE

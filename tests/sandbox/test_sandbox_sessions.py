@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import SyncSandbox, assert_healthy
+from sandbox_helpers import SyncSandbox, assert_healthy
 
 from codeloop.config import SandboxConfig
 from codeloop.types import ExecRequest, ExecStatus

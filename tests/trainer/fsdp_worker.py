@@ -4,6 +4,7 @@ With one process nothing is sharded; with several, FSDP2 shards the model and ea
 its share of every step. Rank 0 writes the final full weights and the metrics to OUT.
 """
 
+import asyncio
 import json
 import random
 import sys
@@ -71,7 +72,7 @@ def main(tokenizer_dir: str, out: Path) -> None:
     samples = [s for j, s in enumerate(rl_samples(len(fmt.tokenizer)))
                if (j // 2) % world.size == world.rank]  # fmt: skip
     rl = [run.update(samples) for _ in range(2)]
-    run.sync_weights()  # the engine gets the gathered weights
+    asyncio.run(run.sync_weights())  # the engine gets the gathered weights
     run.verifier.close()
     logger.close()
     weights = distributed.full_state_dict(sharded, world)

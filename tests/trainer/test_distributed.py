@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_inputs, rl_arguments, trainer_fmt  # noqa: F401  (the session fixture)
+from trainer_helpers import cli_inputs, rl_arguments, trainer_fmt  # noqa: F401  (the session fixture)
 
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World, pad_micro_batches
@@ -93,3 +93,76 @@ def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_pa
     assert len(dump) == 2 * 2 * 2  # both ranks' prompts, 2G sampled each
     ids = Counter(json.loads(line)["prompt_id"] for line in dump)
     assert len(ids) == 2 and set(ids.values()) == {4}  # one prompt from each rank
+
+
+@pytest.mark.slow
+def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps(
+    tmp_path: Path,
+) -> None:
+    def ranks(processes: int) -> list[dict]:
+        out = tmp_path / str(processes)
+        out.mkdir()
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(processes),
+                   str(Path(__file__).with_name("refill_worker.py")), str(out)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
+
+    # odd positions have signal: round 1 draws 0-3 (keeps 1, 3), round 2 draws 4-5 (5),
+    # round 3 draws 6 (none), round 4 draws 7 (7)
+    assert ranks(1) == [{"positions": [1, 3, 5, 7], "data_position": 8}]
+    assert ranks(2) == [{"positions": [1, 5], "data_position": 8},
+                        {"positions": [3, 7], "data_position": 8}]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_recipe_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    run_dir = tmp_path / "recipe"
+    config = tmp_path / "recipe.toml"
+    config.write_text(f"""
+[trainer]
+model = "{base}"
+output_dir = "{run_dir}"
+prompts_per_step = 2
+checkpoint_every = 1
+[data]
+train = "{problems}"
+[algo]
+group_size = 2
+[rollout]
+max_response_tokens = 16
+[sandbox]
+workers = 1
+[reward]
+workers = 1
+[[recipe.stages]]
+name = "one"
+steps = 1
+[[recipe.stages]]
+name = "two"
+steps = 1
+refilter = true
+refilter_samples = 2
+""")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "-m", "codeloop", "recipe", "--config",
+               str(config)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()  # rank 0 speaks; the refilter sees every problem
+    assert [line for line in lines if line.startswith("refilter")] == [
+        "refilter: kept 4 of 4 problems (pass rate <= 0.99 over 2 samples)"]  # fmt: skip
+    assert [line for line in lines if line.startswith("stage")] == [
+        "stage one: 1 steps on 4 problems", "stage two: 1 steps on 4 problems"]  # fmt: skip
+    for name, steps in (("1-one", 1), ("2-two", 1)):
+        summary = json.loads((run_dir / name / "stage.json").read_text())
+        assert summary["steps"] == steps and summary["problems"] == 4
+        assert [m["step"] for m in read_metrics(run_dir / name)] == [1]
+    first = torch.load(run_dir / "1-one" / "checkpoints" / "step_000001" / "state.pt",
+                       weights_only=False)  # fmt: skip
+    second = torch.load(run_dir / "2-two" / "checkpoints" / "step_000001" / "state.pt",
+                        weights_only=False)  # fmt: skip
+    step = [next(iter(s["optimizer"]["state"].values()))["step"].item() for s in (first, second)]
+    assert step == [1, 2]  # the optimiser carried over from stage one

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import conversation
+from trainer_helpers import conversation
 
 from codeloop.config import Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
@@ -91,3 +91,59 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
         assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-7)
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
         "step_000001", "step_000002", "step_000003"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rl_on_two_servers_pushes_the_new_weights_to_both(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    from codeloop.rollout.engine import SamplingParams
+    from codeloop.rollout.openai_engine import OpenAIEngine
+
+    fmt = trainer_fmt
+    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+    model.load_state_dict(sft_weights)
+    served = tmp_path / "served"
+    model.save_pretrained(served)
+    fmt.tokenizer.save_pretrained(served)
+    cfg = _config(tmp_path / "run")
+    cfg.rollout.backend, cfg.rollout.scheduler = "openai", "kv_aware"
+    prompt = fmt.prompt_ids(PROBLEMS[0].problem)
+
+    async def main(urls: list[str]) -> tuple[dict[str, float], RLRun, list[Any]]:
+        cfg.rollout.endpoints = urls
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path / "run", tensorboard=False)
+            run = RLRun(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            try:
+                metrics = (await run.train(1))[0]
+                params = SamplingParams(8, temperature=1.0, seed=3)
+                generations = []
+                for url in urls:
+                    server = OpenAIEngine(url)
+                    generations.append(await server.generate(prompt, params))
+                    await server.close()
+            finally:
+                logger.close()
+                await run.close()
+        return metrics, run, generations
+
+    with codeloop_serve(served) as one, codeloop_serve(served) as two:
+        metrics, run, generations = asyncio.run(main([one, two]))
+    assert metrics["loss/policy_tokens"] > 0 and metrics["rollout/tool_calls"] > 0
+    assert (tmp_path / "run" / "weights" / "config.json").is_file()
+    original = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+    original.load_state_dict(sft_weights)
+    for generation in generations:  # both servers score with the trained weights
+        ids = torch.tensor([prompt + generation.token_ids])
+        with torch.no_grad():
+            trained = _chosen_logprobs(run.model, ids, len(prompt))
+            before = _chosen_logprobs(original, ids, len(prompt))
+        assert generation.logprobs == pytest.approx(trained, abs=1e-5)
+        assert max(abs(a - b) for a, b in zip(trained, before, strict=True)) > 2e-4
+
+
+def _chosen_logprobs(model: Any, ids: torch.Tensor, start: int) -> list[float]:
+    logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
+    chosen = torch.log_softmax(logits, -1).gather(-1, ids[0, start:, None])
+    return [float(v) for v in chosen.squeeze(-1)]

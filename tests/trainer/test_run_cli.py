@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_inputs, rl_arguments
+from trainer_helpers import cli_inputs, rl_arguments
 
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.logs import read_metrics

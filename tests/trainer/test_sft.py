@@ -2,7 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import conversation
+from trainer_helpers import conversation
 
 from codeloop.config import SFTConfig
 from codeloop.rollout.prompt import PromptFormat

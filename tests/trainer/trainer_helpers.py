@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codeloop.data.tokenizer import train_tokenizer
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.trainer.model import tiny_model
+
+CORPUS = [
+    "Solve the problem step by step. What is 12345 + 678? The answer is 13023.",
+    "print(sum(range(10)))\nx = [i * i for i in range(5)]\n",
+    '{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(1)"}}',
+]
+
+
+@pytest.fixture(scope="session")
+def trainer_fmt() -> PromptFormat:
+    return PromptFormat(train_tokenizer(CORPUS * 20, vocab_size=400))
+
+
+def conversation(fmt: PromptFormat, a: int, b: int) -> list[dict[str, str]]:
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": f"print({a} + {b})"}})
+    return [
+        *fmt.messages(f"What is {a} + {b}?"),
+        {
+            "role": "assistant",
+            "content": f"<reason>Compute it.</reason>\n<tool_call>\n{call}\n</tool_call>",
+        },
+        {"role": "tool", "content": str(a + b)},
+        {"role": "assistant", "content": f"<answer>\\boxed{{{a + b}}}</answer>"},
+    ]
+
+
+def cli_inputs(fmt: PromptFormat, root: Path) -> tuple[Path, Path, Path]:
+    """A tiny saved base model, SFT conversations and RL problems for the CLI tests."""
+    base, sft_data, problems = root / "base", root / "sft.jsonl", root / "train.jsonl"
+    tiny_model(len(fmt.tokenizer)).save_pretrained(base)
+    fmt.tokenizer.save_pretrained(base)
+    sft_data.write_text("".join(json.dumps({"messages": conversation(fmt, a, b)}) + "\n"
+                                for a, b in [(1, 2), (3, 4), (5, 6)]))  # fmt: skip
+    rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return base, sft_data, problems
+
+
+def rl_arguments(model: Path, problems: Path, run_dir: Path, prompts_per_step: int) -> list[str]:
+    """`codeloop train` options for a two-sample, 32-token, checkpoint-every-step run."""
+    return ["--trainer.model", str(model), "--data.train", str(problems),
+            "--trainer.output_dir", str(run_dir), "--trainer.prompts_per_step",
+            str(prompts_per_step), "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
+            "--sandbox.workers", "1", "--reward.workers", "1",
+            "--trainer.checkpoint_every", "1"]  # fmt: skip
