@@ -64,8 +64,12 @@ def _run(fmt: PromptFormat, weights: dict[str, torch.Tensor], run_dir: Path, ste
 
 
 @pytest.mark.slow
-def test_an_rl_step_end_to_end(trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path) -> None:
-    metrics, run = _run(trainer_fmt, sft_weights, tmp_path, 1)
+def test_two_rl_steps_end_to_end(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    metrics, run = _run(trainer_fmt, sft_weights, tmp_path, 2)
+    changed = [k for k, v in run.model.state_dict().items() if not torch.equal(v, sft_weights[k])]
+    assert len(changed) == len(sft_weights)  # every parameter moved
     m = metrics[0]
     assert 0 < m["reward/mean"] < 1, "the SFT policy should be right sometimes, not always"
     assert m["rollout/tool_calls"] > 0 and m["loss/policy_tokens"] > 0 and m["loss/grad_norm"] > 0
@@ -73,8 +77,8 @@ def test_an_rl_step_end_to_end(trainer_fmt: PromptFormat, sft_weights: Any, tmp_
     assert len(dumped) == 2 * 4 and sum('"kept": true' in line for line in dumped) == 2 * 2
     for name, value in run.model.state_dict().items():  # the engine got the new weights
         assert torch.equal(value, run.engine.model.state_dict()[name])
-    assert read_metrics(tmp_path)[0]["step"] == 1
-    assert (tmp_path / "checkpoints" / "step_000001" / "model").is_dir()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert (tmp_path / "checkpoints" / "step_000002" / "model").is_dir()
 
 
 @pytest.mark.slow
