@@ -152,8 +152,11 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="model directory or hub name, run here")
     parser.add_argument(
         "--endpoint",
-        default="",
-        help="an OpenAI-compatible server instead (vLLM, SGLang, codeloop serve)",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="OpenAI-compatible servers instead (vLLM, SGLang, codeloop serve); several are "
+        "spread by rollout.scheduler",
     )
     parser.add_argument(
         "--tokenizer",
@@ -199,8 +202,8 @@ def _eval(args: argparse.Namespace) -> int:
 def _add_eval_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     evaluate = commands.add_parser(
         "eval", help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
-        usage="codeloop eval (--model PATH | --endpoint URL --tokenizer PATH) --data FILE "
-              "[--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
+        usage="codeloop eval (--model PATH | --endpoint URL [URL ...] --tokenizer PATH) "
+              "--data FILE [--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
     )  # fmt: skip
     _policy_options(evaluate)
     evaluate.add_argument("--data", required=True, help="benchmark: JSONL/Parquet or hub name")

@@ -34,26 +34,36 @@ from codeloop.eval.passrate import sample_and_score
 from codeloop.reward import Verifier
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
 from codeloop.types import Trajectory
 
 
-def open_policy(cfg: Config, model: str = "", endpoint: str = "", tokenizer: str = ""
-                ) -> tuple[Engine, PromptFormat]:  # fmt: skip
+def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = "",
+                tokenizer: str = "") -> tuple[Engine | Scheduler, PromptFormat]:  # fmt: skip
     """An engine and prompt format: a model run in this process, or a served one.
 
-    `endpoint` is an OpenAI-compatible server (vLLM, SGLang, `codeloop serve`); the prompt is
-    rendered here with `tokenizer` (a directory or hub name; defaults to `model`).
+    `endpoint` is an OpenAI-compatible server (vLLM, SGLang, `codeloop serve`), or several,
+    which a `Scheduler` spreads trajectories over (`rollout.scheduler`,
+    `rollout.kv_capacity_tokens`); the prompt is rendered here with `tokenizer` (a directory or
+    hub name; defaults to `model`).
     """
     from transformers import AutoTokenizer
 
-    if endpoint:
+    endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+    endpoints = [e for e in endpoints if e]
+    if endpoints:
         from codeloop.rollout.openai_engine import OpenAIEngine
 
         if not (tokenizer or model):
             raise ValueError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
         fmt = PromptFormat(AutoTokenizer.from_pretrained(tokenizer or model),
                            cfg.rollout.chat_template)  # fmt: skip
-        return OpenAIEngine(endpoint, model=model or tokenizer), fmt
+        r, name = cfg.rollout, model or tokenizer
+        servers = [OpenAIEngine(url, name, r.server, kv_capacity_tokens=r.kv_capacity_tokens)
+                   for url in endpoints]  # fmt: skip
+        if len(servers) == 1:
+            return servers[0], fmt
+        return Scheduler(servers, r.scheduler, r.kv_capacity_tokens or 1 << 40), fmt
     if not model:
         raise ValueError("give a model path (--model) or a server (--endpoint)")
     from codeloop.rollout.hf_engine import TransformersEngine
@@ -139,7 +149,7 @@ def _keep_finished_trajectories(path: Path, done: set[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines if json.loads(line)["prompt_id"] in done))
 
 
-async def evaluate(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptFormat,
                    problems: Sequence[Problem], cfg: Config, out_dir: str | Path,
                    concurrency: int = 32, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """Evaluate `problems` with `cfg.eval.k` samples each into `out_dir`; returns the summary."""

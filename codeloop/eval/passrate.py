@@ -17,19 +17,26 @@ from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
 from codeloop.types import Trajectory
 
 
-async def sample_and_score(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+async def sample_and_score(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptFormat,
                            problems: Sequence[Problem], k: int, cfg: RolloutConfig,
                            verifier: Verifier, seed: int = 0
                            ) -> list[list[Trajectory]]:  # fmt: skip
-    """k scored trajectories per problem (`reward` and `final_answer` set), in problem order."""
+    """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
+    With a `Scheduler`, each trajectory leases one of its engines."""
 
     async def sample(problem: Problem, i: int) -> Trajectory:
         sample_seed = zlib.crc32(f"{seed} {problem.id} {i}".encode()) & 0x7FFFFFFF
-        return await run_trajectory(engine, tools, fmt, cfg, problem.id, i,
-                                    fmt.prompt_ids(problem.problem), sample_seed)  # fmt: skip
+        prompt = fmt.prompt_ids(problem.problem)
+        if not isinstance(engine, Scheduler):
+            return await run_trajectory(engine, tools, fmt, cfg, problem.id, i, prompt,
+                                        sample_seed)  # fmt: skip
+        async with engine.lease() as leased:
+            return await run_trajectory(leased, tools, fmt, cfg, problem.id, i, prompt,
+                                        sample_seed)  # fmt: skip
 
     flat = await asyncio.gather(*(sample(p, i) for p in problems for i in range(k)))
     golds = [p.answer for p in problems for _ in range(k)]
@@ -52,7 +59,7 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
     }
 
 
-async def pass_rates(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+async def pass_rates(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptFormat,
                      problems: Sequence[Problem], k: int, cfg: RolloutConfig, verifier: Verifier,
                      seed: int = 0) -> dict[str, float]:  # fmt: skip
     """{problem id: fraction of its k samples that are correct}."""

@@ -25,6 +25,7 @@ from codeloop.data.problems import Problem
 from codeloop.eval.passrate import pass_rates
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier
 from codeloop.trainer.logs import RunLogger
@@ -82,8 +83,11 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     await run.sync_weights()
     world = run.world
     mine = list(problems)[world.rank :: world.size]
-    rates = await pass_rates(run.engine, run.tools, run.fmt, mine, stage.refilter_samples,
-                             cfg.rollout, run.verifier, cfg.trainer.seed)  # fmt: skip
+    r = cfg.rollout
+    spread = Scheduler(run.engines, r.scheduler, r.kv_capacity_tokens or 1 << 40)
+    engine = run.engine if len(run.engines) == 1 else spread
+    rates = await pass_rates(engine, run.tools, run.fmt, mine, stage.refilter_samples, r,
+                             run.verifier, cfg.trainer.seed)  # fmt: skip
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
     kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
     limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples

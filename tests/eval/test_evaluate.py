@@ -139,3 +139,34 @@ def test_a_corrupt_line_inside_the_results_is_an_error(
     (out / "results.jsonl").write_text("\n".join(["{oops", *lines[1:]]) + "\n")
     with pytest.raises(ValueError, match=r"results.jsonl:1: not JSON"):
         run_eval(fmt, out, ScriptedPolicy(fmt))
+
+
+def test_an_evaluation_spread_over_two_engines(
+    fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    from codeloop.rollout.scheduler import Scheduler
+    from codeloop.sandbox.pool import LocalSandbox
+
+    policy = ScriptedPolicy(fmt)  # one policy behind two engines: the same samples as one
+    calls: list[str] = []
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+            calls.append(self.name)
+            await asyncio.sleep(0.01)  # calls overlap, as on servers
+            return await policy.generate(prompt_ids, params)
+
+    async def main() -> dict:
+        scheduler = Scheduler([Named("a"), Named("b")], "kv_aware")
+        async with LocalSandbox(cfg_for_eval().sandbox) as tools:
+            return await evaluate(scheduler, tools, fmt, PROBLEMS, cfg_for_eval(), tmp_path,
+                                  concurrency=2)  # fmt: skip
+
+    summary = asyncio.run(main())
+    _, alone = scripted_run
+    keys = ("avg@4", "pass@2", "maj@4", "tool_calls_per_trajectory", "tool_error_ratio")
+    assert {k: summary[k] for k in keys} == {k: alone[k] for k in keys}
+    assert set(calls) == {"a", "b"}
