@@ -52,18 +52,16 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
     endpoints = [e for e in endpoints if e]
     if endpoints:
-        from codeloop.rollout.openai_engine import OpenAIEngine
+        from codeloop.rollout.openai_engine import servers
 
         if not (tokenizer or model):
             raise ValueError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
         fmt = PromptFormat(AutoTokenizer.from_pretrained(tokenizer or model),
                            cfg.rollout.chat_template)  # fmt: skip
-        r, name = cfg.rollout, model or tokenizer
-        servers = [OpenAIEngine(url, name, r.server, kv_capacity_tokens=r.kv_capacity_tokens)
-                   for url in endpoints]  # fmt: skip
-        if len(servers) == 1:
-            return servers[0], fmt
-        return Scheduler(servers, r.scheduler, r.kv_capacity_tokens or 1 << 40), fmt
+        engines = servers(endpoints, cfg.rollout, model or tokenizer)
+        return (
+            engines[0] if len(engines) == 1 else Scheduler.for_rollout(engines, cfg.rollout)
+        ), fmt
     if not model:
         raise ValueError("give a model path (--model) or a server (--endpoint)")
     from codeloop.rollout.hf_engine import TransformersEngine

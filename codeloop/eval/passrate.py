@@ -28,15 +28,13 @@ async def sample_and_score(engine: Engine | Scheduler, tools: ToolExecutor, fmt:
     """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
     With a `Scheduler`, each trajectory leases one of its engines."""
 
+    scheduler = engine if isinstance(engine, Scheduler) else Scheduler([engine], "static")
+
     async def sample(problem: Problem, i: int) -> Trajectory:
         sample_seed = zlib.crc32(f"{seed} {problem.id} {i}".encode()) & 0x7FFFFFFF
-        prompt = fmt.prompt_ids(problem.problem)
-        if not isinstance(engine, Scheduler):
-            return await run_trajectory(engine, tools, fmt, cfg, problem.id, i, prompt,
-                                        sample_seed)  # fmt: skip
-        async with engine.lease() as leased:
-            return await run_trajectory(leased, tools, fmt, cfg, problem.id, i, prompt,
-                                        sample_seed)  # fmt: skip
+        async with scheduler.lease() as leased:
+            return await run_trajectory(leased, tools, fmt, cfg, problem.id, i,
+                                        fmt.prompt_ids(problem.problem), sample_seed)  # fmt: skip
 
     flat = await asyncio.gather(*(sample(p, i) for p in problems for i in range(k)))
     golds = [p.answer for p in problems for _ in range(k)]

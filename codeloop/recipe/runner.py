@@ -83,11 +83,9 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     await run.sync_weights()
     world = run.world
     mine = list(problems)[world.rank :: world.size]
-    r = cfg.rollout
-    spread = Scheduler(run.engines, r.scheduler, r.kv_capacity_tokens or 1 << 40)
-    engine = run.engine if len(run.engines) == 1 else spread
-    rates = await pass_rates(engine, run.tools, run.fmt, mine, stage.refilter_samples, r,
-                             run.verifier, cfg.trainer.seed)  # fmt: skip
+    rates = await pass_rates(Scheduler.for_rollout(run.engines, cfg.rollout), run.tools,
+                             run.fmt, mine, stage.refilter_samples, cfg.rollout, run.verifier,
+                             cfg.trainer.seed)  # fmt: skip
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
     kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
     limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples

@@ -8,7 +8,7 @@ at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
 `{"model_path"}` to `/update_weights_from_disk`; `vllm` posts `{"method": "reload_weights"}` to
 `/collective_rpc` (a development route: start vLLM with `VLLM_SERVER_DEV_MODE=1`), which reloads
 the weights from the directory vLLM serves, so `path` must be that directory (checked against
-`/v1/models`). The vLLM and SGLang routes follow their documentation and code; no server of
+`/v1/models` when the server answers it). The vLLM and SGLang routes follow their documentation and code; no server of
 theirs runs on this machine, so they are untested here.
 
 `refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
@@ -21,10 +21,12 @@ live server here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import aiohttp
 
+from codeloop.config import RolloutConfig
 from codeloop.rollout.engine import Generation, SamplingParams
 
 Backend = Literal["codeloop", "sglang", "vllm"]
@@ -117,6 +119,12 @@ class OpenAIEngine:
                 )
             payload: dict[str, Any] = await response.json()
             return payload
+
+
+def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIEngine]:
+    """One engine per server URL, of the kind `rollout.server` names, serving `model`."""
+    return [OpenAIEngine(url, model, cfg.server, kv_capacity_tokens=cfg.kv_capacity_tokens)
+            for url in urls]  # fmt: skip
 
 
 def _generation(choice: dict[str, Any]) -> Generation:

@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from codeloop.config import RolloutConfig
 from codeloop.rollout.engine import Engine, Generation, SamplingParams
 
 POLICIES = ("static", "least_outstanding", "kv_aware")
@@ -46,12 +47,10 @@ class EngineSlot:
     capacity_tokens: int
     reserved_tokens: int = 0  # kv_aware: context + max_tokens of the calls admitted
     outstanding: int = 0  # generate calls in flight
-    leases: int = 0  # live trajectories whose home this is
-    calls: int = 0  # generate calls served in all
 
 
 class _Leased:
-    """The engine a trajectory sees: routes its calls as the policy says, counts them."""
+    """The engine a trajectory sees: routes its calls as the policy says."""
 
     def __init__(self, scheduler: Scheduler, home: EngineSlot | None, order: int) -> None:
         self.scheduler, self.home, self.order = scheduler, home, order
@@ -66,7 +65,6 @@ class _Leased:
         else:
             slot = min(scheduler.slots, key=lambda s: s.outstanding)
         slot.outstanding += 1
-        slot.calls += 1
         try:
             return await slot.engine.generate(prompt_ids, params)
         finally:
@@ -89,27 +87,27 @@ class Scheduler:
         self.slots = [EngineSlot(e, c) for e, c in zip(engines, capacities, strict=True)]
         self.policy, self.batch_size, self.poll_s = policy, batch_size, poll_s
         self.move_share = move_share
-        self._leased = 0
         self._order, self._arrivals = itertools.count(), itertools.count()
         self._waiting: list[tuple[int, int, int, int, _Leased, asyncio.Future[EngineSlot]]] = []
         self._poller: asyncio.Task[None] | None = None
 
+    @classmethod
+    def for_rollout(cls, engines: Sequence[Engine], cfg: RolloutConfig, batch_size: int = 0
+                    ) -> Scheduler:  # fmt: skip
+        """The scheduler `cfg` names (`rollout.scheduler`, `rollout.kv_capacity_tokens`; a
+        capacity of 0 is no limit)."""
+        return cls(engines, cfg.scheduler, cfg.kv_capacity_tokens or 1 << 40, batch_size)
+
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Engine]:
         """An engine for one trajectory, held until the block ends."""
-        k = self._leased
-        self._leased += 1
+        k = next(self._order)
         home = None
         if self.policy == "static":
             n = len(self.slots)
             index = (k % self.batch_size) * n // self.batch_size if self.batch_size else k % n
             home = self.slots[index]
-            home.leases += 1
-        try:
-            yield _Leased(self, home, next(self._order))
-        finally:
-            if home is not None:
-                home.leases -= 1
+        yield _Leased(self, home, k)
 
     # -- kv_aware ----------------------------------------------------------------------------
 
@@ -132,7 +130,8 @@ class Scheduler:
             raise
 
     def _dispatch(self) -> None:
-        """Admit waiting calls in order (older trajectories first) while the next one fits."""
+        """Admit waiting calls in order (longest context first, then lease order) while the
+        next one fits."""
         while self._waiting:
             *_, tokens, leased, future = self._waiting[0]
             if future.done():  # cancelled while waiting

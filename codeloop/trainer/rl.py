@@ -38,7 +38,7 @@ from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.openai_engine import OpenAIEngine
+from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import Sample, collate, from_trajectory, micro_batches, token_logprobs
@@ -191,8 +191,7 @@ class RLRun:
         n = algo.group_size * algo.oversample
 
         r = self.cfg.rollout
-        scheduler = Scheduler(self.engines, r.scheduler, r.kv_capacity_tokens or 1 << 40,
-                              batch_size=len(problems) * n)  # fmt: skip
+        scheduler = Scheduler.for_rollout(self.engines, r, batch_size=len(problems) * n)
 
         async def one(position: int, problem: Problem, k: int) -> Trajectory:
             prompt = self.fmt.prompt_ids(problem.problem)
@@ -312,9 +311,7 @@ def _servers(cfg: Config) -> list[OpenAIEngine]:
         return []
     if not r.endpoints:
         raise ValueError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
-    model = r.served_model or cfg.trainer.model
-    return [OpenAIEngine(url, model, r.server, kv_capacity_tokens=r.kv_capacity_tokens)
-            for url in r.endpoints]  # fmt: skip
+    return servers(r.endpoints, r, r.served_model or cfg.trainer.model)
 
 
 def _lap(timings: dict[str, float], key: str, since: float) -> float:
