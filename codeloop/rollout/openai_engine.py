@@ -8,8 +8,8 @@ at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
 `{"model_path"}` to `/update_weights_from_disk`; `vllm` posts `{"method": "reload_weights"}` to
 `/collective_rpc` (a development route: start vLLM with `VLLM_SERVER_DEV_MODE=1`), which reloads
 the weights from the directory vLLM serves, so `path` must be that directory (checked against
-`/v1/models` when the server answers it). The vLLM and SGLang routes follow their documentation and code; no server of
-theirs runs on this machine, so they are untested here.
+`/v1/models` when the server answers it). The vLLM and SGLang routes follow their documentation
+and code; no server of theirs runs on this machine, so they are untested here.
 
 `refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
 scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a usage fraction
