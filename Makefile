@@ -40,11 +40,11 @@ test: $(VENV)/.installed-dev chromium
 test-fast: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# ruff over everything; mypy --strict over the pure core (types, config, sandbox, reward, algo).
+# ruff over everything; mypy --strict over the package.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check codeloop tests
 	$(BIN)/ruff format --check codeloop tests
-	$(BIN)/mypy $(wildcard codeloop/types.py codeloop/config.py codeloop/sandbox codeloop/reward codeloop/algo)
+	$(BIN)/mypy codeloop
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -67,7 +67,7 @@ async def pass_rates(engine: Engine | Scheduler, tools: ToolExecutor, fmt: Promp
     }
 
 
-async def pass_band(engine: Engine, tools: ToolExecutor, fmt: PromptFormat,
+async def pass_band(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptFormat,
                     problems: Sequence[Problem], k: int, cfg: RolloutConfig, verifier: Verifier,
                     low: float, high: float, seed: int = 0
                     ) -> tuple[list[Problem], list[Removal]]:  # fmt: skip

@@ -23,8 +23,9 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,6 +36,7 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
+T = TypeVar("T")
 TURN_SEED = 1000  # trajectory i samples turn t with seed i * TURN_SEED + t
 
 
@@ -51,7 +53,7 @@ class _Gate:
         self.generating = self.tools = 0
         self.changed = asyncio.Condition()
 
-    async def run(self, tool: bool, work: Any) -> Any:
+    async def run(self, tool: bool, work: Awaitable[T]) -> T:
         if not self.serialised:
             return await work
         async with self.changed:

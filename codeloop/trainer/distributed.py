@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -133,7 +133,8 @@ def full_state_dict(model: Any, world: World) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    return {k: v.cpu() for k, v in get_model_state_dict(model, options=options).items()}
+    state = get_model_state_dict(model, options=options)
+    return {k: cast(torch.Tensor, v).cpu() for k, v in state.items()}
 
 
 def full_optimizer_state(model: Any, optimizer: Any, world: World) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ import copy
 import random
 import time
 import zlib
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,14 +221,14 @@ class RLRun:
         pad_id = self.fmt.tokenizer.pad_token_id or 0
         if t.recompute_old_logprobs:
             self._recompute_old_logprobs(samples, pad_id)
-        sums: Counter[str] = Counter()
+        sums: dict[str, float] = defaultdict(float)
         self.model.train()
         split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
         chunks, world = [c for c in split if c], self.world
         if all_max(len(chunks), world) != -all_max(-len(chunks), world):
             raise ValueError("every rank needs trainer.updates_per_step samples or more")
         for chunk in chunks:
-            tokens = all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)  # the whole step's
+            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world))  # the step's
             groups = micro_batches(chunk, t.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
                 batch = collate(group, pad_id)
@@ -239,10 +239,10 @@ class RLRun:
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 with torch.no_grad():
                     entropy = (token_entropy(logits) * batch["loss_mask"]).sum()
-                sums.update({"loss": float(loss.detach()) * tokens * weight,
-                             "kl": stats.approx_kl * weight,
-                             "clipped": stats.clipped_tokens * weight,
-                             "entropy": float(entropy) * weight})  # fmt: skip
+                for key, value in (("loss", float(loss.detach()) * tokens),
+                                   ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
+                                   ("entropy", float(entropy))):  # fmt: skip
+                    sums[key] += value * weight
             sums["tokens"] += tokens
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -252,12 +252,12 @@ class RLRun:
         self.model.eval()
         for key in ("loss", "kl", "clipped", "entropy"):
             sums[key] = all_sum(sums[key], world)
-        tokens = max(sums["tokens"], 1)
-        metrics = {f"loss/{k}": sums[key] / tokens for k, key in
+        total = max(sums["tokens"], 1)
+        metrics = {f"loss/{k}": sums[key] / total for k, key in
                    (("loss", "loss"), ("clip_fraction", "clipped"), ("approx_kl", "kl"),
                     ("entropy", "entropy"))}  # fmt: skip
         return metrics | {"loss/grad_norm": sums["grad_norm"] / max(len(chunks), 1),
-                          "loss/lr": self.scheduler.get_last_lr()[0],
+                          "loss/lr": float(self.scheduler.get_last_lr()[0]),
                           "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
 
     @torch.no_grad()
