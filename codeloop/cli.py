@@ -94,11 +94,18 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _train(args: argparse.Namespace) -> int:
+    from codeloop.data.problems import DataError
+    from codeloop.trainer.model import ModelError
+    from codeloop.trainer.sft import SFTDataError
+
     try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
+        return _run_training(args, load_config(args.config, args.overrides))
+    except (ConfigError, DataError, SFTDataError, ModelError) as err:
         print(f"codeloop {args.command}: {err}", file=sys.stderr)
         return 2
+
+
+def _run_training(args: argparse.Namespace, cfg: Config) -> int:
     if args.command == "recipe":
         import asyncio
 
@@ -253,8 +260,8 @@ def _entropy(args: argparse.Namespace) -> int:
     from codeloop.eval.entropy import analyse_file
     from codeloop.trainer.model import load_policy
 
-    model, tokenizer = load_policy(args.model, "float32")
     try:
+        model, tokenizer = load_policy(args.model, "float32")
         result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window,
                               args.limit)  # fmt: skip
     except (ValueError, OSError) as err:

@@ -117,7 +117,7 @@ def render(run_dir: str | Path, max_trajectories: int = 2000) -> tuple[str, int,
     """(page, trajectories shown, trajectories found)."""
     root = Path(run_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"codeloop view: no such run directory: {root}")
+        raise FileNotFoundError(f"no such run directory: {root}")
     trajectories, total, report = collect_trajectories(root, max_trajectories)
     series = metric_series(root)
     plots = "".join(svg_plot(k, v) for k, v in sorted(series.items()))

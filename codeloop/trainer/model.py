@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,10 +16,22 @@ def resolve_dtype(setting: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[setting]
 
 
+class ModelError(ValueError):
+    """A model that cannot be loaded, with the path or name that failed."""
+
+
 def load_policy(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
     """(model, tokenizer) from a directory or a hub name, with `from_pretrained`."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
+    if not name_or_path:
+        raise ModelError("no model given (a directory or a hub name)")
+    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().is_dir():
+        raise ModelError(f"model {name_or_path!r}: no such directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
+    except OSError as err:  # transformers' word for "not found here nor on the hub"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"model {name_or_path!r}: {first}") from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

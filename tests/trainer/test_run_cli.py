@@ -38,3 +38,29 @@ def test_config_errors_exit_2(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "codeloop", "train", "--trainer.lr", "-1"],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 2 and "trainer.lr" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "arguments", "message"),
+    [
+        ("train", ["--data.train", "{bad}", "--trainer.model", "{model}"],
+         "{bad}:2: not JSON (Expecting value)"),
+        ("train", ["--data.train", "{good}", "--trainer.model", "{model}"],
+         "model '{model}': no such directory"),
+        ("sft", ["--sft.data", "{tmp}/none.jsonl", "--trainer.model", "{model}"],
+         "sft.data: no such file: {tmp}/none.jsonl"),
+    ],
+)  # fmt: skip
+def test_input_errors_exit_2_with_the_file_named(
+    tmp_path: Path, command: str, arguments: list[str], message: str
+) -> None:
+    names = {"tmp": str(tmp_path), "bad": str(tmp_path / "bad.jsonl"),
+             "good": str(tmp_path / "good.jsonl"), "model": str(tmp_path / "no_model")}  # fmt: skip
+    line = '{"id": "a", "problem": "1+1", "answer": "2"}\n'
+    (tmp_path / "good.jsonl").write_text(line)
+    (tmp_path / "bad.jsonl").write_text(line + "not json\n")
+    run = subprocess.run([sys.executable, "-m", "codeloop", command,
+                          *(a.format(**names) for a in arguments)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip() == f"codeloop {command}: {message.format(**names)}"
