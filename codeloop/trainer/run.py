@@ -22,14 +22,14 @@ from codeloop.trainer.sft import load_conversations, train_sft
 def run_sft(cfg: Config) -> Path:
     """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
     world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
-    conversations = load_conversations(cfg.sft.data)
+    named = load_conversations(cfg.sft.data)
     model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
     model = distributed.shard(model, world)
     fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
     logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
     try:
-        train_sft(model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
-                  cfg.trainer.grad_clip, world)  # fmt: skip
+        train_sft(model, fmt, [c for _, c in named], cfg.sft, logger, cfg.trainer.seed,
+                  cfg.trainer.grad_clip, world, sources=[where for where, _ in named])  # fmt: skip
     finally:
         if logger is not None:
             logger.close()

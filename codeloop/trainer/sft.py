@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,8 @@ class SFTDataError(ValueError):
     pass
 
 
-def load_conversations(path: str) -> list[Conversation]:
-    """Conversations from a JSONL file; errors name the file and line."""
+def load_conversations(path: str) -> list[tuple[str, Conversation]]:
+    """(`file:line`, conversation) from a JSONL file; errors name the file and line."""
     if not Path(path).is_file():
         raise SFTDataError(f"sft.data: no such file: {path}")
     conversations = []
@@ -66,7 +66,7 @@ def load_conversations(path: str) -> list[Conversation]:
                 raise SFTDataError(f"{where}: message {i}: content must be a string")
         if not any(m["role"] == "assistant" for m in messages):
             raise SFTDataError(f"{where}: no assistant message to train on")
-        conversations.append(messages)
+        conversations.append((where, messages))
     return conversations
 
 
@@ -137,18 +137,23 @@ def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: i
 def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversation],
               cfg: SFTConfig, logger: RunLogger | None = None, seed: int = 0,
               grad_clip: float = 1.0, world: World | None = None, first_step: int = 0,
-              stop_when: Callable[[int], bool] | None = None
+              stop_when: Callable[[int], bool] | None = None, sources: Sequence[str] = ()
               ) -> list[dict[str, float]]:  # fmt: skip
     """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics,
     logged as steps `first_step + 1`, ... (a later phase of one run continues the numbering).
-    `stop_when(steps done)`, called after every step, ends training early when it says so."""
+    `stop_when(steps done)`, called after every step, ends training early when it says so.
+    `sources` names where each conversation came from (`file:line`) in errors."""
     world = world or World()
     samples = []
     for i, conversation in enumerate(conversations):
-        sample = encode_conversation(fmt, conversation)
+        where = sources[i] if sources else f"conversation {i}"
+        try:
+            sample = encode_conversation(fmt, conversation)
+        except SFTDataError as err:
+            raise SFTDataError(f"{where}: {err}") from err
         if len(sample.input_ids) > cfg.max_tokens:
             size = len(sample.input_ids)
-            raise SFTDataError(f"conversation {i}: {size} tokens > sft.max_tokens {cfg.max_tokens}")
+            raise SFTDataError(f"{where}: {size} tokens > sft.max_tokens {cfg.max_tokens}")
         samples.append(sample)
     per_step = min(cfg.conversations_per_step, len(samples))
     steps_per_epoch = math.ceil(len(samples) / per_step)
@@ -160,26 +165,31 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
     history = []
     model.train()
     with tqdm(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
-        for _ in range(cfg.epochs):
-            order = list(range(len(samples)))
-            rng.shuffle(order)
-            for start in range(0, len(order), per_step):
-                mine = order[start : start + per_step][world.rank :: world.size]
-                metrics = sft_step(model, [samples[i] for i in mine], pad_id,
-                                   cfg.micro_batch_tokens, world, cfg.packing)  # fmt: skip
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-                metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                history.append(metrics)
-                if logger is not None:
-                    logger.log(first_step + len(history), metrics)
-                bar.update()
-                bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
-                if stop_when is not None and stop_when(len(history)):
-                    model.eval()
-                    return history
+        for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):
+            mine = chosen[world.rank :: world.size]
+            metrics = sft_step(model, [samples[i] for i in mine], pad_id,
+                               cfg.micro_batch_tokens, world, cfg.packing)  # fmt: skip
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            history.append(metrics)
+            if logger is not None:
+                logger.log(first_step + len(history), metrics)
+            bar.update()
+            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+            if stop_when is not None and stop_when(len(history)):
+                break
     model.eval()
     return history
+
+
+def _step_order(count: int, per_step: int, epochs: int, rng: random.Random) -> Iterator[list[int]]:
+    """The conversations of each step: every epoch a fresh shuffle, cut into steps."""
+    for _ in range(epochs):
+        order = list(range(count))
+        rng.shuffle(order)
+        for start in range(0, count, per_step):
+            yield order[start : start + per_step]

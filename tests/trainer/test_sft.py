@@ -2,11 +2,12 @@ import json
 from pathlib import Path
 
 import pytest
-from trainer_helpers import conversation
+from trainer_helpers import cli_inputs, conversation
 
-from codeloop.config import SFTConfig
+from codeloop.config import Config, SFTConfig
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.model import tiny_model
+from codeloop.trainer.run import run_sft
 from codeloop.trainer.sft import SFTDataError, encode_conversation, load_conversations, train_sft
 
 
@@ -85,3 +86,19 @@ def test_stop_when_ends_training_and_a_later_phase_continues_the_step_numbers(
     cfg.epochs = 1
     train_sft(model, trainer_fmt, data, cfg, Steps(), first_step=3)  # type: ignore[arg-type]
     assert logged == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_conversation_over_the_token_limit_names_its_line(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    base, sft_data, _ = cli_inputs(trainer_fmt, tmp_path)  # 3 conversations, lines 1-3
+    lengths = [len(encode_conversation(trainer_fmt, c["messages"]).input_ids)
+               for c in map(json.loads, sft_data.read_text().splitlines())]  # fmt: skip
+    cfg = Config()
+    cfg.trainer.model, cfg.sft.data = str(base), str(sft_data)
+    cfg.trainer.output_dir = str(tmp_path / "run")
+    cfg.sft.max_tokens = sorted(lengths)[-2]  # only the longest is over
+    longest = lengths.index(max(lengths)) + 1
+    assert lengths.count(max(lengths)) == 1
+    with pytest.raises(SFTDataError, match=f"^{sft_data}:{longest}: {max(lengths)} tokens > sft"):
+        run_sft(cfg)
