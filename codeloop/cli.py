@@ -265,10 +265,11 @@ def _entropy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from codeloop.eval.entropy import analyse_file
-    from codeloop.trainer.model import load_policy
+    from codeloop.trainer.model import default_device, load_policy
 
     try:
         model, tokenizer = load_policy(args.model, "float32")
+        model.to(default_device())
         result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window,
                               args.limit)  # fmt: skip
     except (ValueError, OSError) as err:

@@ -40,7 +40,8 @@ class EntropyReport:
 def response_entropies(model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int],
                        loss_mask: Sequence[int]) -> list[float | None]:  # fmt: skip
     """Entropy of the distribution each sampled response token was drawn from; None if inserted."""
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)])  # [1, P + R]
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=device)  # [1, P + R]
     logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]  # [R, V]
     entropies = token_entropy(logits[None])[0].tolist()  # [R]
     return [h if m else None for h, m in zip(entropies, loss_mask, strict=True)]

@@ -65,9 +65,10 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     if not model:
         raise ValueError("give a model path (--model) or a server (--endpoint)")
     from codeloop.rollout.hf_engine import TransformersEngine
-    from codeloop.trainer.model import load_policy
+    from codeloop.trainer.model import default_device, load_policy
 
     policy, loaded = load_policy(model, cfg.trainer.dtype)
+    policy.to(default_device())
     fmt = PromptFormat(loaded, cfg.rollout.chat_template)
     return TransformersEngine(policy, loaded, fmt.end_of_turn_ids), fmt
 

@@ -40,7 +40,7 @@ from codeloop.reward import Verifier
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
-from codeloop.trainer.batch import Sample, collate
+from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
@@ -104,7 +104,7 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
     """Share of `samples` whose every trained token is the model's top prediction."""
     was_training = model.training
     model.eval()
-    batch = collate(samples, pad_id)
+    batch = on_device(collate(samples, pad_id), model)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     right = logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]
     exact = (right | ~batch["loss_mask"].bool()).all(-1)

@@ -118,6 +118,12 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             "old_logprobs": old, "advantages": advantages}  # fmt: skip
 
 
+def on_device(batch: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    """The batch on the device of the model's parameters (the CPU, or this rank's GPU)."""
+    device = next(model.parameters()).device
+    return {key: value.to(device) for key, value in batch.items()}
+
+
 def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(logprobs of each next token [B, T-1], logits [B, T-1, V]) under logits / temperature."""

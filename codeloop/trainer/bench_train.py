@@ -27,9 +27,10 @@ from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
-from codeloop.trainer.batch import Sample, collate
+from codeloop.trainer.batch import Sample, collate, on_device
+from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
+from codeloop.trainer.model import default_device, tiny_model
 from codeloop.trainer.rl import RLRun
 
 
@@ -47,7 +48,7 @@ def _samples(count: int, length: int, vocab: int, seed: int) -> list[Sample]:
 def _baseline(model: Any, samples: list[Sample], steps: int) -> float:
     """Seconds per step of plain cross-entropy on one padded batch of all samples."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    batch = collate(samples, 0)
+    batch = on_device(collate(samples, 0), model)
     start = time.perf_counter()
     for _ in range(steps):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -57,7 +58,14 @@ def _baseline(model: Any, samples: list[Sample], steps: int) -> float:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    _sync()
     return (time.perf_counter() - start) / steps
+
+
+def _sync() -> None:
+    """Wait for queued GPU work, so that a timer measures it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: str) -> float:
@@ -70,6 +78,7 @@ def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: st
         sft_step(model, samples, 0, budget, packing=packing)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    _sync()
     return (time.perf_counter() - start) / steps
 
 
@@ -92,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    device = default_device()  # the GPU when there is one
     fmt = _fmt()
     vocab = len(fmt.tokenizer)
     samples = _samples(args.sequences, args.length, vocab, 0)
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 64, 2
 
     def model() -> Any:
-        return tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8)
+        return tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8).to(device)
 
     base_s = _baseline(model(), samples, args.steps)
     sft_s = {packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing)
@@ -113,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp))
     update_s = split.pop("update_only_s")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: {args.layers} layers x {args.hidden} wide; {args.sequences} sequences, "
-          f"{tokens} tokens per update")  # fmt: skip
+    print(f"model: {args.layers} layers x {args.hidden} wide on {device}; {args.sequences} "
+          f"sequences, {tokens} tokens per update")  # fmt: skip
     print(f"{'':28}{'s/update':>10}{'tokens/s':>10}{'vs plain':>10}")
     print(f"{'plain forward/backward':28}{base_s:10.3f}{tokens / base_s:10.0f}{1.0:10.2f}")
     print(f"{'RL update (trainer)':28}{update_s:10.3f}{tokens / update_s:10.0f}"
@@ -136,11 +146,13 @@ async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem
     cfg.trainer.output_dir = run_dir
     async with LocalSandbox(cfg.sandbox) as tools:
         logger = RunLogger(run_dir, tensorboard=False)
-        run = RLRun(cfg, model, fmt, problems, tools, logger)
+        world = World(device=next(model.parameters()).device)
+        run = RLRun(cfg, model, fmt, problems, tools, logger, world=world)
         try:
             start = time.perf_counter()
             for _ in range(steps):
                 run.update(samples)
+            _sync()
             update_only = (time.perf_counter() - start) / steps
             await run.sync_weights()
             metrics = await run.step()

@@ -18,14 +18,17 @@ import torch
 
 
 def _rng_state() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}  # fmt: skip
+            "torch": torch.get_rng_state(), "cuda": cuda}  # fmt: skip
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any,
@@ -60,7 +63,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
 
     path = Path(path)
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    state = torch.load(path / "state.pt", weights_only=False)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -26,6 +26,8 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from codeloop.trainer.model import default_device
+
 T = TypeVar("T")
 
 
@@ -50,10 +52,11 @@ def launched_main() -> bool:
 
 
 def init() -> World:
-    """Join torchrun's process group (idempotent); a world of one without torchrun."""
+    """Join torchrun's process group (idempotent); a world of one without torchrun, on the GPU
+    when there is one."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
-        return World()
+        return World(device=default_device())
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -66,10 +69,13 @@ def init() -> World:
 
 
 def shard(model: Any, world: World) -> Any:
-    """FSDP2 over each decoder layer, then the whole model; a no-op in a world of one."""
+    """FSDP2 over each decoder layer, then the whole model, which moves each rank's shard to its
+    device; in a world of one, the model moved to the world's device."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    if not world.distributed or isinstance(model, FSDPModule):
+    if not world.distributed:
+        return model.to(world.device)
+    if isinstance(model, FSDPModule):
         return model
 
     layers = getattr(getattr(model, "model", None), "layers", None)

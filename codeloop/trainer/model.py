@@ -9,6 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 
+def default_device() -> torch.device:
+    """The GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def resolve_dtype(setting: str) -> torch.dtype:
     """`auto`: bfloat16 on CUDA, float32 on CPU."""
     if setting == "auto":

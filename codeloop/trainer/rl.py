@@ -41,7 +41,14 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
-from codeloop.trainer.batch import Sample, collate, from_trajectory, micro_batches, token_logprobs
+from codeloop.trainer.batch import (
+    Sample,
+    collate,
+    from_trajectory,
+    micro_batches,
+    on_device,
+    token_logprobs,
+)
 from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
     World,
@@ -87,7 +94,10 @@ class RLRun:
         self.tools, self.logger = tools, logger
         self.servers = _servers(cfg)
         self.engines: list[Engine] = list(self.servers) or [
-            engine or TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids)
+            engine
+            or TransformersEngine(
+                copy.deepcopy(model).to(world.device), fmt.tokenizer, fmt.end_of_turn_ids
+            )
         ]
         self.engine: Any = self.engines[0]
         self.model = model = shard(model, world)  # after the engine's unsharded copy
@@ -231,7 +241,7 @@ class RLRun:
             tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world))  # the step's
             groups = micro_batches(chunk, t.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
-                batch = collate(group, pad_id)
+                batch = on_device(collate(group, pad_id), self.model)
                 logprobs, logits = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
                 loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                           batch["loss_mask"], max(tokens, 1), algo.clip_low,
@@ -264,12 +274,11 @@ class RLRun:
     def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
         groups = micro_batches(samples, self.cfg.trainer.micro_batch_tokens)
         for group, weight in pad_micro_batches(groups, self.world):  # FSDP: equal forwards
+            batch = on_device(collate(group, pad_id), self.model)
             if not weight:
-                self.model(input_ids=collate(group, pad_id)["input_ids"][:1, :1])
+                self.model(input_ids=batch["input_ids"][:1, :1])
                 continue
-            logprobs, _ = token_logprobs(
-                self.model, collate(group, pad_id), self.cfg.rollout.temperature
-            )
+            logprobs, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
             for row, sample in enumerate(group):
                 values = logprobs[row, : len(sample.input_ids) - 1].tolist()
                 sample.old_logprobs = [0.0] + [

@@ -29,6 +29,7 @@ from codeloop.trainer.batch import (
     collate,
     collate_packed,
     micro_batches,
+    on_device,
     pack,
     token_logprobs,
 )
@@ -127,6 +128,7 @@ def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: i
     groups = pack(samples, token_budget) if packed else micro_batches(samples, token_budget)
     for group, weight in pad_micro_batches(groups, world):
         batch = collate_packed([group], pad_id, flash) if packed else collate(group, pad_id)
+        batch = on_device(batch, model)
         logprobs, _ = token_logprobs(model, batch)
         loss = -(logprobs * batch["loss_mask"]).sum() / max(tokens, 1)
         (loss * weight * world.size).backward()  # FSDP averages gradients over ranks

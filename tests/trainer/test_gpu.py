@@ -1,0 +1,63 @@
+"""The trainer on a GPU: SFT and RL steps run on CUDA, with the rollout engine beside them.
+Skipped without CUDA (the `gpu` marker)."""
+
+import asyncio
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import conversation
+
+from codeloop.config import Config, SandboxConfig, SFTConfig
+from codeloop.data.problems import Problem
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer import distributed
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import RLRun
+from codeloop.trainer.sft import train_sft
+
+pytestmark = pytest.mark.gpu
+PAIRS = [(1, 2), (3, 4), (10, 20), (7, 8)]
+
+
+def test_a_world_of_one_is_on_the_gpu() -> None:
+    assert distributed.init().device.type == "cuda"
+
+
+def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: Path) -> None:
+    fmt, world = trainer_fmt, distributed.World(device=torch.device("cuda"))
+    model = distributed.shard(tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2), world)
+    assert next(model.parameters()).is_cuda
+    data = [conversation(fmt, a, b) for a, b in PAIRS]
+    history = train_sft(model, fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5,
+                                                    conversations_per_step=4))  # fmt: skip
+    assert history[-1]["sft/loss"] < 0.3 * history[0]["sft/loss"]
+    before = copy.deepcopy(model.state_dict())
+    cfg = Config()
+    cfg.trainer.output_dir, cfg.trainer.lr, cfg.trainer.warmup_steps = str(tmp_path), 1e-3, 0
+    cfg.trainer.prompts_per_step, cfg.algo.group_size, cfg.algo.oversample = 2, 2, 2
+    cfg.rollout.max_response_tokens, cfg.rollout.max_turns, cfg.reward.workers = 200, 3, 1
+    problems = [
+        Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)
+    ]
+
+    async def rl() -> tuple[list[dict[str, float]], RLRun]:
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path, tensorboard=False)
+            run = RLRun(cfg, model, fmt, problems, sandbox, logger, world=world)
+            try:
+                return await run.train(2), run
+            finally:
+                logger.close()
+                await run.close()
+
+    metrics, run = asyncio.run(rl())
+    assert next(run.engine.model.parameters()).is_cuda
+    assert metrics[0]["loss/policy_tokens"] > 0 and metrics[0]["rollout/tool_calls"] > 0
+    after = run.model.state_dict()
+    assert all(not torch.equal(after[k], v) for k, v in before.items())  # every parameter moved
+    for name, value in after.items():  # the engine samples with the trained weights
+        assert torch.equal(value, run.engine.model.state_dict()[name])
