@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from codeloop.rollout.engine import SamplingParams
@@ -126,10 +127,12 @@ def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU when there is one
+    model.to(device)
     stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
                 if isinstance(i, int) and i != tokenizer.unk_token_id}  # fmt: skip
     engine = TransformersEngine(model, tokenizer, stop_ids, max_batch=max_batch)
     app = build_app(engine, model_path, kv_capacity_tokens)
-    banner = f"codeloop serve: {model_path} on http://{host}:{port}"
+    banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}"
     web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))
