@@ -182,7 +182,11 @@ class TrainerConfig:
         False, "Recompute old logprobs with the trainer instead of using the engine's."
     )
     dtype: Literal["auto", "float32", "bfloat16"] = knob(
-        "auto", "Parameter dtype; auto = bfloat16 on CUDA, float32 on CPU."
+        "auto",
+        "Compute dtype of training passes (autocast; FSDP2 all-gathers) and of the in-process "
+        "engine and evaluated models; auto = bfloat16 on CUDA, float32 on CPU. Trained "
+        "parameters, gradients and AdamW states stay float32: a step of lr 1e-6 is below "
+        "bfloat16's resolution.",
     )
     checkpoint_every: int = knob(50, "Steps between checkpoints; 0 = only at the end.", ge=0)
     keep_checkpoints: int = knob(3, "Most recent checkpoints kept on disk.", ge=1)

@@ -120,7 +120,7 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     dtype = next(model.parameters()).dtype
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=dtype)
     model.load_state_dict(saved.state_dict())
-    state: dict[str, Any] = torch.load(path / "state.pt", weights_only=False)
+    state: dict[str, Any] = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     return state
 
 
@@ -129,7 +129,7 @@ async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:
     from codeloop.trainer import distributed
     from codeloop.trainer.run import prepare, tools_for
 
-    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
+    world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
         return await run_recipe(cfg, model, fmt, problems, tools, world)

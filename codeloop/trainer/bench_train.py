@@ -30,7 +30,7 @@ from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import default_device, tiny_model
+from codeloop.trainer.model import default_device, resolve_dtype, tiny_model
 from codeloop.trainer.rl import RLRun
 
 
@@ -45,13 +45,15 @@ def _samples(count: int, length: int, vocab: int, seed: int) -> list[Sample]:
     return out
 
 
-def _baseline(model: Any, samples: list[Sample], steps: int) -> float:
+def _baseline(model: Any, samples: list[Sample], steps: int, world: World) -> float:
     """Seconds per step of plain cross-entropy on one padded batch of all samples."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     batch = on_device(collate(samples, 0), model)
     start = time.perf_counter()
     for _ in range(steps):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        with world.autocast():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        logits = logits.logits
         loss = torch.nn.functional.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), batch["input_ids"][:, 1:].flatten(),
             reduction="none") @ batch["loss_mask"].flatten().float()  # fmt: skip
@@ -68,14 +70,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: str) -> float:
+def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: str, world: World
+         ) -> float:  # fmt: skip
     """Seconds per SFT step (forward, backward, AdamW) over the samples."""
     from codeloop.trainer.sft import sft_step
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     start = time.perf_counter()
     for _ in range(steps):
-        sft_step(model, samples, 0, budget, packing=packing)
+        sft_step(model, samples, 0, budget, world, packing)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     _sync()
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    device = default_device()  # the GPU when there is one
+    world = World(device=default_device(), compute_dtype=resolve_dtype("auto"))  # GPU: bf16
     fmt = _fmt()
     vocab = len(fmt.tokenizer)
     samples = _samples(args.sequences, args.length, vocab, 0)
@@ -113,17 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 64, 2
 
     def model() -> Any:
-        return tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8).to(device)
+        policy = tiny_model(vocab, hidden_size=args.hidden, layers=args.layers, heads=8)
+        return policy.to(world.device)
 
-    base_s = _baseline(model(), samples, args.steps)
-    sft_s = {packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing)
+    base_s = _baseline(model(), samples, args.steps, world)
+    sft_s = {packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing, world)
              for packing in ("off", "on")}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         problems = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
-        split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp))
+        split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp, world))
     update_s = split.pop("update_only_s")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: {args.layers} layers x {args.hidden} wide on {device}; {args.sequences} "
+    print(f"model: {args.layers} layers x {args.hidden} wide on {world.device} "
+          f"({str(world.compute_dtype).removeprefix('torch.')}); {args.sequences} "
           f"sequences, {tokens} tokens per update")  # fmt: skip
     print(f"{'':28}{'s/update':>10}{'tokens/s':>10}{'vs plain':>10}")
     print(f"{'plain forward/backward':28}{base_s:10.3f}{tokens / base_s:10.0f}{1.0:10.2f}")
@@ -142,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem],
-              samples: list[Sample], steps: int, run_dir: str) -> dict[str, float]:  # fmt: skip
+              samples: list[Sample], steps: int, run_dir: str, world: World
+              ) -> dict[str, float]:  # fmt: skip
     cfg.trainer.output_dir = run_dir
     async with LocalSandbox(cfg.sandbox) as tools:
         logger = RunLogger(run_dir, tensorboard=False)
-        world = World(device=next(model.parameters()).device)
         run = RLRun(cfg, model, fmt, problems, tools, logger, world=world)
         try:
             start = time.perf_counter()

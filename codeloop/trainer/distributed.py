@@ -3,7 +3,8 @@
 `init()` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and
 joins the group: gloo on CPU, NCCL on GPUs; without torchrun it is a world of one and nothing
 here communicates. `shard(model)` applies `fully_shard` to every decoder layer and then the root,
-so parameters, gradients and optimiser state are split over the ranks.
+so parameters, gradients and optimiser state are split over the ranks; it all-gathers in the
+compute dtype (`trainer.dtype`) and keeps the parameters float32 (see `World`).
 
 Each rank trains on its own share of a step's sequences. The loss is a token mean over the
 whole step (all ranks), so each rank divides its sum by the global token count and scales by the
@@ -19,6 +20,7 @@ Launch on a cluster (one process per GPU, the same command on every node):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -26,16 +28,25 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 
-from codeloop.trainer.model import default_device
+from codeloop.trainer.model import default_device, resolve_dtype
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class World:
+    """This process's rank, the ranks in all, its device, and the dtype forward and backward
+    passes compute in (parameters, gradients and AdamW states stay float32)."""
+
     rank: int = 0
     size: int = 1
     device: torch.device = torch.device("cpu")
+    compute_dtype: torch.dtype = torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Forward passes in `compute_dtype` (a no-op in float32)."""
+        enabled = self.compute_dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
     @property
     def is_main(self) -> bool:
@@ -51,12 +62,12 @@ def launched_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def init() -> World:
+def init(dtype: str = "float32") -> World:
     """Join torchrun's process group (idempotent); a world of one without torchrun, on the GPU
-    when there is one."""
+    when there is one. `dtype`: the compute dtype (`trainer.dtype`)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
-        return World(device=default_device())
+        return World(device=default_device(), compute_dtype=resolve_dtype(dtype))
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -65,13 +76,14 @@ def init() -> World:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend)
-    return World(dist.get_rank(), dist.get_world_size(), device)
+    return World(dist.get_rank(), dist.get_world_size(), device, resolve_dtype(dtype))
 
 
 def shard(model: Any, world: World) -> Any:
     """FSDP2 over each decoder layer, then the whole model, which moves each rank's shard to its
-    device; in a world of one, the model moved to the world's device."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    device (all-gathers in the compute dtype, gradients reduced in float32); in a world of one,
+    the model moved to the world's device."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if not world.distributed:
         return model.to(world.device)
@@ -81,9 +93,10 @@ def shard(model: Any, world: World) -> Any:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"shard: {type(model).__name__} has no .model.layers to shard")
+    policy = MixedPrecisionPolicy(param_dtype=world.compute_dtype, reduce_dtype=torch.float32)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 

@@ -96,7 +96,9 @@ class RLRun:
         self.engines: list[Engine] = list(self.servers) or [
             engine
             or TransformersEngine(
-                copy.deepcopy(model).to(world.device), fmt.tokenizer, fmt.end_of_turn_ids
+                copy.deepcopy(model).to(world.device, world.compute_dtype),
+                fmt.tokenizer,
+                fmt.end_of_turn_ids,
             )
         ]
         self.engine: Any = self.engines[0]
@@ -227,7 +229,7 @@ class RLRun:
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
-        t, algo = self.cfg.trainer, self.cfg.algo
+        t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
         pad_id = self.fmt.tokenizer.pad_token_id or 0
         if t.recompute_old_logprobs:
             self._recompute_old_logprobs(samples, pad_id)
@@ -242,7 +244,8 @@ class RLRun:
             groups = micro_batches(chunk, t.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
                 batch = on_device(collate(group, pad_id), self.model)
-                logprobs, logits = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+                with world.autocast():
+                    logprobs, logits = token_logprobs(self.model, batch, temperature)
                 loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                           batch["loss_mask"], max(tokens, 1), algo.clip_low,
                                           algo.clip_high, algo.dual_clip)  # fmt: skip
@@ -278,7 +281,8 @@ class RLRun:
             if not weight:
                 self.model(input_ids=batch["input_ids"][:1, :1])
                 continue
-            logprobs, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+            with self.world.autocast():
+                logprobs, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
             for row, sample in enumerate(group):
                 values = logprobs[row, : len(sample.input_ids) - 1].tolist()
                 sample.old_logprobs = [0.0] + [

@@ -21,9 +21,9 @@ from codeloop.trainer.sft import load_conversations, train_sft
 
 def run_sft(cfg: Config) -> Path:
     """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
-    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
+    world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     named = load_conversations(cfg.sft.data)
-    model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
+    model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     model = distributed.shard(model, world)
     fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
     logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
@@ -52,13 +52,13 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     if distributed.launched_main():
         print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
     problems = kept
-    model, tokenizer = load_policy(cfg.trainer.model, cfg.trainer.dtype)
+    model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     return model, PromptFormat(tokenizer, cfg.rollout.chat_template), problems
 
 
 async def run_rl(cfg: Config) -> list[dict[str, float]]:
     """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
-    world = distributed.init()  # torchrun: FSDP2 over the ranks; else a world of one
+    world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
         logger = RunLogger(cfg.trainer.output_dir, tensorboard=world.is_main)

@@ -129,7 +129,8 @@ def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: i
     for group, weight in pad_micro_batches(groups, world):
         batch = collate_packed([group], pad_id, flash) if packed else collate(group, pad_id)
         batch = on_device(batch, model)
-        logprobs, _ = token_logprobs(model, batch)
+        with world.autocast():
+            logprobs, _ = token_logprobs(model, batch)
         loss = -(logprobs * batch["loss_mask"]).sum() / max(tokens, 1)
         (loss * weight * world.size).backward()  # FSDP averages gradients over ranks
         total += float(loss.detach()) * weight

@@ -28,12 +28,13 @@ def test_a_world_of_one_is_on_the_gpu() -> None:
 
 
 def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: Path) -> None:
-    fmt, world = trainer_fmt, distributed.World(device=torch.device("cuda"))
+    fmt = trainer_fmt
+    world = distributed.World(device=torch.device("cuda"), compute_dtype=torch.bfloat16)
     model = distributed.shard(tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2), world)
     assert next(model.parameters()).is_cuda
     data = [conversation(fmt, a, b) for a, b in PAIRS]
-    history = train_sft(model, fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5,
-                                                    conversations_per_step=4))  # fmt: skip
+    sft = SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4)
+    history = train_sft(model, fmt, data, sft, world=world)
     assert history[-1]["sft/loss"] < 0.3 * history[0]["sft/loss"]
     before = copy.deepcopy(model.state_dict())
     cfg = Config()
@@ -56,6 +57,7 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
 
     metrics, run = asyncio.run(rl())
     assert next(run.engine.model.parameters()).is_cuda
+    assert all(p.dtype == torch.float32 for p in run.model.parameters())  # bf16 compute only
     assert metrics[0]["loss/policy_tokens"] > 0 and metrics[0]["rollout/tool_calls"] > 0
     after = run.model.state_dict()
     assert all(not torch.equal(after[k], v) for k, v in before.items())  # every parameter moved
