@@ -145,7 +145,8 @@ class RLRun:
             return
         if self.world.is_main:
             path = Path(self.cfg.rollout.weights_dir or Path(self.logger.run_dir) / "weights")
-            self.model.save_pretrained(path, state_dict=state)
+            dtype = self.world.compute_dtype  # what the servers sample in: half the bytes in bf16
+            self.model.save_pretrained(path, state_dict={k: v.to(dtype) for k, v in state.items()})
             self.fmt.tokenizer.save_pretrained(path)
             await asyncio.gather(*(server.reload(str(path.resolve())) for server in self.servers))
         barrier(self.world)
