@@ -145,13 +145,15 @@ def pad_micro_batches(groups: list[T], world: World) -> list[tuple[T, float]]:
     return [(g, 1.0) for g in groups] + padding
 
 
-def full_state_dict(model: Any, world: World) -> dict[str, torch.Tensor]:
-    """Unsharded CPU weights on every rank (for the rollout engine and saving)."""
+def full_state_dict(model: Any, world: World, everywhere: bool = True) -> dict[str, torch.Tensor]:
+    """Unsharded CPU weights (collective): on every rank for in-process engines, or only on
+    rank 0 (`everywhere=False`, empty elsewhere) for saving, gathered a tensor at a time to the
+    CPU so that no GPU ever holds the whole model."""
     if not world.distributed:
         return dict(model.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     state = get_model_state_dict(model, options=options)
     return {k: cast(torch.Tensor, v).cpu() for k, v in state.items()}
 

@@ -139,7 +139,7 @@ class RLRun:
 
     async def sync_weights(self) -> None:
         """The engines sample with the trained weights (gathered from the shards)."""
-        state = full_state_dict(self.model, self.world)
+        state = full_state_dict(self.model, self.world, everywhere=not self.servers)
         if not self.servers:
             self.engine.update_weights(state)
             return
@@ -299,7 +299,7 @@ class RLRun:
 
     def save(self) -> None:
         extra = {"data_position": self.data_position, "roc_rng": self.roc_rng.getstate()}
-        model_state = full_state_dict(self.model, self.world)
+        model_state = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:
             save_checkpoint(self.logger.run_dir, self.step_index, self.model, self.optimizer,

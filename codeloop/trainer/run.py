@@ -34,7 +34,7 @@ def run_sft(cfg: Config) -> Path:
         if logger is not None:
             logger.close()
     out = Path(cfg.trainer.output_dir) / "sft_model"
-    weights = distributed.full_state_dict(model, world)
+    weights = distributed.full_state_dict(model, world, everywhere=False)
     if world.is_main:
         model.save_pretrained(out, state_dict=weights)
         tokenizer.save_pretrained(out)
