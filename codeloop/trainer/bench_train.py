@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import resource
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=512, help="longest sequence, tokens")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default="bench-results/train.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     world = World(device=default_device(), compute_dtype=resolve_dtype("auto"))  # GPU: bf16
@@ -143,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(split.values())
     print(f"\nRL step ({total:.2f} s): " + ", ".join(
         f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in split.items()))  # fmt: skip
+    seconds = {"plain": base_s, "rl_update": update_s, "sft_padded": sft_s["off"],
+               "sft_packed": sft_s["on"]}  # fmt: skip
+    report = {"arguments": vars(args), "device": str(world.device),
+              "tokens_per_update": tokens, "seconds_per_update": seconds,
+              "peak_rss_mib": peak_mb, "rl_step_s": split}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
     return 0
 
 

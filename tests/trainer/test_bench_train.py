@@ -1,11 +1,15 @@
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
-def test_bench_train_reports_throughput_memory_and_the_step_split() -> None:
+def test_bench_train_reports_throughput_memory_and_the_step_split(tmp_path: Path) -> None:
+    out_file = tmp_path / "train.json"
     done = subprocess.run([sys.executable, "-m", "codeloop", "bench", "train", "--hidden", "32",
-                           "--layers", "1", "--sequences", "4", "--length", "64", "--steps", "1"],
+                           "--layers", "1", "--sequences", "4", "--length", "64", "--steps", "1",
+                           "--out", str(out_file)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
@@ -21,3 +25,6 @@ def test_bench_train_reports_throughput_memory_and_the_step_split() -> None:
     split = re.search(r"RL step \(([\d.]+) s\): rollout\+reward ([\d.]+) s .* update ([\d.]+) s "
                       r".* weight sync ([\d.]+) s", out)  # fmt: skip
     assert split and abs(sum(map(float, split.groups()[1:])) - float(split.group(1))) < 0.03
+    report = json.loads(out_file.read_text())
+    assert report["tokens_per_update"] == tokens
+    assert abs(report["seconds_per_update"]["plain"] - float(plain.group(1))) < 0.001
