@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from trainer_helpers import cli_inputs, rl_arguments, trainer_fmt  # noqa: F401  (the session fixture)
+from transformers import AutoModelForCausalLM
 
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World, pad_micro_batches
@@ -83,8 +84,11 @@ def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_pa
         return done.stdout
 
     torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
-             "--trainer.output_dir", str(run_dir), "--sft.epochs", "2")  # fmt: skip
+             "--trainer.output_dir", str(run_dir), "--sft.epochs", "2",
+             "--trainer.dtype", "bfloat16")  # FSDP2 mixed precision  # fmt: skip
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]  # one log, not one per rank
+    saved = AutoModelForCausalLM.from_pretrained(run_dir / "sft_model", dtype="auto")
+    assert {p.dtype for p in saved.parameters()} == {torch.float32}  # trained in float32
     common = rl_arguments(run_dir / "sft_model", problems, run_dir / "rl", 2)
     torchrun("train", *common, "--trainer.max_steps", "2")
     assert "resumed from step 2" in torchrun("train", *common, "--trainer.max_steps", "3")
