@@ -25,7 +25,6 @@ from codeloop.data.problems import Problem
 from codeloop.eval.passrate import pass_rates
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier
 from codeloop.trainer.logs import RunLogger
@@ -83,7 +82,7 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     await run.sync_weights()
     world = run.world
     mine = list(problems)[world.rank :: world.size]
-    rates = await pass_rates(Scheduler.for_rollout(run.engines, cfg.rollout), run.tools,
+    rates = await pass_rates(run.rollout_scheduler(), run.tools,
                              run.fmt, mine, stage.refilter_samples, cfg.rollout, run.verifier,
                              cfg.trainer.seed)  # fmt: skip
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}

@@ -23,9 +23,9 @@ import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -65,6 +65,7 @@ from codeloop.trainer.distributed import (
 from codeloop.trainer.logs import RunLogger
 from codeloop.types import RolloutStatus, Trajectory
 
+T = TypeVar("T")
 MAX_REFILL_ROUNDS = 4
 
 
@@ -92,8 +93,9 @@ class RLRun:
             raise ValueError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size}")
         self.cfg, self.fmt, self.problems, self.world = cfg, fmt, list(problems), world
         self.tools, self.logger = tools, logger
-        self.servers = _servers(cfg)
-        self.engines: list[Engine] = list(self.servers) or [
+        self.servers = _servers(cfg)  # all of them: rank 0 reloads every one
+        mine, self.kv_sharing = rank_share(self.servers, world)
+        self.engines: list[Engine] = list(mine) or [
             engine
             or TransformersEngine(
                 copy.deepcopy(model).to(world.device, world.compute_dtype),
@@ -204,7 +206,7 @@ class RLRun:
         n = algo.group_size * algo.oversample
 
         r = self.cfg.rollout
-        scheduler = Scheduler.for_rollout(self.engines, r, batch_size=len(problems) * n)
+        scheduler = self.rollout_scheduler(batch_size=len(problems) * n)
 
         async def one(position: int, problem: Problem, k: int) -> Trajectory:
             prompt = self.fmt.prompt_ids(problem.problem)
@@ -225,6 +227,13 @@ class RLRun:
             advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
             groups.append(Group(problem, trajectories, kept, advantages, problems[i][0]))
         return groups
+
+    def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
+        """A scheduler over this rank's engines, with its share of each server's KV capacity."""
+        r = self.cfg.rollout
+        capacity = r.kv_capacity_tokens // self.kv_sharing
+        return Scheduler.for_rollout(self.engines, replace(r, kv_capacity_tokens=capacity),
+                                     batch_size)  # fmt: skip
 
     # -- the update ------------------------------------------------------------------------
 
@@ -317,6 +326,17 @@ class RLRun:
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
         return True
+
+
+def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:
+    """The servers this rank schedules over, and how many ranks share each of them. Each rank
+    runs its own scheduler, whose KV reservations the others do not see: with at least as many
+    servers as ranks every rank gets servers of its own; with fewer, rank r uses server
+    r mod n, whose capacity is split among the ranks that share it."""
+    if len(servers) >= world.size or not servers:
+        return list(servers[world.rank :: world.size]), 1
+    home = world.rank % len(servers)
+    return [servers[home]], len(range(home, world.size, len(servers)))
 
 
 def _servers(cfg: Config) -> list[OpenAIEngine]:

@@ -15,6 +15,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World, pad_micro_batches
 from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import rank_share
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
@@ -170,3 +171,19 @@ refilter_samples = 2
                         weights_only=False)  # fmt: skip
     step = [next(iter(s["optimizer"]["state"].values()))["step"].item() for s in (first, second)]
     assert step == [1, 2]  # the optimiser carried over from stage one
+
+
+def test_each_rank_schedules_over_its_own_servers_or_a_share_of_one() -> None:
+    servers = ["s0", "s1", "s2", "s3"]
+    assert [rank_share(servers, World(r, 2)) for r in range(2)] == [
+        (["s0", "s2"], 1),
+        (["s1", "s3"], 1),
+    ]
+    assert rank_share(servers, World(0, 1)) == (servers, 1)
+    # 3 ranks over 2 servers: s0 serves ranks 0 and 2, s1 rank 1 alone
+    assert [rank_share(servers[:2], World(r, 3)) for r in range(3)] == [
+        (["s0"], 2),
+        (["s1"], 1),
+        (["s0"], 2),
+    ]
+    assert rank_share([], World(1, 2)) == ([], 1)  # no servers: the in-process engine
