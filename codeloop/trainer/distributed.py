@@ -146,9 +146,9 @@ def pad_micro_batches(groups: list[T], world: World) -> list[tuple[T, float]]:
 
 
 def full_state_dict(model: Any, world: World, everywhere: bool = True) -> dict[str, torch.Tensor]:
-    """Unsharded CPU weights (collective): on every rank for in-process engines, or only on
-    rank 0 (`everywhere=False`, empty elsewhere) for saving, gathered a tensor at a time to the
-    CPU so that no GPU ever holds the whole model."""
+    """Unsharded CPU weights (collective). On every rank for in-process engines (gathered on
+    the device first: small models), or only on rank 0 (`everywhere=False`, empty elsewhere)
+    for saving, gathered a tensor at a time to the CPU, so no GPU holds the whole model."""
     if not world.distributed:
         return dict(model.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
