@@ -71,7 +71,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         summaries.append(summary)
         carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
-            model = _final_model(stage_dir, model)
+            model = _final_model(stage_dir)
     return summaries
 
 
@@ -97,29 +97,29 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     return kept
 
 
-def _final_model(stage_dir: Path, like: Any) -> Any:
-    """A fresh, unsharded model with a finished stage's final weights."""
-    from transformers import AutoModelForCausalLM
-
+def _final_checkpoint(stage_dir: Path) -> Path:
     path = latest_checkpoint(stage_dir)
     if path is None:
         raise FileNotFoundError(f"{stage_dir}: the stage ended without a checkpoint")
-    dtype = next(like.parameters()).dtype
-    return AutoModelForCausalLM.from_pretrained(path / "model", dtype=dtype)
+    return path
+
+
+def _final_model(stage_dir: Path) -> Any:
+    """A fresh, unsharded model with a finished stage's final (float32) weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = _final_checkpoint(stage_dir) / "model"
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
 def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     """Load a finished stage's final weights into `model`; return its optimiser state."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    path = latest_checkpoint(stage_dir)
-    if path is None:
-        raise FileNotFoundError(f"{stage_dir}: stage.json exists but no checkpoint")
-    dtype = next(model.parameters()).dtype
-    saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=dtype)
-    model.load_state_dict(saved.state_dict())
-    state: dict[str, Any] = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict(_final_model(stage_dir).state_dict())
+    state_file = _final_checkpoint(stage_dir) / "state.pt"
+    state: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=False)
     return state
 
 
