@@ -94,9 +94,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     serve.add_argument("--model", required=True, help="model directory or hub name")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+    serve.add_argument(
+        "--max-batch", type=int, default=32, help="requests decoded together at most"
+    )
     serve.add_argument("--kv-capacity-tokens", type=int, default=65536,
-                       help="tokens counted as a full KV cache in /metrics")  # fmt: skip
+                       help="KV tokens the running requests may reserve (prompt + max_tokens "
+                            "each); /metrics reports use against it")  # fmt: skip
     serve.set_defaults(run=_serve)
 
 

@@ -1,19 +1,27 @@
-"""`codeloop bench rollout`: trajectories/s of the in-process transformers engine.
+"""`codeloop bench rollout`: generation speed of the in-process engine, against baselines run in
+the same process on the same model.
 
-A randomly initialised model of the chosen size rolls out `--trajectories` concurrent
-trajectories of `--tokens` sampled tokens each (no tool calls: the agent loop stops at the
-budget), once with dynamic batching (`--max-batch`) and once one request at a time (the
-baseline, `max_batch=1`), in the same run.
+The model is SmolLM2-135M-Instruct when the `real` extra is installed (imported from its GGUF
+file on first use), a directory given with `--model`, or else a randomly initialised Llama of
+`--hidden` x `--layers` (`--model random`).
 
-Then tool calls: each trajectory samples `--tool-turns` + 1 turns from the same model, each of
-1 to 2 x `--tokens` - 1 tokens (uniform, seeded), and every turn but the last ends in a tool
-call (its tokens appended to the sampled ones) that the real local sandbox runs: a
-`time.sleep` of 0 to 2 x `--tool-s` seconds (uniform, seeded per trajectory and turn).
-Overlapped is the agent loop as it is: a trajectory waiting on its tool call leaves the engine
-to the others. Serialised is the baseline where the rollout stops while a tool call runs (as
-a loop that calls its sandbox synchronously does): a call waits for the generations in flight
-to end, and no generation starts until the calls in flight end.
-Prints trajectories/s, sampled tokens/s and the ratios; writes JSON.
+1. Plain generation: `--requests` requests of exactly `--gen-tokens` sampled tokens
+   (temperature 0.6, top-p 0.95, no stop), by transformers' `model.generate` on the whole batch
+   (the baseline), by the continuous-batching engine, and by the static-batch engine it
+   replaced (`static_engine.py`).
+2. The agent workload: `--trajectories` trajectories of `--tool-turns` + 1 turns, each of 1 to
+   2 x `--tokens` - 1 sampled tokens (uniform, seeded), every turn but the last ending in a tool
+   call (its tokens appended to the sampled ones) that the real local sandbox runs: a
+   `time.sleep` of 0 to 2 x `--tool-s` seconds (uniform, seeded per trajectory and turn).
+   Overlapped is the agent loop as it is: a trajectory waiting on its tool call leaves the
+   engine to the others. Serialised is the baseline where the rollout stops while a tool call
+   runs (as a loop that calls its sandbox synchronously does): a call waits for the
+   generations in flight to end, and no generation starts until the calls in flight end. The
+   static engine runs the overlapped loop too.
+3. A physical reference: the model's matmul FLOPs per token (2 x its weights, the output layer
+   included; attention over the context left out) against the rate this machine reaches on a
+   large float32 matmul, so each row shows its share of that limit.
+Prints tokens/s and the ratios; writes JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.static_engine import StaticBatchEngine
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -107,7 +116,7 @@ class _GatedTools:
         return result
 
 
-async def _measure_tools(engine: TransformersEngine, fmt: PromptFormat, args: argparse.Namespace,
+async def _measure_tools(engine: Engine, fmt: PromptFormat, args: argparse.Namespace,
                          serialised: bool) -> dict[str, float]:  # fmt: skip
     from codeloop.sandbox.pool import LocalSandbox
 
@@ -137,41 +146,55 @@ async def _measure_tools(engine: TransformersEngine, fmt: PromptFormat, args: ar
             "tokens_per_s": sampled / seconds, "tool_calls": len(calls)}  # fmt: skip
 
 
-async def _measure(
-    engine: TransformersEngine, fmt: PromptFormat, n: int, tokens: int
-) -> dict[str, float]:
-    cfg = RolloutConfig(max_response_tokens=tokens, max_turns=1)
-    prompt = fmt.prompt_ids("What is 123 + 456?")
+async def _measure(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, float]:
     start = time.perf_counter()
-    runs = [run_trajectory(engine, _NoTools(), fmt, cfg, "p", i, prompt, seed=i) for i in range(n)]
-    trajectories = await asyncio.gather(*runs)
+    calls = [engine.generate(p, SamplingParams(tokens, 0.6, 0.95, [], i))
+             for i, p in enumerate(prompts)]  # fmt: skip
+    generations = await asyncio.gather(*calls)
     seconds = time.perf_counter() - start
-    sampled = sum(sum(t.loss_mask) for t in trajectories)
-    return {
-        "seconds": seconds,
-        "trajectories_per_s": n / seconds,
-        "tokens_per_s": sampled / seconds,
-    }
+    sampled = sum(len(g.token_ids) for g in generations)
+    return {"seconds": seconds, "tokens_per_s": sampled / seconds}
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="codeloop bench rollout",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--trajectories", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per turn")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
-    parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
-    parser.add_argument("--out", default="bench-results/rollout.json")
-    args = parser.parse_args(argv)
+def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int
+                      ) -> dict[str, float]:  # fmt: skip
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [B, T] left-padded
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
+                         min_new_tokens=tokens, do_sample=True, temperature=0.6, top_p=0.95,
+                         top_k=0, pad_token_id=pad_id)  # fmt: skip
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens_per_s": (out.shape[1] - width) * len(prompts) / seconds}
 
-    from transformers import AutoModelForCausalLM, LlamaConfig
 
+def _matmul_gflops() -> float:
+    """This machine's float32 matmul rate on 2048 x 2048 matrices, best of 5."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * 2048**3 / best / 1e9
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    path = "" if args.model == "random" else args.model
+    if path == "smollm2":
+        from codeloop.data.pretrained import PretrainedError, smollm2
+
+        try:
+            path = str(smollm2())
+        except PretrainedError as err:
+            print(f"{err}; measuring a random model instead")
+            path = ""
+    if path:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return model.eval(), PromptFormat(AutoTokenizer.from_pretrained(path)), path
     from codeloop.data.tokenizer import train_tokenizer
 
     fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
@@ -180,30 +203,86 @@ def main(argv: list[str]) -> int:
                          intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=4, num_key_value_heads=4)  # fmt: skip
     model = AutoModelForCausalLM.from_config(config)  # random weights: speed, not quality
-    rows: dict[str, Any] = {}
-    for name, max_batch in (("one_at_a_time", 1), ("batched", args.max_batch)):
-        engine = TransformersEngine(model, fmt.tokenizer, set(), max_batch=max_batch)
-        with torch.no_grad():
-            rows[name] = asyncio.run(_measure(engine, fmt, args.trajectories, args.tokens))
-        row = rows[name]
-        print(f"{name:14} {row['trajectories_per_s']:8.2f} trajectories/s "
-              f"{row['tokens_per_s']:9.1f} tokens/s ({row['seconds']:.1f} s)")  # fmt: skip
-    ratio = rows["batched"]["tokens_per_s"] / rows["one_at_a_time"]["tokens_per_s"]
-    print(f"batched / one at a time: {ratio:.1f}x")
-    print(f"with {args.tool_turns} tool calls per trajectory, {args.tool_s} s each on average:")
-    engine = TransformersEngine(model, fmt.tokenizer, set(), max_batch=args.max_batch)
-    for name, serialised in (("tools_serialised", True), ("tools_overlapped", False)):
-        with torch.no_grad():
-            rows[name] = asyncio.run(_measure_tools(engine, fmt, args, serialised))
-        row = rows[name]
-        print(f"{name:17} {row['trajectories_per_s']:8.2f} trajectories/s "
-              f"{row['tokens_per_s']:9.1f} tokens/s ({row['seconds']:.1f} s)")  # fmt: skip
-    overlap = (
-        rows["tools_overlapped"]["trajectories_per_s"]
-        / rows["tools_serialised"]["trajectories_per_s"]
+    return model.eval(), fmt, f"random {args.layers} x {args.hidden}"
+
+
+def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
+    share = 100 * row["gflops"] / peak_gflops
+    print(f"  {name:17} {row['tokens_per_s']:8.1f} tokens/s  {row['gflops']:6.1f} GFLOP/s "
+          f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s")  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="codeloop bench rollout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    print(f"overlapped / serialised: {overlap:.1f}x")
+    parser.add_argument("--model", default="smollm2", help="a model directory, smollm2 (if "
+                        "installed) or random (--hidden x --layers)")  # fmt: skip
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
+    parser.add_argument("--gen-tokens", type=int, default=128, help="plain generation: tokens")
+    parser.add_argument("--trajectories", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=32, help="mean sampled tokens per turn")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
+    parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
+    parser.add_argument("--out", default="bench-results/rollout.json")
+    args = parser.parse_args(argv)
+
+    model, fmt, name = _load(args)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    flops_per_token = 2 * weights
+    peak = _matmul_gflops()
+    print(
+        f"model: {name}; {flops_per_token / 1e6:.0f} MFLOP per token; "
+        f"float32 matmul rate {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads"
+    )
+    questions = [f"What is {17 * i + 3} times {i + 11}? Explain." for i in range(args.requests)]
+    prompts = [fmt.prompt_ids(q) for q in questions]
+    rows: dict[str, Any] = {}
+    print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens")
+    with torch.no_grad():
+        rows["generate"] = _measure_generate(
+            model, prompts, args.gen_tokens, fmt.tokenizer.pad_token_id or 0
+        )
+        for row, engine in (
+            ("continuous", TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)),
+            ("static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)),
+        ):
+            rows[row] = asyncio.run(_measure(engine, prompts, args.gen_tokens))
+    print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
+          f"of {args.tool_s} s on average")  # fmt: skip
+    for row, engine, serialised in (
+        (
+            "tools_overlapped",
+            TransformersEngine(model, fmt.tokenizer, set(), args.max_batch),
+            False,
+        ),
+        ("tools_serialised", TransformersEngine(model, fmt.tokenizer, set(), args.max_batch), True),
+        ("tools_static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch), False),
+    ):
+        with torch.no_grad():
+            rows[row] = asyncio.run(_measure_tools(engine, fmt, args, serialised))
+    for row in rows.values():
+        row["gflops"] = row["tokens_per_s"] * flops_per_token / 1e9
+    for row_name, row in rows.items():
+        _print(row_name, row, peak)
+    ratios = {
+        "continuous / generate": rows["continuous"]["tokens_per_s"]
+        / rows["generate"]["tokens_per_s"],
+        "continuous / static": rows["continuous"]["tokens_per_s"] / rows["static"]["tokens_per_s"],
+        "agent: continuous / static": rows["tools_overlapped"]["tokens_per_s"]
+        / rows["tools_static"]["tokens_per_s"],
+        "agent: overlapped / serialised": rows["tools_overlapped"]["tokens_per_s"]
+        / rows["tools_serialised"]["tokens_per_s"],
+    }
+    for ratio_name, ratio in ratios.items():
+        print(f"  {ratio_name:31} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"args": vars(args), "rows": rows, "ratio": ratio, "overlap_ratio": overlap}
+    report = {"args": vars(args), "model": name, "flops_per_token": flops_per_token,
+              "matmul_gflops": peak, "rows": rows, "ratios": ratios}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -7,8 +7,10 @@ Routes (JSON):
   `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
   Stop strings stay in the output (vLLM's `include_stop_str_in_output`).
 - `POST /v1/reload` `{"path": DIR}`: load the weights of a checkpoint directory in place.
-- `GET /metrics`: Prometheus text: requests running and waiting, and KV-cache usage as tokens
-  held by running requests over `--kv-capacity-tokens`.
+- `GET /metrics`: Prometheus text, read from the continuous-batching engine: requests running
+  (being decoded) and waiting (not yet admitted), and KV-cache use as the tokens the running
+  requests reserve (prompt + max_tokens each) over `--kv-capacity-tokens`, which is also the
+  engine's admission cap.
 - `GET /health`.
 """
 
@@ -25,14 +27,6 @@ from codeloop.rollout.engine import SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 
 
-class _Stats:
-    def __init__(self, kv_capacity_tokens: int) -> None:
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.running = 0
-        self.tokens_held = 0
-        self.completed = 0
-
-
 def _params(body: dict[str, Any]) -> SamplingParams:
     stop = body.get("stop") or []
     return SamplingParams(
@@ -44,10 +38,8 @@ def _params(body: dict[str, Any]) -> SamplingParams:
     )
 
 
-def build_app(
-    engine: TransformersEngine, model_name: str, kv_capacity_tokens: int
-) -> web.Application:
-    stats = _Stats(kv_capacity_tokens)
+def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
+    completed = 0
     tokenizer = engine.tokenizer
 
     async def completions(request: web.Request) -> web.Response:
@@ -61,15 +53,11 @@ def build_app(
             params = _params(body)
         except (ValueError, KeyError, TypeError) as err:
             return web.json_response({"error": {"message": f"bad request: {err!r}"}}, status=400)
-        reserved = len(ids) + params.max_tokens
-        stats.running += 1
-        stats.tokens_held += reserved
+        nonlocal completed
         try:
             generation = await engine.generate(ids, params)
         finally:
-            stats.running -= 1
-            stats.tokens_held -= reserved
-            stats.completed += 1
+            completed += 1
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         tokens = [
             f"token_id:{i}" if as_ids else tokenizer.decode([i]) for i in generation.token_ids
@@ -104,13 +92,13 @@ def build_app(
         return web.json_response({"ok": True, "path": path})
 
     async def metrics(request: web.Request) -> web.Response:
-        usage = stats.tokens_held / stats.kv_capacity_tokens
+        used, capacity = engine.kv_tokens_used, engine.max_kv_tokens  # capacity 0: no cap
         lines = [
-            f"codeloop_engine_requests_running {stats.running}",
+            f"codeloop_engine_requests_running {engine.running}",
             f"codeloop_engine_requests_waiting {engine.waiting}",
-            f"codeloop_engine_kv_cache_usage {min(usage, 1.0):.6f}",
-            f"codeloop_engine_kv_cache_tokens {stats.tokens_held}",
-            f"codeloop_engine_requests_completed_total {stats.completed}",
+            f"codeloop_engine_kv_cache_usage {used / capacity if capacity else 0.0:.6f}",
+            f"codeloop_engine_kv_cache_tokens {used}",
+            f"codeloop_engine_requests_completed_total {completed}",
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -132,7 +120,9 @@ def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tok
     model.to(device)
     stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
                 if isinstance(i, int) and i != tokenizer.unk_token_id}  # fmt: skip
-    engine = TransformersEngine(model, tokenizer, stop_ids, max_batch=max_batch)
-    app = build_app(engine, model_path, kv_capacity_tokens)
+    engine = TransformersEngine(
+        model, tokenizer, stop_ids, max_batch=max_batch, max_kv_tokens=kv_capacity_tokens
+    )
+    app = build_app(engine, model_path)
     banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}"
     web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))

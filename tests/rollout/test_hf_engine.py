@@ -41,9 +41,9 @@ def test_batched_logprobs_match_a_full_forward_pass(
 ) -> None:
     prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("x"), fmt.encode("def f(n): return n ** 2")]
     params = [SamplingParams(12, temperature=0.7, seed=i) for i in range(3)]
-    before = engine.batches_run
+    before = engine.prefills_run
     gens = asyncio.run(_many(engine, prompts, params))
-    assert engine.batches_run == before + 1  # the three requests were decoded together
+    assert engine.prefills_run == before + 1  # the three requests were prefilled together
     for prompt, gen in zip(prompts, gens, strict=True):
         assert len(gen.token_ids) == len(gen.logprobs) == 12 and gen.finish_reason == "length"
         assert gen.logprobs == pytest.approx(_recompute(engine, prompt, gen, 0.7), abs=1e-4)
@@ -118,31 +118,133 @@ def test_the_agent_loop_on_the_engine(engine: TransformersEngine, fmt: PromptFor
         runs = [run_trajectory(engine, tools, fmt, cfg, "p", i, prompt, seed=i) for i in range(4)]
         return list(await asyncio.gather(*runs))
 
-    before = engine.batches_run
+    before = engine.steps_run
     trajectories = asyncio.run(main())
-    turns = sum(t.num_turns for t in trajectories)
-    assert engine.batches_run - before < turns  # turns of different trajectories shared batches
+    sampled = sum(sum(t.loss_mask) for t in trajectories)
+    assert engine.steps_run - before < sampled  # trajectories shared decoding steps
     for t in trajectories:
         assert len(t.response_ids) <= 24 and t.status in set(RolloutStatus)
         sampled = [lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m]
         assert all(lp < 0 for lp in sampled)
 
 
-def test_bench_rollout_compares_batched_with_one_at_a_time(tmp_path: object) -> None:
+def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: object) -> None:
     import json
     from pathlib import Path
 
     from codeloop.rollout import bench_rollout
 
     out = Path(str(tmp_path)) / "rollout.json"
-    args = ["--trajectories", "4", "--tokens", "6", "--hidden", "32", "--layers", "1",
-            "--max-batch", "4", "--tool-turns", "2", "--tool-s", "0.1",
-            "--out", str(out)]  # fmt: skip
+    args = ["--model", "random", "--hidden", "32", "--layers", "1", "--requests", "3",
+            "--gen-tokens", "5", "--trajectories", "4", "--tokens", "6", "--max-batch", "4",
+            "--tool-turns", "2", "--tool-s", "0.1", "--out", str(out)]  # fmt: skip
     assert bench_rollout.main(args) == 0
     report = json.loads(out.read_text())
     rows = report["rows"]
-    assert set(rows) == {"one_at_a_time", "batched", "tools_serialised", "tools_overlapped"}
+    assert set(rows) == {"generate", "continuous", "static", "tools_overlapped",
+                         "tools_serialised", "tools_static"}  # fmt: skip
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
-    for name in ("tools_serialised", "tools_overlapped"):  # every call ran in the sandbox
+    for name in ("tools_serialised", "tools_overlapped", "tools_static"):  # every call ran
         assert rows[name]["tool_calls"] == 4 * 2
         assert rows[name]["seconds"] >= 2 * 0.1
+    # the Linears of the 1 x 32 Llama: q, k, v, o (32 x 32 each), MLP 3 x (32 x 128), and the
+    # output layer (32 x the vocabulary of the bench's tokenizer, trained to 300)
+    output_layer = report["flops_per_token"] // 2 - (4 * 32 * 32 + 3 * 32 * 128)
+    assert output_layer % 32 == 0 and 256 < output_layer // 32 <= 300
+    assert report["matmul_gflops"] > 0
+    assert set(report["ratios"]) == {"continuous / generate", "continuous / static",
+                                     "agent: continuous / static",
+                                     "agent: overlapped / serialised"}  # fmt: skip
+
+
+def test_greedy_decoding_matches_model_generate(engine: TransformersEngine, fmt: PromptFormat
+                                                ) -> None:  # fmt: skip
+    prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("print(sum(range(10)))"), fmt.encode("x")]
+    params = SamplingParams(16, temperature=0)
+    gens = asyncio.run(_many(engine, prompts, [params] * 3))  # decoded in one batch
+    for prompt, gen in zip(prompts, gens, strict=True):
+        with torch.no_grad():
+            out = engine.model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                        min_new_tokens=16, pad_token_id=0)  # fmt: skip
+        assert gen.token_ids == out[0, len(prompt) :].tolist()
+
+
+def test_a_request_joins_the_running_batch_and_leaves_when_it_stops(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    long_prompt, short_prompt = fmt.encode("def f(n): return n ** 2"), fmt.encode("x")
+    alone = asyncio.run(engine.generate(short_prompt, SamplingParams(4, seed=5)))
+    finished: list[str] = []
+
+    async def main() -> None:
+        async def run(name: str, prompt: list[int], params: SamplingParams) -> Generation:
+            gen = await engine.generate(prompt, params)
+            finished.append(name)
+            return gen
+
+        first = asyncio.create_task(run("long", long_prompt, SamplingParams(60, seed=1)))
+        while engine.steps_run == steps_before:  # the long one is decoding
+            await asyncio.sleep(0.001)
+        short = await run("short", short_prompt, SamplingParams(4, seed=5))
+        assert engine.running == 1  # the short one left; the long one runs on
+        assert short.token_ids == alone.token_ids  # joining mid-batch changed nothing
+        await first
+
+    steps_before = engine.steps_run
+    asyncio.run(main())
+    assert finished == ["short", "long"]
+    # the short request's 3 decoding steps were shared with the long one's 59
+    assert engine.steps_run - steps_before == 59
+
+
+def test_max_batch_and_kv_tokens_cap_the_running_requests(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("x"), fmt.encode("print(1)")]
+    params = [SamplingParams(6, seed=i) for i in range(3)]
+    free = asyncio.run(_many(engine, prompts, params))
+    reserve = max(len(p) for p in prompts) + 6
+    for capped in (
+        TransformersEngine(engine.model, fmt.tokenizer, set(), max_batch=1),
+        TransformersEngine(engine.model, fmt.tokenizer, set(), max_kv_tokens=reserve),
+    ):
+        gens = asyncio.run(_many(capped, prompts, params))
+        assert capped.prefills_run == 3 and capped.steps_run == 3 * 5  # one after the other
+        assert [g.token_ids for g in gens] == [g.token_ids for g in free]
+
+
+def test_sampling_follows_temperature_and_top_p() -> None:
+    from codeloop.rollout.hf_engine import sample
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -8.0]]).repeat(4, 1)  # [4, 5]
+    params = [
+        SamplingParams(1, temperature=0.5, top_p=0.9),
+        SamplingParams(1, temperature=1.0),
+        SamplingParams(1, temperature=0),
+        SamplingParams(1, temperature=2.0, top_p=0.5),
+    ]
+    probs_t05 = torch.softmax(logits[0] / 0.5, -1)  # [0.865, 0.117, 0.016, 0.002, ~0]
+    probs_t1 = torch.softmax(logits[0], -1)  # [0.644, 0.237, 0.087, 0.032, ~0]
+    generators = [torch.Generator().manual_seed(i) for i in range(4)]
+    counts = torch.zeros(4, 5)
+    n = 4000
+    for _ in range(n):
+        tokens, logprobs = sample(logits, params, generators)
+        counts[torch.arange(4), tokens] += 1
+        # logprobs are under softmax(logits / T) before top-p; greedy's are the raw ones
+        expected = [
+            probs_t05.log()[tokens[0]],
+            probs_t1.log()[tokens[1]],
+            probs_t1.log()[tokens[2]],
+            torch.log_softmax(logits[3] / 2, -1)[tokens[3]],
+        ]
+        assert logprobs.tolist() == pytest.approx([float(e) for e in expected], abs=1e-5)
+    # T=0.5, top-p 0.9: tokens 0 and 1 (0.865 < 0.9, so the second is kept), renormalised
+    kept = probs_t05[:2] / probs_t05[:2].sum()
+    assert counts[0, :2] / n == pytest.approx(kept.tolist(), abs=0.02) and counts[0, 2:].sum() == 0
+    assert counts[1] / n == pytest.approx(probs_t1.tolist(), abs=0.02)  # no top-p: all of them
+    assert counts[2, 0] == n  # greedy
+    # T=2: [0.454, 0.275, 0.167, ...]; 0.454 <= 0.5 precedes the second, so top-p keeps two
+    probs_t2 = torch.softmax(logits[3] / 2, -1)[:2]
+    assert counts[3, :2] / n == pytest.approx((probs_t2 / probs_t2.sum()).tolist(), abs=0.02)
+    assert counts[3, 2:].sum() == 0

@@ -176,3 +176,37 @@ def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
     assert posted == [("/collective_rpc", {"method": "reload_weights"}),
                       ("/update_weights_from_disk", {"model_path": str(served)})]  # fmt: skip
     assert str(served) in message
+
+
+def test_metrics_follow_the_running_requests(served: tuple[str, Path], fmt: PromptFormat) -> None:
+    url, _ = served
+    prompt = fmt.prompt_ids("What is 2 + 3?")
+    reserve = len(prompt) + 300  # what a running request holds in KV-cache tokens
+
+    def read() -> dict[str, str]:
+        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        return dict(line.split() for line in text.splitlines())
+
+    async def main() -> list[dict[str, str]]:
+        engine = OpenAIEngine(url)
+        try:
+            calls = [engine.generate(prompt, SamplingParams(300, seed=s)) for s in range(2)]
+            running = asyncio.gather(*calls)
+            seen = []
+            while not running.done():
+                seen.append(await asyncio.to_thread(read))
+                await asyncio.sleep(0.005)
+            await running
+            return seen
+        finally:
+            await engine.close()
+
+    seen = asyncio.run(main())
+    busy = [g for g in seen if g["codeloop_engine_requests_running"] != "0"]
+    assert busy  # the metrics were read while the requests decoded
+    for gauges in seen:
+        running = int(gauges["codeloop_engine_requests_running"])
+        assert int(gauges["codeloop_engine_kv_cache_tokens"]) == running * reserve
+        usage = float(gauges["codeloop_engine_kv_cache_usage"])
+        assert usage == pytest.approx(running * reserve / 1000, abs=1e-6)  # --kv-capacity 1000
+    assert read()["codeloop_engine_requests_running"] == "0"
