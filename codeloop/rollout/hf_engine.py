@@ -8,12 +8,12 @@ the moment it stops, and its slot and KV memory go to the next request; a trajec
 `max_batch` running requests and by `max_kv_tokens`: a request reserves its prompt plus its
 `max_tokens` (as the kv_aware scheduler does), so a running request is never preempted.
 
-The cache is transformers' own `DynamicCache`, laid out left-padded: every row appends at the
-same column, a joining row is padded on the left to the batch's width (or the batch to its), a
-leaving row is cut out, and columns no row uses any more are dropped. Positions are per row,
-so padding changes no result beyond floating-point noise. transformers' continuous-batching
-manager (`generate_batch`, paged attention) measured at half of `generate`'s speed on this CPU
-for 16 requests (issue 15), which is why this is hand-written.
+The batch's KV cache is transformers' own `DynamicCache`, left-padded (`kv_batch.py`). A
+finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently used
+first), so a trajectory's next turn and the other samples of a prompt prefill only their new
+tokens; identical prompts in one prefill are computed once; new weights empty it.
+transformers' continuous-batching manager (`generate_batch`, paged attention) measured at half
+of `generate`'s speed on this CPU for 16 requests (issue 15), which is why this is hand-written.
 
 Sampling is vectorised over the batch: the logprob returned for a token is under
 softmax(logits / temperature), before top-p (the trainer must score with the same temperature);
@@ -32,12 +32,13 @@ import inspect
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache
 
 from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.kv_batch import KVBatch, PrefixCache
 
 STOP_TAIL_TOKENS = 16  # a stop string must fit in the decoded last tokens
 
@@ -61,7 +62,7 @@ class TransformersEngine:
     """`Engine` over a `transformers` model; see the module docstring."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
-                 max_batch: int = 32, max_kv_tokens: int = 0,
+                 max_batch: int = 32, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
                  batch_window_ms: float = 5.0) -> None:  # fmt: skip
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -73,7 +74,8 @@ class TransformersEngine:
         self.steps_run = self.prefills_run = 0
         self._queue: list[_Request] = []
         self._running: list[_Request] = []
-        self._batch: _Batch | None = None
+        self._batch: KVBatch | None = None
+        self.prefixes = PrefixCache(prefix_cache_tokens)
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
         self._default_generator = torch.Generator().manual_seed(0)
@@ -139,8 +141,10 @@ class TransformersEngine:
         return joining
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy new weights into the model in place (between steps)."""
+        """Copy new weights into the model in place (between steps); cached prefixes are
+        dropped (their KV came from the old weights)."""
         with self._weights_lock, torch.no_grad():
+            self.prefixes.clear()
             targets = self.model.state_dict()  # tied weights appear under each of their names
             for name, tensor in state_dict.items():
                 if name not in targets:
@@ -155,7 +159,9 @@ class TransformersEngine:
             device = next(self.model.parameters()).device
             if joining:
                 self.prefills_run += 1
-                batch, logits = _Batch.prefill(self._forward, joining, self.pad_id, device)
+                prompts = [r.prompt_ids for r in joining]
+                batch, logits = KVBatch.prefill(self._forward, prompts, self.prefixes,
+                                                self.pad_id, device)  # fmt: skip
                 finished = self._sample_and_retire(joining, batch, logits)
                 if len(finished) < len(joining):
                     self._batch = batch if self._batch is None else self._batch.merge(batch)
@@ -179,9 +185,10 @@ class TransformersEngine:
         logits: torch.Tensor = output.logits[:, -1, :].float()
         return logits
 
-    def _sample_and_retire(self, rows: list[_Request], batch: _Batch, logits: torch.Tensor
+    def _sample_and_retire(self, rows: list[_Request], batch: KVBatch, logits: torch.Tensor
                            ) -> list[_Request]:  # fmt: skip
-        """Sample a token for each row of `batch`, record it, and cut finished rows out."""
+        """Sample a token for each row of `batch`, record it, and cut finished rows out (their
+        KV goes to the prefix cache: the prompt and every sampled token but the last)."""
         tokens, logprobs = sample(logits, [r.params for r in rows], [r.generator for r in rows])
         for request, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             request.out_ids.append(token)
@@ -189,6 +196,11 @@ class TransformersEngine:
             request.finish = self._finished(request.out_ids, request.params)
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) < len(rows):
+            if self.prefixes.max_tokens:
+                for i, request in enumerate(rows):
+                    if request.finish is not None:
+                        ids = (*request.prompt_ids, *request.out_ids[:-1])
+                        self.prefixes.store(ids, batch.row_kv(i))
             batch.select(keep)
         return [r for r in rows if r.finish is not None]
 
@@ -209,76 +221,6 @@ def finish_reason(tokenizer: Any, stop_token_ids: set[int], generated: list[int]
         if any(stop in tail for stop in params.stop):
             return "stop"
     return "length" if len(generated) >= params.max_tokens else None
-
-
-class _Forward(Protocol):
-    def __call__(self, cache: DynamicCache, **inputs: torch.Tensor) -> torch.Tensor: ...
-
-
-class _Batch:
-    """The running rows' KV cache, left-padded: `mask` [B, W] marks real tokens, `lengths` [B]
-    counts them (the next position of each row)."""
-
-    def __init__(self, cache: DynamicCache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
-        self.cache, self.mask, self.lengths = cache, mask, lengths
-
-    @classmethod
-    def prefill(cls, forward: _Forward, rows: list[_Request], pad_id: int, device: torch.device
-                ) -> tuple[_Batch, torch.Tensor]:  # fmt: skip
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, W]
-        mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, W]
-        for row, request in enumerate(rows):
-            ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-            mask[row, width - len(request.prompt_ids) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = forward(cache, input_ids=ids, attention_mask=mask, position_ids=positions)
-        return cls(cache, mask, mask.sum(-1)), logits
-
-    def decode(self, forward: _Forward, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row ([B]); the next-token logits [B, V]."""
-        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
-        logits = forward(self.cache, input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                         position_ids=self.lengths.unsqueeze(-1))  # fmt: skip
-        self.lengths = self.lengths + 1
-        return logits
-
-    def select(self, rows: list[int]) -> None:
-        """Keep these rows, and drop the columns no kept row uses."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        self.mask, self.lengths = self.mask[index], self.lengths[index]
-        drop = self.mask.shape[1] - int(self.lengths.max()) if rows else 0
-        for layer in _layers(self.cache):
-            layer.keys, layer.values = layer.keys[index, :, drop:], layer.values[index, :, drop:]
-        self.mask = self.mask[:, drop:]
-
-    def merge(self, other: _Batch) -> _Batch:
-        """This batch's rows, then `other`'s, padded on the left to one width."""
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
-            mine.values = torch.cat(
-                [_pad_left(mine.values, width), _pad_left(theirs.values, width)]
-            )
-        self.mask = torch.cat([_pad_left(self.mask, width, -1), _pad_left(other.mask, width, -1)])
-        self.lengths = torch.cat([self.lengths, other.lengths])
-        return self
-
-
-def _layers(cache: DynamicCache) -> list[Any]:
-    """The cache's per-layer `keys` / `values` tensors [B, heads, W, head_dim]."""
-    return list(cache.layers)
-
-
-def _pad_left(tensor: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]

@@ -248,3 +248,81 @@ def test_sampling_follows_temperature_and_top_p() -> None:
     probs_t2 = torch.softmax(logits[3] / 2, -1)[:2]
     assert counts[3, :2] / n == pytest.approx((probs_t2 / probs_t2.sum()).tolist(), abs=0.02)
     assert counts[3, 2:].sum() == 0
+
+
+def test_a_next_turn_reuses_the_finished_turns_kv(engine: TransformersEngine,
+                                                  fmt: PromptFormat) -> None:  # fmt: skip
+    fresh = TransformersEngine(
+        engine.model, fmt.tokenizer, engine.stop_token_ids, prefix_cache_tokens=0
+    )
+    prompt = fmt.encode("What is 2 + 3?")
+    first = asyncio.run(engine.generate(prompt, SamplingParams(8, temperature=0.8, seed=3)))
+    observation = fmt.encode("print(5)\nx")  # what a tool response would add
+    follow = prompt + first.token_ids + observation
+    before = engine.prefixes.reused_tokens
+    params = SamplingParams(10, temperature=0.8, seed=4)
+    second = asyncio.run(engine.generate(follow, params))
+    # the prompt and 7 sampled tokens were in the cache (the 8th was never fed)
+    assert engine.prefixes.reused_tokens - before == len(prompt) + 7
+    assert second.logprobs == pytest.approx(_recompute(engine, follow, second, 0.8), abs=1e-4)
+    assert second.token_ids == asyncio.run(fresh.generate(follow, params)).token_ids
+    assert fresh.prefixes.reused_tokens == 0  # disabled
+    engine.update_weights({})  # new weights: nothing cached is valid any more
+    assert engine.prefixes.tokens == 0
+
+
+def test_identical_prompts_are_prefilled_once_and_sampled_apart(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    prompt = fmt.encode("def f(n): return n ** 2")
+    params = [SamplingParams(6, temperature=1.0, seed=s) for s in range(3)]
+    gens = asyncio.run(_many(engine, [prompt] * 3, params))
+    assert len({tuple(g.token_ids) for g in gens}) > 1  # three samples, not one copied
+    for gen, p in zip(gens, params, strict=True):
+        assert gen.logprobs == pytest.approx(_recompute(engine, prompt, gen, 1.0), abs=1e-4)
+        alone = TransformersEngine(
+            engine.model, fmt.tokenizer, engine.stop_token_ids, prefix_cache_tokens=0
+        )
+        assert asyncio.run(alone.generate(prompt, p)).token_ids == gen.token_ids
+
+
+def test_the_prefix_cache_keeps_the_longest_entries_within_its_budget() -> None:
+    from codeloop.rollout.kv_batch import PrefixCache
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.full((1, n, 2), float(n)), torch.zeros(1, n, 2))]
+
+    cache = PrefixCache(max_tokens=10)
+    cache.store((1, 2, 3), kv(3))
+    cache.store((1, 2, 3, 4, 5), kv(5))  # supersedes its prefix (1, 2, 3)
+    assert cache.tokens == 5
+    n, entry = cache.lookup([1, 2, 3, 4, 9, 9])
+    assert n == 4 and entry is not None and entry.ids == (1, 2, 3, 4, 5)
+    assert cache.lookup([1, 2, 3, 4, 5])[0] == 4  # the last prompt token is always computed
+    assert cache.lookup([7, 1, 2])[0] == 0
+    cache.store((7, 7, 7, 7), kv(4))
+    cache.store((8, 8, 8), kv(3))  # 12 tokens > 10: the least recently used entry goes
+    assert cache.tokens == 7 and cache.lookup([1, 2, 3])[0] == 0
+    assert cache.lookup([7, 7, 7, 7, 1])[0] == 4
+    cache.store(tuple(range(11)), kv(11))  # larger than the whole budget: not kept
+    assert cache.tokens == 7
+
+
+def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine,
+                                                      fmt: PromptFormat) -> None:  # fmt: skip
+    from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN
+
+    system = fmt.encode("Solve the problem step by step. print(sum(range(10)))\n" * 4)
+    assert len(system) > SHARED_PREFIX_MIN
+    prompts = [system + fmt.encode(q) for q in ("What is 2 + 3?", "x = [i * i]", "def f(n):")]
+    params = [SamplingParams(6, temperature=0.7, seed=s) for s in range(3)]
+    engine.update_weights({})  # an empty prefix cache
+    before = engine.prefixes.reused_tokens
+    gens = asyncio.run(_many(engine, prompts, params))
+    assert engine.prefixes.reused_tokens - before == 3 * len(system)
+    alone = TransformersEngine(engine.model, fmt.tokenizer, engine.stop_token_ids,
+                               prefix_cache_tokens=0)  # fmt: skip
+    expected = asyncio.run(_many(alone, prompts, params))
+    for prompt, gen, reference in zip(prompts, gens, expected, strict=True):
+        assert gen.token_ids == reference.token_ids
+        assert gen.logprobs == pytest.approx(_recompute(engine, prompt, gen, 0.7), abs=1e-4)
