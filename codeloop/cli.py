@@ -413,10 +413,10 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     real.add_argument("--config", default="configs/gsm8k_smollm2.toml")
     for name, default, help_text in (
         ("dev", 500, "problems held out of GSM8K's training split as the development split"),
-        ("eval-problems", 300, "development problems scored after SFT and after each stage"),
+        ("eval-problems", 100, "development problems scored after SFT and after each stage"),
         ("eval-samples", 4, "samples per scored problem"),
-        ("sft-problems", 2000, "training problems whose solutions become SFT conversations"),
-        ("rl-problems", 256, "training problems (after the SFT ones) the RL stages draw from"),
+        ("sft-problems", 320, "training problems whose solutions become SFT conversations"),
+        ("rl-problems", 64, "training problems (after the SFT ones) the RL stages draw from"),
     ):
         real.add_argument(f"--{name}", type=int, default=default, help=help_text)
     real.set_defaults(run=_real)

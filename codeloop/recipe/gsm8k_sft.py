@@ -1,9 +1,10 @@
 """Non-reasoning SFT conversations from GSM8K's worked solutions (the report's stage 0, on GSM8K).
 
 As in the report, SFT teaches the format and the tool, not reasoning. A solution's calculator
-annotations (`48/2 = <<48/2=24>>24`) become one code cell: each sentence that computes becomes a
-comment (annotations removed) over its computations, `x1 = 48/2`, and the cell prints the last
-variable whose annotated result is the `####` answer. The cell runs in the real sandbox, and the
+annotations (`48/2 = <<48/2=24>>24`) become one code cell, a line per computation (`x1 = 48/2`),
+and the cell prints the last variable whose annotated result is the `####` answer. The
+sentences are left out: on a CPU every token costs (a conversation is ~250 tokens without them
+and ~390 with them), and the report's SFT teaches the tool, not reasoning. The cell runs in the real sandbox, and the
 tool response is what the rollout would show (`format_observation`); a conversation is kept only
 when the printed value equals the answer, so every demonstration is right by construction.
 A share (`error_share`) first calls the cell printing a name that does not exist, gets the
@@ -42,17 +43,11 @@ class Built:
 def code_cell(solution: str, answer: str) -> str | None:
     """The solution's computations as Python printing the answer, or None when no annotated
     result equals the answer."""
-    lines, printed, n = [], "", 0
-    for sentence in solution.splitlines():
-        computations = ANNOTATION.findall(sentence)
-        if not computations:
-            continue
-        lines.append("# " + ANNOTATION.sub("", sentence).strip())
-        for expression, result in computations:
-            n += 1
-            lines.append(f"x{n} = {expression.strip()}")
-            if _same_number(result, answer):
-                printed = f"x{n}"
+    lines, printed = [], ""
+    for n, (expression, result) in enumerate(ANNOTATION.findall(solution), 1):
+        lines.append(f"x{n} = {expression.strip()}")
+        if _same_number(result, answer):
+            printed = f"x{n}"
     if not printed:
         return None
     return "\n".join([*lines, f"print({printed})"])

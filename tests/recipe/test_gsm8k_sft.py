@@ -16,16 +16,10 @@ CLIPS = (
 
 
 def test_the_annotations_become_a_cell_that_prints_the_answer() -> None:
-    assert code_cell(CLIPS, "72") == (
-        "# Natalia sold 48/2 = 24 clips in May.\n"
-        "x1 = 48/2\n"
-        "# Natalia sold 48+24 = 72 clips altogether in April and May.\n"
-        "x2 = 48+24\n"
-        "print(x2)"
-    )
+    assert code_cell(CLIPS, "72") == "x1 = 48/2\nx2 = 48+24\nprint(x2)"
     # the answer is an earlier result: that one is printed; no result equal to it: no cell
     assert code_cell("A = <<3*4=12>>12, B = <<12+1,000=1,012>>1,012", "12").endswith("print(x1)")
-    assert code_cell("B = <<2+1,000=1,002>>1,002", "1002") == "# B = 1,002\nx1 = 2+1,000\nprint(x1)"
+    assert code_cell("B = <<2+1000=1,002>>1,002", "1002") == "x1 = 2+1000\nprint(x1)"
     assert code_cell(CLIPS, "73") is None
     assert code_cell("No computation here.", "5") is None
 
