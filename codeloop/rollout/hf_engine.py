@@ -62,7 +62,7 @@ class TransformersEngine:
     """`Engine` over a `transformers` model; see the module docstring."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
-                 max_batch: int = 32, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
+                 max_batch: int = 64, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
                  batch_window_ms: float = 5.0) -> None:  # fmt: skip
         self.model = model.eval()
         self.tokenizer = tokenizer
