@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from codeloop.config import Config, load_config
+from codeloop.config import Config, RolloutConfig, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
 from codeloop.eval.passrate import policy_metrics, sample_and_score
 from codeloop.recipe import gsm8k_sft
@@ -89,7 +89,7 @@ async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools
     return {**policy_metrics(groups), **tool_metrics(groups)}
 
 
-def eval_rollout(cfg: Config) -> Any:
+def eval_rollout(cfg: Config) -> RolloutConfig:
     """The rollout settings with the `[eval]` section's sampling and budgets."""
     rollout = copy.deepcopy(cfg.rollout)
     rollout.temperature, rollout.top_p = cfg.eval.temperature, cfg.eval.top_p
