@@ -46,6 +46,8 @@ from codeloop.trainer.model import load_policy
 from codeloop.trainer.sft import train_sft
 from codeloop.types import ExecStatus, Trajectory
 
+EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -81,8 +83,10 @@ async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools
                    cfg: Config, samples: int) -> dict[str, float]:  # fmt: skip
     """Development-split metrics of `model` at the `[eval]` sampling settings."""
     rollout = eval_rollout(cfg)
+    # The reservation cap bounds the batch's KV memory: unbounded, 64 rows of up to 1,200
+    # tokens, left-padded, grew a SmolLM2 evaluation past 19 GB on this machine.
     engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                max_batch=64)  # fmt: skip
+                                max_batch=64, max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
     with Verifier(cfg.reward) as verifier:
         groups = await sample_and_score(engine, tools, fmt, problems, samples, rollout, verifier,
                                         cfg.trainer.seed)  # fmt: skip
