@@ -1,8 +1,9 @@
 """Final-answer extraction from the assistant's own text. Pure functions, no I/O.
 
-The answer is the last `\\boxed{...}` (or `\\fbox{...}`) inside the final `<answer>...</answer>`
-block, with brace matching. Tool output never counts: `<tool_response>` blocks are removed
-before anything is searched, so a boxed value printed by code cannot become the answer.
+The answer is the `\\boxed{...}` (or `\\fbox{...}`) inside the final `<answer>...</answer>`
+block, with brace matching; several distinct boxed values there are one list `a, b`. Tool
+output never counts: `<tool_response>` blocks are removed before anything is searched, so a
+boxed value printed by code cannot become the answer.
 Optional fallbacks (off by default, as in the report): the last boxed value anywhere in the
 assistant's text, and "the answer is ..." phrases. A missing or malformed answer is a reason
 code, never an exception.
@@ -58,21 +59,48 @@ def _braced(text: str, start: int) -> tuple[str | None, int]:
     return None, len(text)
 
 
+def _boxes(text: str) -> list[Extraction]:
+    """Every top-level `\\boxed{...}` / `\\fbox{...}` of `text` in order (`\\boxed 7` too)."""
+    found, position = [], 0
+    while (match := _BOX.search(text, position)) is not None:
+        end = match.end()
+        if end < len(text) and text[end] == "{":
+            content, position = _braced(text, end)
+            if content is None:
+                found.append(Extraction(None, Reason.UNBALANCED_BRACES))
+                break
+        else:  # `\boxed 42`: the next token
+            token = re.match(r"[^\s$<]+", text[end:])
+            content, position = (token.group(0) if token else ""), end
+        content = content.strip()
+        found.append(
+            Extraction(content, Reason.OK) if content else Extraction(None, Reason.EMPTY_BOXED)
+        )
+    return found
+
+
+def boxed_values(text: str) -> list[str]:
+    """The contents of the top-level boxed values of `text`, in order (empty ones left out)."""
+    return [box.answer for box in _boxes(text) if box.answer is not None]
+
+
 def last_boxed(text: str) -> Extraction:
-    """The last `\\boxed{...}` / `\\fbox{...}` of `text` (`\\boxed 7` without braces too)."""
-    matches = list(_BOX.finditer(text))
-    if not matches:
+    """The last top-level `\\boxed{...}` / `\\fbox{...}` of `text`."""
+    boxes = _boxes(text)
+    return boxes[-1] if boxes else Extraction(None, Reason.NO_BOXED)
+
+
+def all_boxed(text: str) -> Extraction:
+    """The boxed answer of an answer block: several distinct boxed values are one list `a, b`
+    (a hedge is then a list, which never equals a single-valued gold)."""
+    boxes = _boxes(text)
+    if not boxes:
         return Extraction(None, Reason.NO_BOXED)
-    end = matches[-1].end()
-    if end < len(text) and text[end] == "{":
-        content, _ = _braced(text, end)
-        if content is None:
-            return Extraction(None, Reason.UNBALANCED_BRACES)
-    else:  # `\boxed 42`: the next token
-        token = re.match(r"[^\s$<]+", text[end:])
-        content = token.group(0) if token else ""
-    content = content.strip()
-    return Extraction(content, Reason.OK) if content else Extraction(None, Reason.EMPTY_BOXED)
+    bad = [box for box in boxes if box.answer is None]
+    if bad:
+        return bad[-1]
+    values = list(dict.fromkeys(box.answer for box in boxes if box.answer is not None))
+    return Extraction(", ".join(values), Reason.OK)
 
 
 def _final_answer_block(text: str) -> tuple[str | None, Reason]:
@@ -92,7 +120,7 @@ def extract_answer(
     text = strip_tool_output(assistant_text)
     block, reason = _final_answer_block(text)
     if block is not None:
-        found = last_boxed(block)
+        found = all_boxed(block)
         if found.answer is not None or found.reason != Reason.NO_BOXED:
             return found
         reason = Reason.NO_BOXED

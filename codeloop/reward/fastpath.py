@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from codeloop.reward.forms import other_readings, percent_for_integer
 from codeloop.reward.integer import parse_simple
 from codeloop.reward.symbolic import normalise
 
@@ -71,7 +72,23 @@ def _unassigned(pred: str, gold: str) -> tuple[str, str] | None:
 
 
 def fast_check(pred: str, gold: str) -> bool | None:
-    """The verdict when the cheap rules decide it; None sends the pair to the workers."""
+    """The verdict when the cheap rules decide it; None sends the pair to the workers.
+    Right when any reading of the pair (`forms.other_readings`: percent, decimal comma) is."""
+    if percent_for_integer(pred, gold):
+        return False
+    verdict = _decide(pred, gold)
+    if verdict is True:
+        return True
+    for other_pred, other_gold in other_readings(pred, gold):
+        other = _decide(other_pred, other_gold)
+        if other is True:
+            return True
+        if other is None:
+            verdict = None
+    return verdict
+
+
+def _decide(pred: str, gold: str) -> bool | None:
     gold_value = parse_simple(gold)
     if gold_value is not None:
         pred_value = parse_simple(pred)

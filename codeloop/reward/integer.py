@@ -3,11 +3,13 @@ two, exactly.
 
 Accepted spellings of 1000: `1000`, `1,000`, `1{,}000`, `1\\,000`, `1 000`, `1000.0`, `+1000`,
 `01000`, `$1000$`, `\\text{1000}`, `1000^\\circ`, `1000°`, `1000\\%`, `1000 \\text{ cm}`,
-`1000 dollars`. There is no tolerance and no percentage rule: `2500`, `0.25` and `25.1` are not
-25 (the released rStar2-Agent grader accepts the first two and `103.99` for 104). Thousands
-separators must group digits by three (`1,00` is not an integer). A decimal is read exactly
-(`0.25` is 1/4, never a float). Anything else — fractions, expressions, scientific notation —
-is not parsed here (`None`); the symbolic path decides.
+`1000 dollars`, `USD 1000`, `1000 \\text{ m}^2`, `1000 km/h`. There is no tolerance: `2500`, `0.25`
+and `25.1` are not 25 (the released rStar2-Agent grader accepts the first two and `103.99` for
+104). A percent sign divides by 100: `25\\%` is 1/4, so it is not 25 (the caller accepts it when
+the gold itself carries the percent sign). Thousands separators must group digits by three with
+no space (`1,00` and `32, 349` are not integers). A decimal is read exactly (`0.25` is 1/4, never
+a float); `1.5e3` is scientific notation. Anything else — fractions, expressions — is not parsed
+here (`None`); the symbolic path decides.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ _NUMBER = re.compile(
     r"(?P<rest>.*)",
     re.DOTALL,
 )
-_UNIT_WORDS = re.compile(r"[A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*")
+_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|(?:USD|EUR|GBP|INR|Rs\.?)\s)\s*")
+_PERCENT = re.compile(r"\s*\\?%$")
+_EXPONENT = re.compile(r"[eE](?P<exp>[+-]?\d+)$")
+# Words of two letters or more, or one SI letter after a space; powers and one division allowed.
+_UNIT = r"(?:[A-Za-z]{2,}|(?<=[ /])[mgsLhKVWJNA])(?:\^\{?[23]\}?)?"
+_UNIT_WORDS = re.compile(rf"\s*{_UNIT}(?:\s*/\s*{_UNIT}|\s+{_UNIT})*\s*")
 
 
 def _normalise(text: str) -> str:
@@ -34,7 +41,6 @@ def _normalise(text: str) -> str:
         text = _WRAPPERS.sub(r"\1", text)
     text = _SPACES.sub(" ", text)
     text = _DEGREES.sub("", text)
-    text = text.replace("\\%", "").replace("%", "").replace("\\$", "")
     return " ".join(text.split())
 
 
@@ -42,15 +48,21 @@ def parse_number(answer: str) -> Fraction | None:
     """The exact value `answer` spells when it is a plain number, else None."""
     if answer.isdecimal() and answer.isascii():  # the common case, ~5x faster
         return Fraction(int(answer))
-    match = _NUMBER.fullmatch(_normalise(answer))
+    text = _normalise(answer)
+    percent = _PERCENT.search(text)
+    text = _CURRENCY.sub("", text[: percent.start()] if percent else text)
+    match = _NUMBER.fullmatch(text)
     if match is None:
         return None
-    rest = match["rest"].strip()
-    if rest and not _UNIT_WORDS.fullmatch(rest):
-        return None  # 12x, 5/2, 3e4, 2\sqrt{3}: not a plain number
+    rest, scale = match["rest"].strip(), Fraction(1, 100) if percent else Fraction(1)
+    exponent = _EXPONENT.fullmatch(rest)
+    if exponent and not percent and abs(int(exponent["exp"])) <= 400:
+        rest, scale = "", Fraction(10) ** int(exponent["exp"])
+    elif rest and (percent or not _UNIT_WORDS.fullmatch(match["rest"])):
+        return None  # 12x, 5/2, 2\sqrt{3}: not a plain number
     decimals = match["frac"] or ""
     value = Fraction(int(re.sub(r"\D", "", match["int"]) + decimals), 10 ** len(decimals))
-    return -value if match["sign"] == "-" else value
+    return (-value if match["sign"] == "-" else value) * scale
 
 
 def parse_integer(answer: str) -> int | None:

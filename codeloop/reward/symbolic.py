@@ -17,18 +17,23 @@ Order rules (math-verify's): `\\{a, b\\}` and a bare list `a, b` (several answer
 unordered; a tuple `(a, b)` is ordered; `(a, b)` and `[a, b)` are also read as intervals, whose
 ends must match exactly, open or closed; an inequality equals the interval it describes
 (`x \\le 3` is `(-\\infty, 3]`). `x = 5` equals `5`, but `x = 5` does not equal `y = 5`.
-A percent sign is dropped, as on the integer path: `50\\%` is 50, not `\\frac12`. Repeating
-decimals (`0.\\overline{3}`) are not understood.
+A percent sign divides by 100, as on the integer path: `50\\%` is `\\frac12`, not 50 (but a
+gold written `50\\%` accepts a bare 50: `forms.other_readings`). Before all this, the families
+of `forms.py` (matrices, relations, plain-text math, function names, several boxed answers)
+are brought to one form. Repeating decimals (`0.\\overline{3}`) are not understood.
 """
 
 from __future__ import annotations
 
 import re
 
+from codeloop.reward import forms
+
 _DOLLARS = re.compile(r"^\$+|\$+$")
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])|\\displaystyle")
 _FRAC_STYLE = re.compile(r"\\[dt]frac")
-_SPACING = re.compile(r"\\[,!;: ]|\\quad|\\qquad|~")
+_SPACING = re.compile(r"(?<!\\)\\[,!;: ]|\\quad|\\qquad|~")
+_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ |\u2009|\u202f)(?=\d{3}(?!\d))")
 _WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
 _DECIMAL = re.compile(r"(?<![\d.])(\d*)\.(\d+)(?![\d.])")
@@ -36,17 +41,21 @@ _PLUS_MINUS = re.compile(r"\\pm|\\mp|±|∓")
 
 
 def normalise(answer: str) -> str:
-    """A canonical surface form of a LaTeX answer, for the string-match check."""
+    """A canonical surface form of a LaTeX answer, for the string-match check. A comma is
+    followed by one space: a thousands separator is gone by then, so a comma separates."""
     text = _DOLLARS.sub("", answer.strip()).strip()
     text = _DIGIT_GROUP.sub("", text)
+    if _GROUPED.fullmatch(text):
+        text = text.replace(",", "")
     text = _SIZING.sub("", text)
     text = _FRAC_STYLE.sub(r"\\frac", text)
     text = _SPACING.sub(" ", text)
-    text = text.replace("\\%", "").replace("%", "").rstrip(".").strip()
+    text = re.sub(r"(?<!\\)%", r"\\%", text).rstrip(".").strip()
     whole = _WHOLE_TEXT.match(text)
     if whole:
         text = whole.group(1).strip()
-    return "".join(text.split())
+    text = forms.rewrite(text)
+    return "".join(text.split()).replace(",", ", ")
 
 
 def _exact_decimals(latex: str) -> str:
@@ -80,7 +89,15 @@ def _parsed(answer: str) -> list[object]:
 
 
 def equivalent(pred: str, gold: str) -> bool:
-    """Whether `pred` states the same answer as `gold` (see the module docstring)."""
+    """Whether `pred` states the same answer as `gold` (see the module docstring), in any of
+    the readings of `forms.other_readings` (percent, decimal comma)."""
+    if forms.percent_for_integer(pred, gold):
+        return False
+    pairs = [(pred, gold), *forms.other_readings(pred, gold)]
+    return any(_equivalent(other_pred, other_gold) for other_pred, other_gold in pairs)
+
+
+def _equivalent(pred: str, gold: str) -> bool:
     pred_form, gold_form = normalise(pred), normalise(gold)
     if not pred_form or not gold_form:
         return False

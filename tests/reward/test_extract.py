@@ -14,7 +14,9 @@ def _x(text: str, **kw: bool) -> tuple[str | None, Reason]:
         ("<answer>The answer is \\boxed{42}.</answer>", "42"),
         ("<answer>\\boxed{\\frac{1}{2}}</answer>", "\\frac{1}{2}"),
         ("<answer>\\boxed{\\left\\{1, 2\\right\\}}</answer>", "\\left\\{1, 2\\right\\}"),
-        ("<answer>first \\boxed{1} then \\boxed{2}</answer>", "2"),
+        ("<answer>first \\boxed{1} then \\boxed{2}</answer>", "1, 2"),  # a hedge is a list
+        ("<answer>\\boxed{(1, 2)}, \\boxed{(2, 1)}</answer>", "(1, 2), (2, 1)"),
+        ("<answer>\\boxed{70}, so \\boxed{70}</answer>", "70"),  # one value boxed twice
         ("<answer>\\fbox{7}</answer>", "7"),
         ("<answer>\\boxed 9</answer>", "9"),
         ("<answer>$\\boxed{ 3\\sqrt{2} }$</answer>", "3\\sqrt{2}"),
@@ -23,7 +25,7 @@ def _x(text: str, **kw: bool) -> tuple[str | None, Reason]:
         ("<answer>\\boxed{x^{2^{3}}}</answer>", "x^{2^{3}}"),
     ],
 )  # fmt: skip
-def test_the_last_boxed_value_of_the_final_answer_block(text: str, answer: str) -> None:
+def test_the_boxed_values_of_the_final_answer_block(text: str, answer: str) -> None:
     assert _x(text) == (answer, Reason.OK)
 
 

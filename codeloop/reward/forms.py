@@ -1,0 +1,147 @@
+"""Rewrites that bring the ways an answer is written to one form before it is compared.
+
+Each rewrite is one family of spellings; the README's reward section states the policies.
+- Several boxed answers inside one answer (`\\boxed{(1, 2)}, \\boxed{(2, 1)}`) -> the list
+  `(1, 2), (2, 1)`; the same value boxed twice is one answer.
+- Plain-text math, when the answer has no backslash: `pi/2`, `sqrt(17)`, `exp(16)`, `2**3`,
+  `-2*pi`, `2^(1/3)`, `inf`, `1.5e3` (scientific notation, not 1.5 times Euler's e^3) -> LaTeX.
+- Relations: `>=`, `≥`, `\\ge`, `\\geqslant` -> `\\geq`; `\\leq` and `\\neq` likewise.
+- Set-builder notation `\\{x \\mid P\\}` (or `:`, `|`) -> the condition P, which math-verify
+  reads as the interval it describes.
+- Matrices: `bmatrix`, `Bmatrix`, `matrix`, `smallmatrix` and `array` (its column spec dropped),
+  bracketed or not, -> `pmatrix`; a matrix of one row or one column, and `\\langle a, b
+  \\rangle`, -> the tuple `(a, b)`. `vmatrix` is a determinant and is left alone.
+- A function's name: `f(x) = x + 1` -> `x + 1`.
+
+Pure string work, no sympy: the fast path in the caller uses it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from codeloop.reward.extract import boxed_values
+from codeloop.reward.integer import parse_integer
+
+_MATRIX_BEGIN = re.compile(r"\\begin\{(?:[bB]?matrix|smallmatrix|array\}\{[^{}]*)\}")
+_MATRIX_END = re.compile(r"\\end\{(?:[bB]?matrix|smallmatrix|array)\}")
+_ONE_MATRIX = re.compile(r"^[(\[]?\s*\\begin\{pmatrix\}(.*?)\\end\{pmatrix\}\s*[)\]]?$", re.DOTALL)
+_RELATIONS = [
+    (re.compile(r">=|≥|\\geqslant|\\ge(?![a-zA-Z])"), r"\\geq "),
+    (re.compile(r"<=|≤|\\leqslant|\\le(?![a-zA-Z])"), r"\\leq "),
+    (re.compile(r"!=|≠|\\ne(?![a-zA-Z])"), r"\\neq "),
+]
+_SET_BUILDER = re.compile(
+    r"^\\\{\s*[A-Za-z](?:\s*\\in\s*\\mathbb\{R\})?\s*(?:\\mid|\||:|\\colon)\s*(.+?)\s*\\\}$",
+    re.DOTALL,
+)
+_FUNCTION_NAME = re.compile(
+    r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])*\s*\)\s*=(?!=)\s*"
+)
+_SCIENTIFIC = re.compile(r"(?<![A-Za-z\d.])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\d.])")
+_WORDS = [
+    (re.compile(r"\bpi\b"), r"\\pi "),
+    (re.compile(r"\b(?:infinity|inf|oo)\b"), r"\\infty "),
+]
+
+
+def _replace_calls(text: str, name: str, render: Callable[[str], str]) -> str:
+    """Every `name(...)` in `text` (parentheses matched) replaced by `render(argument)`."""
+    guard = "(?<![A-Za-z])" if name.isalpha() else ""
+    pattern = re.compile(rf"{guard}{re.escape(name)}\s*\(")
+    while (match := pattern.search(text)) is not None:
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        if depth:
+            return text  # unbalanced: leave it to the parser
+        text = text[: match.start()] + render(text[match.end() : end - 1]) + text[end:]
+    return text
+
+
+def plain_to_latex(text: str) -> str:
+    """LaTeX for an answer written as a program would (`pi/2`, `sqrt(17)`, `2**3`)."""
+    if "\\" in text or not re.search(r"[a-z*^]", text):
+        return text
+    text = _SCIENTIFIC.sub(r"\1\\times 10^{\2}", text.replace("**", "^"))
+    text = _replace_calls(text, "sqrt", lambda arg: f"\\sqrt{{{arg}}}")
+    text = _replace_calls(text, "exp", lambda arg: f"e^{{{arg}}}")
+    text = _replace_calls(text, "^", lambda arg: f"^{{{arg}}}")
+    for pattern, latex in _WORDS:
+        text = pattern.sub(latex, text)
+    return text.replace("*", "\\cdot ")
+
+
+def _vector(body: str) -> str | None:
+    """`(a, b)` for a matrix body of one row or one column, else None."""
+    rows = [row.strip() for row in re.split(r"\\\\", body) if row.strip()]
+    cells = [[cell.strip() for cell in row.split("&")] for row in rows]
+    if len(cells) == 1:
+        entries = cells[0]
+    elif all(len(row) == 1 for row in cells):
+        entries = [row[0] for row in cells]
+    else:
+        return None
+    return entries[0] if len(entries) == 1 else f"({', '.join(entries)})"
+
+
+def matrices(text: str) -> str:
+    """One matrix notation (`pmatrix`), and vectors as tuples."""
+    text = text.replace("\\langle", "(").replace("\\rangle", ")")
+    if "\\begin" not in text:
+        return text
+    text = _MATRIX_END.sub(r"\\end{pmatrix}", _MATRIX_BEGIN.sub(r"\\begin{pmatrix}", text))
+    whole = _ONE_MATRIX.match(text.strip())
+    if whole is None or "\\begin" in whole[1]:
+        return text
+    vector = _vector(whole[1])
+    return vector if vector is not None else f"\\begin{{pmatrix}}{whole[1]}\\end{{pmatrix}}"
+
+
+def relations(text: str) -> str:
+    """`\\geq`, `\\leq`, `\\neq` for every spelling of them; a set-builder as its condition."""
+    for pattern, latex in _RELATIONS:
+        text = pattern.sub(latex, text)
+    builder = _SET_BUILDER.match(text.strip())
+    return builder[1] if builder else text
+
+
+def rewrite(answer: str) -> str:
+    """The answer with every family above brought to its one form."""
+    if "\\boxed" in answer or "\\fbox" in answer:
+        parts = list(dict.fromkeys(boxed_values(answer)))
+        if parts:
+            answer = ", ".join(parts)
+    answer = plain_to_latex(answer)
+    answer = _FUNCTION_NAME.sub("", answer)
+    return relations(matrices(answer))
+
+
+_PERCENT_SIGN = re.compile(r"\\?%")
+_DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d{1,2}|\d{4,})")
+_DECIMAL_GOLD = re.compile(r"\$?[+-]?\d*\.\d+\$?")
+
+
+def percent_for_integer(pred: str, gold: str) -> bool:
+    """A percentage given for a gold that is a plain integer: wrong, whatever its value
+    (`25\\%` and `2500\\%` for 25). For a gold of 0.25, `25\\%` is read as 1/4."""
+    return "%" in pred and "%" not in gold and parse_integer(gold) is not None
+
+
+def other_readings(pred: str, gold: str) -> list[tuple[str, str]]:
+    """(pred, gold) pairs to compare besides the pair itself; any equal pair is a right answer.
+    - A gold with a percent sign also reads without it when the answer has none: `25` is right
+      for `25\\%` (the gold names the unit), while `25\\%` for a gold of 25 is 1/4, wrong.
+    - A decimal comma (`1,22`) reads as a point when the gold is a decimal (`1.22`); a comma
+      before three digits is a thousands separator (`1,220` is 1220) whatever the gold.
+    """
+    pairs = []
+    if "%" in gold and "%" not in pred:
+        pairs.append((pred, _PERCENT_SIGN.sub("", gold)))
+    if "," in pred and "." in gold:
+        comma = _DECIMAL_COMMA.fullmatch(pred.strip().strip("$").strip())
+        if comma and _DECIMAL_GOLD.fullmatch(gold.strip()):
+            pairs.append((f"{comma[1]}.{comma[2]}", gold))
+    return pairs
