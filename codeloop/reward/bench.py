@@ -9,6 +9,12 @@ others with 1 and with N workers). The baseline, in the same run: `verify(parse(
 parse(response))` with math-verify's defaults, one call after another. Pathological answers run
 once each, ours under the deadline and the baseline in a subprocess with an outer limit.
 Prints items/s, ratios, and how often each side agrees with the labels; writes JSON.
+
+Agreement (`agreement.py`), both sides in the same run: the shipped labelled collection (hand
+cases for every family of the README's reward section and answers of real `codeloop eval`
+trajectories) by family, with and without judgement calls, and wrong answers accepted on integer
+golds; then the differential harness, generated equal and unequal forms whose disagreements with
+math-verify are counted by the policy that decides them (codeloop wrong on one is a bug).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import RewardConfig
+from codeloop.reward import agreement
 from codeloop.reward.verifier import Verifier
 from codeloop.reward.workers import default_workers
 
@@ -165,7 +172,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(_row(f"latex, {workers} workers", _ours(many, latex), latex_base))
         rows.append(_row(f"mix, {workers} workers", _ours(many, mix), _math_verify(mix[:base_n])))
         patho = _pathological(many, args.deadline_s, args.baseline_limit_s, args.pathological)
-    return {"sets": rows, "pathological": patho, "workers": workers, "seed": args.seed}
+        collection = _labelled(many)
+        generated = _differential(many, args.seed, args.differential_values)
+    return {"sets": rows, "pathological": patho, "labelled": collection,
+            "differential": generated, "workers": workers, "seed": args.seed}  # fmt: skip
+
+
+def _labelled(verifier: Verifier) -> dict[str, Any]:
+    cases = agreement.labelled()
+    ours = agreement.our_verdicts(verifier, cases)
+    theirs = agreement.math_verify_verdicts(cases)
+    report = agreement.summary(cases, ours, theirs)
+    print(f"\nlabelled collection: {report['cases']} cases, {report['judgement_calls']} judgement "
+          f"calls\n{'family':22} {'cases':>6} {'ours ok':>8} {'m-v ok':>8}")  # fmt: skip
+    families: dict[str, list[int]] = {}
+    for case, o, t in zip(cases, ours, theirs, strict=True):
+        counts = families.setdefault(case.family, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += o == case.label
+        counts[2] += t == case.label
+    for family, (n, o_ok, t_ok) in families.items():
+        print(f"{family:22} {n:>6} {100 * o_ok / n:>7.1f}% {100 * t_ok / n:>7.1f}%")
+    print(f"{'all':22} {len(cases):>6} {100 * report['ours_agree']:>7.1f}% "
+          f"{100 * report['math_verify_agree']:>7.1f}%\n"
+          f"{'no judgement calls':22} {len(cases) - report['judgement_calls']:>6} "
+          f"{100 * report['ours_agree_plain']:>7.1f}% "
+          f"{100 * report['math_verify_agree_plain']:>7.1f}%\n"
+          f"wrong answers accepted on integer golds: ours {report['ours_accepted_wrong_integer']}, "
+          f"math-verify {report['math_verify_accepted_wrong_integer']}")  # fmt: skip
+    for row in report["ours_wrong"]:
+        print(f"  ours wrong: {row}")
+    return report
+
+
+def _differential(verifier: Verifier, seed: int, values: int) -> dict[str, Any]:
+    cases = agreement.differential(seed, values)
+    report = agreement.summary(
+        cases, agreement.our_verdicts(verifier, cases), agreement.math_verify_verdicts(cases)
+    )
+    by_policy = ", ".join(f"{k} {v}" for k, v in report["disagreements_by_policy"].items())
+    print(f"\ndifferential: {len(cases)} generated forms of {values} golds; disagreements with "
+          f"math-verify {report['disagreements']} ({by_policy}); codeloop wrong (bugs) "
+          f"{len(report['ours_wrong'])}")  # fmt: skip
+    for row in report["ours_wrong"][:20]:
+        print(f"  bug: {row}")
+    return report
 
 
 def _pathological(
@@ -200,6 +251,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline-s", type=float, default=5.0)
     parser.add_argument("--baseline-limit-s", type=float, default=30.0)
     parser.add_argument("--pathological", type=int, default=len(PATHOLOGICAL), help="how many")
+    parser.add_argument("--differential-values", type=int, default=440,
+                        help="golds the differential harness generates forms of")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-results/reward.json")
     args = parser.parse_args(argv)

@@ -36,14 +36,16 @@ class Extraction:
     reason: Reason
 
 
+_SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_end|>, <|eot_id|>: markup, not text
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
 _BOX = re.compile(r"\\(?:boxed|fbox)\b\s*")
 _PHRASE = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?$", re.IGNORECASE | re.MULTILINE)
 
 
 def strip_tool_output(text: str) -> str:
-    """The text with every tool response (closed, or cut off at the end) removed."""
-    return _TOOL_RESPONSE.sub("", text)
+    """The text with every tool response (closed, or cut off at the end) and every special
+    token (`<|im_end|>`, which a decoded trajectory holds at the end of each turn) removed."""
+    return _TOOL_RESPONSE.sub("", _SPECIAL_TOKEN.sub("\n", text))
 
 
 def _braced(text: str, start: int) -> tuple[str | None, int]:

@@ -11,7 +11,8 @@ Each rewrite is one family of spellings; the README's reward section states the 
 - Matrices: `bmatrix`, `Bmatrix`, `matrix`, `smallmatrix` and `array` (its column spec dropped),
   bracketed or not, -> `pmatrix`; a matrix of one row or one column, and `\\langle a, b
   \\rangle`, -> the tuple `(a, b)`. `vmatrix` is a determinant and is left alone.
-- A function's name: `f(x) = x + 1` -> `x + 1`.
+- A function's or a vector's name: `f(x) = x + 1` -> `x + 1`, `\\mathbf{v} = (1, 2)` -> `(1, 2)`.
+- A repeating decimal: `0.1\\overline{6}` -> `\\frac{15}{90}`.
 
 Pure string work, no sympy: the fast path in the caller uses it.
 """
@@ -40,8 +41,12 @@ _FUNCTION_NAME = re.compile(
     r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])*\s*\)\s*=(?!=)\s*"
 )
 _SCIENTIFIC = re.compile(r"(?<![A-Za-z\d.])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\d.])")
+_VECTOR_NAME = re.compile(
+    r"^\s*\\(?:mathbf|vec|bf|boldsymbol|overrightarrow)\s*\{\w*\}\s*=(?!=)\s*"
+)
+_REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
 _WORDS = [
-    (re.compile(r"\bpi\b"), r"\\pi "),
+    (re.compile(r"(?<![A-Za-z])pi(?![A-Za-z])"), r"\\pi "),
     (re.compile(r"\b(?:infinity|inf|oo)\b"), r"\\infty "),
 ]
 
@@ -108,6 +113,18 @@ def relations(text: str) -> str:
     return builder[1] if builder else text
 
 
+def repeating_decimals(text: str) -> str:
+    """`0.1\\overline{6}` -> `\\frac{15}{90}`: the exact value of a repeating decimal."""
+
+    def fraction(match: re.Match[str]) -> str:
+        whole, fixed, period = match[1] or "0", match[2], match[3]
+        numerator = int(whole + fixed + period) - int(whole + fixed)
+        denominator = (10 ** len(period) - 1) * 10 ** len(fixed)
+        return f"\\frac{{{numerator}}}{{{denominator}}}"
+
+    return _REPEATING.sub(fraction, text) if "overline" in text else text
+
+
 def rewrite(answer: str) -> str:
     """The answer with every family above brought to its one form."""
     if "\\boxed" in answer or "\\fbox" in answer:
@@ -115,8 +132,8 @@ def rewrite(answer: str) -> str:
         if parts:
             answer = ", ".join(parts)
     answer = plain_to_latex(answer)
-    answer = _FUNCTION_NAME.sub("", answer)
-    return relations(matrices(answer))
+    answer = _VECTOR_NAME.sub("", _FUNCTION_NAME.sub("", answer))
+    return relations(matrices(repeating_decimals(answer)))
 
 
 _PERCENT_SIGN = re.compile(r"\\?%")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 
 from codeloop.reward import forms
+from codeloop.reward.integer import parse_simple
 
 _DOLLARS = re.compile(r"^\$+|\$+$")
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])|\\displaystyle")
@@ -98,6 +99,9 @@ def equivalent(pred: str, gold: str) -> bool:
 
 
 def _equivalent(pred: str, gold: str) -> bool:
+    pred_value, gold_value = parse_simple(pred), parse_simple(gold)
+    if pred_value is not None and gold_value is not None:  # numbers with units, currency
+        return pred_value == gold_value
     pred_form, gold_form = normalise(pred), normalise(gold)
     if not pred_form or not gold_form:
         return False

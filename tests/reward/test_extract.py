@@ -62,6 +62,8 @@ def test_fallbacks_are_off_by_default_and_work_when_asked() -> None:
     assert _x(text, fallback_last_boxed=True) == ("17", Reason.FALLBACK_BOXED)
     phrase = "Computing gives the answer is 204.\nDone"
     assert _x(phrase, fallback_answer_phrase=True) == ("204", Reason.FALLBACK_PHRASE)
+    decoded = "So the answer is 284.<|im_end|>"  # a decoded turn ends with its special token
+    assert _x(decoded, fallback_answer_phrase=True) == ("284", Reason.FALLBACK_PHRASE)
     assert _x("<answer>no box</answer> \\boxed{3}", fallback_last_boxed=True) == (
         "3", Reason.FALLBACK_BOXED
     )  # fmt: skip
