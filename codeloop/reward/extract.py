@@ -45,7 +45,9 @@ _PHRASE = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?$", re.IGNORE
 def strip_tool_output(text: str) -> str:
     """The text with every tool response (closed, or cut off at the end) and every special
     token (`<|im_end|>`, which a decoded trajectory holds at the end of each turn) removed."""
-    return _TOOL_RESPONSE.sub("", _SPECIAL_TOKEN.sub("\n", text))
+    if "<|" in text:
+        text = _SPECIAL_TOKEN.sub("\n", text)
+    return _TOOL_RESPONSE.sub("", text) if "<tool_response>" in text else text
 
 
 def _braced(text: str, start: int) -> tuple[str | None, int]:

@@ -12,6 +12,8 @@ Each rewrite is one family of spellings; the README's reward section states the 
   bracketed or not, -> `pmatrix`; a matrix of one row or one column, and `\\langle a, b
   \\rangle`, -> the tuple `(a, b)`. `vmatrix` is a determinant and is left alone.
 - A function's or a vector's name: `f(x) = x + 1` -> `x + 1`, `\\mathbf{v} = (1, 2)` -> `(1, 2)`.
+- Synonyms: `\\varnothing` is `\\emptyset`; `\\mathbb{R}` and "all real numbers" are
+  `(-\\infty, \\infty)`.
 - A repeating decimal: `0.1\\overline{6}` -> `\\frac{15}{90}`.
 
 Pure string work, no sympy: the fast path in the caller uses it.
@@ -45,6 +47,13 @@ _VECTOR_NAME = re.compile(
     r"^\s*\\(?:mathbf|vec|bf|boldsymbol|overrightarrow)\s*\{\w*\}\s*=(?!=)\s*"
 )
 _REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
+_SYNONYMS = [
+    (re.compile(r"\\varnothing|\\text\{\s*empty set\s*\}"), r"\\emptyset"),
+    (
+        re.compile(r"\\mathbb\s*\{?R\}?|(?:\\text\{\s*)?all real numbers\s*\}?"),
+        r"(-\\infty, \\infty)",
+    ),
+]
 _WORDS = [
     (re.compile(r"(?<![A-Za-z])pi(?![A-Za-z])"), r"\\pi "),
     (re.compile(r"\b(?:infinity|inf|oo)\b"), r"\\infty "),
@@ -133,32 +142,52 @@ def rewrite(answer: str) -> str:
             answer = ", ".join(parts)
     answer = plain_to_latex(answer)
     answer = _VECTOR_NAME.sub("", _FUNCTION_NAME.sub("", answer))
+    for pattern, form in _SYNONYMS:
+        answer = pattern.sub(form, answer)
     return relations(matrices(repeating_decimals(answer)))
 
 
 _PERCENT_SIGN = re.compile(r"\\?%")
-_DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d{1,2}|\d{4,})")
-_DECIMAL_GOLD = re.compile(r"\$?[+-]?\d*\.\d+\$?")
+_PERCENT_MARK = re.compile(r"%|percent|(?<![A-Za-z])pct(?![A-Za-z])")
+_DECIMAL_COMMA = re.compile(r"([+-]?\d+),(\d+)")
+_DECIMAL_POINT = re.compile(r"[+-]?\d*\.\d+")
+
+
+def _decimal_comma(text: str) -> str | None:
+    """`1,22` -> `1.22` when the comma cannot group thousands (not three digits after it, or
+    nothing but 0 before it: `0,111`); else None."""
+    match = _DECIMAL_COMMA.fullmatch(text.strip().strip("$").strip())
+    if match is None or (len(match[2]) == 3 and match[1].lstrip("+-") != "0"):
+        return None
+    return f"{match[1]}.{match[2]}"
 
 
 def percent_for_integer(pred: str, gold: str) -> bool:
     """A percentage given for a gold that is a plain integer: wrong, whatever its value
     (`25\\%` and `2500\\%` for 25). For a gold of 0.25, `25\\%` is read as 1/4."""
-    return "%" in pred and "%" not in gold and parse_integer(gold) is not None
+    return (
+        _PERCENT_MARK.search(pred) is not None
+        and _PERCENT_MARK.search(gold) is None
+        and parse_integer(gold) is not None
+    )
 
 
 def other_readings(pred: str, gold: str) -> list[tuple[str, str]]:
     """(pred, gold) pairs to compare besides the pair itself; any equal pair is a right answer.
     - A gold with a percent sign also reads without it when the answer has none: `25` is right
       for `25\\%` (the gold names the unit), while `25\\%` for a gold of 25 is 1/4, wrong.
-    - A decimal comma (`1,22`) reads as a point when the gold is a decimal (`1.22`); a comma
-      before three digits is a thousands separator (`1,220` is 1220) whatever the gold.
+    - A decimal comma (`1,22`, `0,111`) reads as a point when the other side is a decimal
+      (`1.22`); a comma before three digits is a thousands separator (`1,220` is 1220).
     """
     pairs = []
-    if "%" in gold and "%" not in pred:
+    if "%" in gold and _PERCENT_MARK.search(pred) is None:
         pairs.append((pred, _PERCENT_SIGN.sub("", gold)))
-    if "," in pred and "." in gold:
-        comma = _DECIMAL_COMMA.fullmatch(pred.strip().strip("$").strip())
-        if comma and _DECIMAL_GOLD.fullmatch(gold.strip()):
-            pairs.append((f"{comma[1]}.{comma[2]}", gold))
+    if "," in pred and "." in gold and _DECIMAL_POINT.fullmatch(gold.strip().strip("$").strip()):
+        point = _decimal_comma(pred)
+        if point is not None:
+            pairs.append((point, gold))
+    if "," in gold and "." in pred and _DECIMAL_POINT.fullmatch(pred.strip().strip("$").strip()):
+        point = _decimal_comma(gold)
+        if point is not None:
+            pairs.append((pred, point))
     return pairs

@@ -18,20 +18,21 @@ import re
 from fractions import Fraction
 
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|rm|bf)\s*\{([^{}]*)\}")
-_SPACES = re.compile(r"\\[,!;: ]|\\quad|\\qquad|~|\u2009|\u202f|\u00a0")
+_SPACES = re.compile(r"\\[,;: ]|\\quad|\\qquad|~|\u2009|\u202f|\u00a0")
+_PERCENT_WORDS = re.compile(r"\s*(?:\\text\{\s*)?(?:percent(?:age)?|pct)\}?$")
 _DEGREES = re.compile(r"\^\s*\{?\\circ\}?|°|\\degree")
 _NUMBER = re.compile(
     r"(?P<sign>[+-]?)\s*"
-    r"(?P<int>\d{1,3}(?:(?:,|\{,\})\d{3})+|\d{1,3}(?: \d{3})+|\d+)"
+    r"(?P<int>[1-9]\d{0,2}(?:(?:,|\{,\})\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)"
     r"(?:\.(?P<frac>\d+))?"
     r"(?P<rest>.*)",
     re.DOTALL,
 )
-_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|(?:USD|EUR|GBP|INR|Rs\.?)\s)\s*")
+_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|₹|(?:USD|EUR|GBP|INR|Rs\.?)\s)\s*|\s*(?:\\\$|€|£|¥|₹)$")
 _PERCENT = re.compile(r"\s*\\?%$")
 _EXPONENT = re.compile(r"[eE](?P<exp>[+-]?\d+)$")
 # Words of two letters or more, or one SI letter after a space; powers and one division allowed.
-_UNIT = r"(?:[A-Za-z]{2,}|(?<=[ /])[mgsLhKVWJNA])(?:\^\{?[23]\}?)?"
+_UNIT = r"(?:[A-Za-z]{2,}|(?:(?<=[ /])|^)[mgsLhKVWJN](?=[²³^ /]|$))(?:\^\{?[23]\}?|[²³])?"
 _UNIT_WORDS = re.compile(rf"\s*{_UNIT}(?:\s*/\s*{_UNIT}|\s+{_UNIT})*\s*")
 
 
@@ -39,8 +40,8 @@ def _normalise(text: str) -> str:
     text = text.strip().strip("$").strip()
     for _ in range(3 if "\\" in text else 0):  # nested wrappers: \text{\textbf{5}}
         text = _WRAPPERS.sub(r"\1", text)
-    text = _SPACES.sub(" ", text)
-    text = _DEGREES.sub("", text)
+    text = _SPACES.sub(" ", text.replace("\\!", ""))  # a negative space: none at all
+    text = _PERCENT_WORDS.sub("%", _DEGREES.sub("", text))
     return " ".join(text.split())
 
 
