@@ -63,23 +63,28 @@ def _braced(text: str, start: int) -> tuple[str | None, int]:
     return None, len(text)
 
 
+def _box_at(text: str, end: int) -> tuple[Extraction, int]:
+    """The boxed value whose `\\boxed` ends at `end`, and the index after it."""
+    if end < len(text) and text[end] == "{":
+        content, after = _braced(text, end)
+        if content is None:
+            return Extraction(None, Reason.UNBALANCED_BRACES), after
+    else:  # `\boxed 42`: the next token
+        token = re.match(r"[^\s$<]+", text[end:])
+        content, after = (token.group(0) if token else ""), end
+    content = content.strip()
+    found = Extraction(content, Reason.OK) if content else Extraction(None, Reason.EMPTY_BOXED)
+    return found, after
+
+
 def _boxes(text: str) -> list[Extraction]:
     """Every top-level `\\boxed{...}` / `\\fbox{...}` of `text` in order (`\\boxed 7` too)."""
     found, position = [], 0
     while (match := _BOX.search(text, position)) is not None:
-        end = match.end()
-        if end < len(text) and text[end] == "{":
-            content, position = _braced(text, end)
-            if content is None:
-                found.append(Extraction(None, Reason.UNBALANCED_BRACES))
-                break
-        else:  # `\boxed 42`: the next token
-            token = re.match(r"[^\s$<]+", text[end:])
-            content, position = (token.group(0) if token else ""), end
-        content = content.strip()
-        found.append(
-            Extraction(content, Reason.OK) if content else Extraction(None, Reason.EMPTY_BOXED)
-        )
+        box, position = _box_at(text, match.end())
+        found.append(box)
+        if box.reason == Reason.UNBALANCED_BRACES:
+            break
     return found
 
 
@@ -89,17 +94,19 @@ def boxed_values(text: str) -> list[str]:
 
 
 def last_boxed(text: str) -> Extraction:
-    """The last top-level `\\boxed{...}` / `\\fbox{...}` of `text`."""
-    boxes = _boxes(text)
-    return boxes[-1] if boxes else Extraction(None, Reason.NO_BOXED)
+    """The last `\\boxed{...}` / `\\fbox{...}` of `text`."""
+    last = None
+    for last in _BOX.finditer(text):  # noqa: B007 - only the last match is wanted
+        pass
+    return _box_at(text, last.end())[0] if last else Extraction(None, Reason.NO_BOXED)
 
 
 def all_boxed(text: str) -> Extraction:
     """The boxed answer of an answer block: several distinct boxed values are one list `a, b`
     (a hedge is then a list, which never equals a single-valued gold)."""
+    if text.count("\\boxed") + text.count("\\fbox") <= 1:  # the common case
+        return last_boxed(text)
     boxes = _boxes(text)
-    if not boxes:
-        return Extraction(None, Reason.NO_BOXED)
     bad = [box for box in boxes if box.answer is None]
     if bad:
         return bad[-1]

@@ -50,20 +50,28 @@ def parse_number(answer: str) -> Fraction | None:
     if answer.isdecimal() and answer.isascii():  # the common case, ~5x faster
         return Fraction(int(answer))
     text = _normalise(answer)
-    percent = _PERCENT.search(text)
-    text = _CURRENCY.sub("", text[: percent.start()] if percent else text)
+    percent = _PERCENT.search(text) if "%" in text else None
+    if percent:
+        text = text[: percent.start()]
+    if not text[:1].isdigit() or not text[-1:].isalnum():  # a sign, or currency around it
+        text = _CURRENCY.sub("", text)
     match = _NUMBER.fullmatch(text)
     if match is None:
         return None
-    rest, scale = match["rest"].strip(), Fraction(1, 100) if percent else Fraction(1)
-    exponent = _EXPONENT.fullmatch(rest)
-    if exponent and not percent and abs(int(exponent["exp"])) <= 400:
-        rest, scale = "", Fraction(10) ** int(exponent["exp"])
-    elif rest and (percent or not _UNIT_WORDS.fullmatch(match["rest"])):
-        return None  # 12x, 5/2, 2\sqrt{3}: not a plain number
-    decimals = match["frac"] or ""
-    value = Fraction(int(re.sub(r"\D", "", match["int"]) + decimals), 10 ** len(decimals))
-    return (-value if match["sign"] == "-" else value) * scale
+    decimals, rest, exponent = match["frac"] or "", match["rest"], None
+    if rest:
+        exponent = _EXPONENT.fullmatch(rest.strip())
+        if exponent is None or percent or abs(int(exponent["exp"])) > 400:
+            exponent = None
+            if percent or not _UNIT_WORDS.fullmatch(rest):
+                return None  # 12x, 5/2, 2\sqrt{3}: not a plain number
+    digits = match["int"] if match["int"].isdigit() else re.sub(r"\D", "", match["int"])
+    value = Fraction(int(digits + decimals), 10 ** len(decimals))
+    if percent:
+        value /= 100
+    elif exponent:
+        value *= Fraction(10) ** int(exponent["exp"])
+    return -value if match["sign"] == "-" else value
 
 
 def parse_integer(answer: str) -> int | None:
