@@ -20,6 +20,7 @@ Launch on a cluster (one process per GPU, the same command on every node):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from dataclasses import dataclass
@@ -62,6 +63,11 @@ def launched_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init(dtype: str = "float32") -> World:
     """Join torchrun's process group (idempotent); a world of one without torchrun, on the GPU
     when there is one. `dtype`: the compute dtype (`trainer.dtype`)."""
@@ -76,6 +82,9 @@ def init(dtype: str = "float32") -> World:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend)
+        # Left to interpreter exit, the group's threads can outlive it: a rank then aborts
+        # ("terminate called without an active exception", exit -6) after its work is done.
+        atexit.register(_leave)
     return World(dist.get_rank(), dist.get_world_size(), device, resolve_dtype(dtype))
 
 
