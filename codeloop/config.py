@@ -85,6 +85,13 @@ class SandboxConfig:
     require_isolation: bool = knob(False, "Refuse to start unless every isolation feature works.")
     host: str = knob("127.0.0.1", "Address the sandbox server binds to.")
     port: int = knob(8800, "Port of the sandbox server.", ge=1, le=65535)
+    max_running: int = knob(
+        0,
+        "Calls running at once across the workers; the rest wait unforked and their timeout "
+        "has not started. 0 = 2 per CPU core (codeloop's choice: CPU-bound calls beyond that "
+        "only share the cores, and slow each other towards their timeouts).",
+        ge=0,
+    )
     max_queue: int = knob(1024, "Queued calls before the server answers 429.", ge=1)
     session_idle_timeout_s: float = knob(300.0, "Idle seconds before a session ends.", gt=0)
     max_sessions: int = knob(64, "Live stateful sessions at most.", ge=0)

@@ -7,6 +7,8 @@ runs at several concurrencies through a `codeloop sandbox serve` subprocess on 1
 baseline, with the same imports for w2). A soak phase then sends `--soak` calls of w1 at
 concurrency 256, each printing its own index, and counts lost, duplicated, mismatched and
 infrastructure-failed results. Prints a table with ratios to the baseline and writes JSON.
+`--overload` adds the cases of `overload.py`: the four-phase load several times in a row, and a
+soak with every core also loaded by a CPU-bound process; non-`ok` results are counted by status.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import SandboxConfig
+from codeloop.sandbox import overload
 from codeloop.sandbox.client import SandboxClient
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
@@ -220,7 +223,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await _wait_healthy(url, server)
         async with SandboxClient([url], cfg) as client:
             for name, cells in PLAN.items():
-                if args.only and name not in args.only:
+                if args.only is not None and name not in args.only:  # `--only` alone: none
                     continue
                 for conc, n, n_base in cells:
                     scale = max(1, int(n * args.scale))
@@ -233,6 +236,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.soak:
                 report["soak"] = await _soak(client, args.soak, 256)
                 print("soak:", json.dumps(report["soak"]))
+            if args.overload:
+                print(f"overload ({args.workers} workers):")
+                report["overload"] = {
+                    "four_phases": await overload.four_phases(client, args.overload_runs),
+                    "loaded_soak": await overload.loaded_soak(
+                        client, args.overload_soak, args.hogs or overload.default_hogs()
+                    ),
+                }
     finally:
         server.terminate()
         server.wait(30)
@@ -264,6 +275,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(WORKLOADS), help="workloads to run")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sandbox call counts")
     parser.add_argument("--soak", type=int, default=20000, help="soak calls at concurrency 256")
+    parser.add_argument(
+        "--overload",
+        action="store_true",
+        help="add the four-phase load and the soak beside CPU-bound processes",
+    )
+    parser.add_argument("--overload-runs", type=int, default=5, help="four-phase runs in a row")
+    parser.add_argument("--overload-soak", type=int, default=20000, help="calls of the loaded soak")
+    parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes; 0 = one per core")
     parser.add_argument("--out", default="bench-results/sandbox.json")
     args = parser.parse_args(argv)
     report = asyncio.run(run(args))
@@ -272,4 +291,10 @@ def main(argv: list[str]) -> int:
     print(f"wrote {args.out}")
     soak = report.get("soak", {})
     bad = soak.get("lost", 0) + soak.get("mismatched_or_duplicated", 0)
+    overloaded = report.get("overload", {})
+    rows = [
+        *overloaded.get("four_phases", []),
+        *([overloaded["loaded_soak"]] if overloaded else []),
+    ]
+    bad += sum(r["not_ok"] + r["lost"] + r["wrong_output"] for r in rows)
     return 1 if bad or soak.get("infrastructure_failures", 0) else 0

@@ -5,15 +5,23 @@ Concurrent `execute` calls are gathered into batches, sent when `client_batch_si
 the server with the fewest requests outstanding. Infrastructure faults (connection errors,
 429/503, other 5xx, a broken response) are retried with exponential backoff on any server;
 user-code failures are results and never retried. Every request gets exactly one result, in
-order: after the last retry it gets a `sandbox_error` result, never an exception. A batch
-retried after its response was lost runs twice on the servers; callers still see one result.
-Calls with a `session_id` always go to the same server (a hash of the id), unbatched.
+order: after the last retry it gets a `sandbox_error` result, never an exception. A server that
+cannot be reached is left out for a cool-down (doubling from 0.5 s to 5 s while it stays down)
+and rejoins when it answers again.
+
+A batch whose server died after it was sent is retried on another server, so it may run twice:
+that is safe because a call without a session runs in a fresh process and keeps nothing. A call
+with a `session_id` always goes to the same server (a hash of the id), unbatched, and is retried
+only when it never reached the server (connection refused, 429, 503): once sent, a failure is a
+`sandbox_error`, since running it again would run it in a new session without the state the
+earlier calls built (or twice in the old one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -25,15 +33,19 @@ from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 BACKOFF_BASE_S = 0.05
 BACKOFF_MAX_S = 2.0
+COOL_DOWN_S = (0.5, 5.0)  # a server that cannot be reached is left out this long, doubling
 HTTP_SLACK_S = 30.0  # added to the largest per-call timeout of a batch
 
 
 class _Infra(Exception):
     """A fault of the transport or the server, worth a retry."""
 
-    def __init__(self, message: str, retry_after_s: float | None = None):
+    def __init__(self, message: str, retry_after_s: float | None = None, *, sent: bool = False,
+                 unreachable: bool = False):  # fmt: skip
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.sent = sent  # the server may have run the calls
+        self.unreachable = unreachable  # the server is down: leave it out for a while
 
 
 class SandboxClient:
@@ -50,6 +62,8 @@ class SandboxClient:
         self.urls = [u.rstrip("/") for u in urls]
         self.cfg = cfg or SandboxConfig()
         self.outstanding = dict.fromkeys(self.urls, 0)
+        self.down_until = dict.fromkeys(self.urls, 0.0)
+        self._cool_down = dict.fromkeys(self.urls, COOL_DOWN_S[0])
         self._connector = transport
         self._session: aiohttp.ClientSession | None = None
         self._buffer: list[tuple[ExecRequest, asyncio.Future[ExecResult]]] = []
@@ -128,11 +142,22 @@ class SandboxClient:
     ) -> list[ExecResult]:
         attempts = self.cfg.client_retries + 1
         for attempt in range(attempts):
-            url = pinned or min(self.urls, key=lambda u: (self.outstanding[u], random.random()))
+            url = pinned or self._pick()
             self.outstanding[url] += len(requests)
             try:
-                return await self._post(url, requests)
+                results = await self._post(url, requests)
+                self.down_until[url], self._cool_down[url] = 0.0, COOL_DOWN_S[0]
+                return results
             except _Infra as err:
+                if err.unreachable:
+                    self.down_until[url] = time.monotonic() + self._cool_down[url]
+                    self._cool_down[url] = min(COOL_DOWN_S[1], 2 * self._cool_down[url])
+                if pinned and err.sent:
+                    message = (
+                        f"sandbox server failed during a session call ({err}); the call may "
+                        "have run, and is not retried: the session's state is lost"
+                    )
+                    return [ExecResult(ExecStatus.SANDBOX_ERROR, stderr=message) for _ in requests]
                 if attempt == attempts - 1:
                     message = f"sandbox unavailable after {attempts} attempts: {err}"
                     return [ExecResult(ExecStatus.SANDBOX_ERROR, stderr=message) for _ in requests]
@@ -141,6 +166,15 @@ class SandboxClient:
             finally:
                 self.outstanding[url] -= len(requests)
         raise AssertionError("unreachable")
+
+    def _pick(self) -> str:
+        """The reachable server with the fewest requests outstanding (the one back soonest when
+        none is reachable)."""
+        now = time.monotonic()
+        up = [u for u in self.urls if self.down_until[u] <= now]
+        if not up:
+            return min(self.urls, key=lambda u: self.down_until[u])
+        return min(up, key=lambda u: (self.outstanding[u], random.random()))
 
     async def _post(self, url: str, requests: list[ExecRequest]) -> list[ExecResult]:
         assert self._session is not None, "use `async with SandboxClient(...)`"
@@ -156,6 +190,7 @@ class SandboxClient:
                     raise _Infra(
                         f"{url} answered {response.status}",
                         float(retry_after) if retry_after else None,
+                        sent=response.status not in (429, 503),  # refused: nothing ran
                     )
                 payload: Any = await response.json()
                 if response.status != 200:  # 4xx: our request is wrong; retrying cannot help
@@ -163,8 +198,15 @@ class SandboxClient:
                         payload.get("error", str(payload)) if isinstance(payload, dict) else ""
                     )
                     return [ExecResult(ExecStatus.REJECTED, stderr=message) for _ in requests]
+        except aiohttp.ClientConnectorError as err:  # never connected: nothing was sent
+            raise _Infra(f"{url}: {type(err).__name__}: {err}", unreachable=True) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as err:
-            raise _Infra(f"{url}: {type(err).__name__}: {err}") from None
+            lost = isinstance(err, aiohttp.ServerDisconnectedError)
+            raise _Infra(
+                f"{url}: {type(err).__name__}: {err}", sent=True, unreachable=lost
+            ) from None
         if not isinstance(payload, list) or len(payload) != len(requests):
-            raise _Infra(f"{url} returned {len(payload)} results for {len(requests)} requests")
+            raise _Infra(
+                f"{url} returned {len(payload)} results for {len(requests)} requests", sent=True
+            )
         return [ExecResult.from_dict(item) for item in payload]

@@ -1,7 +1,9 @@
 """The warm worker pool (asyncio side) and `LocalSandbox`, the in-process sandbox.
 
 `WorkerPool` starts N zygote processes (`sandbox/zygote.py`) with a clean exec and a minimal
-environment, sends each call to the zygote with the fewest calls outstanding, and turns
+environment, sends each call to the zygote with the fewest calls outstanding (each runs at most
+its share of `sandbox.max_running` calls at once; the rest wait in its queue, unforked, and a
+call's `timeout_s` starts when it is forked, not when it arrives), and turns
 anything that goes wrong on the infrastructure side (a zygote that dies mid-call) into a
 `sandbox_error` result; a dead zygote is replaced. It never forks from this process, which may
 be multi-threaded and hold secrets: only the zygotes fork.
@@ -82,9 +84,11 @@ class Metrics:
 class _Worker:
     """One zygote process and the calls outstanding on it."""
 
-    def __init__(self, index: int, cfg: SandboxConfig, on_death: Callable[[_Worker], None]):
+    def __init__(self, index: int, cfg: SandboxConfig, on_death: Callable[[_Worker], None],
+                 max_running: int):  # fmt: skip
         self.index = index
         self.cfg = cfg
+        self.max_running = max_running
         self.on_death = on_death
         self.pending: dict[int, asyncio.Future[ExecResult]] = {}
         self.process: asyncio.subprocess.Process | None = None
@@ -99,6 +103,7 @@ class _Worker:
             "preload": self.cfg.preload,
             "warmup": self.cfg.warmup,
             "slots": SLOTS_PER_WORKER,
+            "max_running": self.max_running,
             "uid_base": UID_BASE + self.index * SLOTS_PER_WORKER,
             "tmpfs_mb": 512,
         }
@@ -176,7 +181,9 @@ class WorkerPool:
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         count = cfg.workers or os.cpu_count() or 1
-        self.workers = [_Worker(i, cfg, self._restart_soon) for i in range(count)]
+        total = cfg.max_running or 2 * (os.cpu_count() or 1)
+        per_worker = min(SLOTS_PER_WORKER, -(-total // count))
+        self.workers = [_Worker(i, cfg, self._restart_soon, per_worker) for i in range(count)]
         self.ids = itertools.count()
         self.metrics = Metrics()
         self.in_flight = 0
@@ -199,7 +206,8 @@ class WorkerPool:
 
     @property
     def capacity(self) -> int:
-        return len(self.workers) * SLOTS_PER_WORKER
+        """Calls that run at once; more wait in the workers' queues, unforked."""
+        return sum(w.max_running for w in self.workers)
 
     @property
     def queue_depth(self) -> int:

@@ -63,7 +63,7 @@ class SandboxServer:
         if self.shutting_down:
             return _error(503, "the sandbox server is shutting down")
         would_wait = self.pool.in_flight + count - self.pool.capacity
-        if would_wait > self.cfg.max_queue:
+        if would_wait > self.cfg.max_queue and self.pool.in_flight:  # alone, a batch is taken
             return _error(429, f"queue full ({self.pool.queue_depth} calls waiting)")
         return None
 

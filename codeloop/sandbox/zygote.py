@@ -134,6 +134,7 @@ class Zygote:
         self.children: dict[int, Child] = {}  # by pidfd
         self.sessions: dict[str, Child] = {}
         slots = int(settings["slots"])
+        self.max_running = int(settings.get("max_running") or slots)
         self.free_uids = list(range(int(settings["uid_base"]), int(settings["uid_base"]) + slots))
         self.base_vm_bytes = int(settings["base_vm_bytes"])
         self.seq = 0
@@ -164,9 +165,17 @@ class Zygote:
         })  # fmt: skip
 
     # -- dispatching requests -------------------------------------------------------------
+    def _running(self) -> int:
+        """Calls being served now: their deadlines run, the queued calls' do not."""
+        return sum(child.call is not None for child in self.children.values())
+
+    def _can_start(self) -> bool:
+        return bool(self.queue) and self._running() < self.max_running
+
     def _dispatch(self) -> None:
-        """Serve queued requests in order while uids last (a few per turn, so that deadlines
-        are enforced while a burst is being forked)."""
+        """Serve queued requests in order while uids last and fewer than `max_running` calls
+        run (a few per turn, so that deadlines are enforced while a burst is being forked). A
+        call's deadline starts here: the time it waited in the queue, unforked, is not its own."""
         for _ in range(STARTS_PER_TURN):
             if not self.queue:
                 return
@@ -175,6 +184,8 @@ class Zygote:
                 self.queue.popleft()
                 self._close_session(request)
                 continue
+            if self._running() >= self.max_running:
+                return
             sid = request.get("session_id")
             needs_process = sid is None or sid not in self.sessions
             if needs_process and not self.free_uids:
@@ -378,7 +389,7 @@ class Zygote:
     def run(self) -> None:
         while self.running:
             self._dispatch()
-            busy = self.queue and self.free_uids
+            busy = self.free_uids and self._can_start()
             for key, _ in self.selector.select(
                 0.0 if busy else self._next_timeout(time.monotonic())
             ):

@@ -24,8 +24,8 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, *extra: str):
-        self.port = _free_port()
+    def __init__(self, *extra: str, port: int | None = None):
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(self.port),
@@ -115,13 +115,46 @@ def test_bad_requests_get_400_with_a_message(
 
 
 def test_full_queue_answers_429_with_retry_after(server: Server) -> None:
-    # One worker has 128 slots and max_queue is 1: 200 calls at once cannot be queued.
+    # max_queue is 1: with a call running, 200 more at once cannot be queued.
+    busy = threading.Thread(
+        target=server.post, args=("/v1/execute", {"code": "import time; time.sleep(1.5)"})
+    )
+    busy.start()
+    time.sleep(0.5)
     status, payload, headers = server.post("/v1/execute/batch", [{"code": "1"}] * 200)
+    busy.join()
     assert status == 429 and "queue full" in payload["error"]
     assert headers["Retry-After"] == "1"
     assert (
         server.post("/v1/execute", {"code": "print('still fine')"})[1]["stdout"] == "still fine\n"
     )
+
+
+def test_an_idle_server_takes_a_batch_larger_than_its_queue(server: Server) -> None:
+    # Refusing it would refuse it for ever: the client would retry it into a sandbox_error.
+    status, payload, _ = server.post(
+        "/v1/execute/batch", [{"code": f"print({i})"} for i in range(200)]
+    )
+    assert status == 200 and [r["stdout"] for r in payload] == [f"{i}\n" for i in range(200)]
+
+
+def test_a_call_waiting_for_its_turn_is_not_charged_for_the_wait() -> None:
+    # One worker runs 2 calls at once: 6 calls of 1.2 s with a 2 s timeout each wait up to
+    # 2.4 s unforked, and none times out, since a timeout starts when its call is forked.
+    srv = Server("--sandbox.max_running", "2")
+    try:
+        calls = [
+            {"code": f"import time; time.sleep(1.2); print({i})", "timeout_s": 2} for i in range(6)
+        ]
+        start = time.monotonic()
+        status, payload, _ = srv.post("/v1/execute/batch", calls)
+        elapsed = time.monotonic() - start
+        assert status == 200 and [r["status"] for r in payload] == ["ok"] * 6
+        assert [r["stdout"] for r in payload] == [f"{i}\n" for i in range(6)]
+        assert max(r["duration_s"] for r in payload) < 2.0
+        assert elapsed > 3.5  # three rounds of two: the cap held
+    finally:
+        srv.stop()
 
 
 def test_metrics_count_calls_by_status(server: Server) -> None:

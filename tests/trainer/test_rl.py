@@ -1,5 +1,10 @@
 import asyncio
 import copy
+import json
+import re
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +156,80 @@ def _chosen_logprobs(model: Any, ids: torch.Tensor, start: int) -> list[float]:
     logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
     chosen = torch.log_softmax(logits, -1).gather(-1, ids[0, start:, None])
     return [float(v) for v in chosen.squeeze(-1)]
+
+
+class _KilledAtFirstCall:
+    """The sandbox of an RL run: a `SandboxClient` over two real servers, the first of which is
+    killed when the step's first tool call arrives, then started again on its port."""
+
+    def __init__(self, client: Any, victim: Any) -> None:
+        self.client, self.victim = client, victim
+        self.restarted: list[Any] = []
+        self.killer: threading.Thread | None = None
+
+    def _kill_and_restart(self) -> None:
+        from test_sandbox_server import Server
+
+        self.victim.process.kill()
+        self.victim.process.wait()
+        time.sleep(0.5)
+        self.restarted.append(Server(port=self.victim.port))
+
+    async def execute(self, request: Any) -> Any:
+        if self.killer is None:
+            self.victim.process.kill()  # dead before this call is sent: it may go there
+            self.killer = threading.Thread(target=self._kill_and_restart)
+            self.killer.start()
+        return await self.client.execute(request)
+
+    async def execute_batch(self, requests: Any) -> Any:
+        return [await self.execute(r) for r in requests]
+
+
+@pytest.mark.slow
+def test_an_rl_step_survives_a_sandbox_server_killed_and_restarted(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox"))
+    from test_sandbox_server import Server
+
+    from codeloop.sandbox.client import SandboxClient
+
+    a, b = Server(), Server()
+    sandbox: _KilledAtFirstCall | None = None
+
+    async def main() -> list[dict[str, float]]:
+        nonlocal sandbox
+        model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+        model.load_state_dict(sft_weights)
+        cfg = SandboxConfig(client_flush_ms=1.0, client_retries=6)
+        async with SandboxClient([a.url, b.url], cfg) as client:
+            sandbox = _KilledAtFirstCall(client, a)
+            logger = RunLogger(tmp_path, tensorboard=False)
+            run = RLRun(_config(tmp_path), model, trainer_fmt, PROBLEMS, sandbox, logger)
+            first = await run.train(1)
+            assert sandbox.killer is not None
+            sandbox.killer.join()
+            served_before = _served(sandbox.restarted[0])
+            second = await run.train(1)  # the restarted server rejoins
+            assert _served(sandbox.restarted[0]) > served_before
+            logger.close()
+            run.verifier.close()
+            return first + second
+
+    try:
+        metrics = asyncio.run(main())
+    finally:
+        for server in [a, b, *(sandbox.restarted if sandbox else [])]:
+            server.stop()
+    assert len(metrics) == 2 and all(m["rollout/tool_calls"] > 0 for m in metrics)
+    for step in (1, 2):  # one result per call, and no infrastructure fault among them
+        lines = (tmp_path / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()
+        records = [r for line in lines for r in json.loads(line)["tool_calls"]]
+        statuses = {r["result"]["status"] for r in records if r["call"] is not None}
+        assert "sandbox_error" not in statuses and "ok" in statuses, statuses
+
+
+def _served(server: Any) -> int:
+    text = server.get("/metrics")[1]
+    return sum(int(n) for n in re.findall(r'sandbox_calls_total\{status="\w+"\} (\d+)', text))
