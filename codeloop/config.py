@@ -87,9 +87,10 @@ class SandboxConfig:
     port: int = knob(8800, "Port of the sandbox server.", ge=1, le=65535)
     max_running: int = knob(
         0,
-        "Calls running at once across the workers; the rest wait unforked and their timeout "
-        "has not started. 0 = 2 per CPU core (codeloop's choice: CPU-bound calls beyond that "
-        "only share the cores, and slow each other towards their timeouts).",
+        "Calls starting or running at once across the workers (a call longer than 0.5 s stops "
+        "counting); the rest wait unforked and their timeout has not started. 0 = 4 per CPU "
+        "core (codeloop's choice: more only share the cores and slow each other towards their "
+        "timeouts).",
         ge=0,
     )
     max_queue: int = knob(1024, "Queued calls before the server answers 429.", ge=1)

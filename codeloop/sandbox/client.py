@@ -149,8 +149,9 @@ class SandboxClient:
                 self.down_until[url], self._cool_down[url] = 0.0, COOL_DOWN_S[0]
                 return results
             except _Infra as err:
-                if err.unreachable:
-                    self.down_until[url] = time.monotonic() + self._cool_down[url]
+                now = time.monotonic()
+                if err.unreachable and self.down_until[url] <= now:  # not already left out
+                    self.down_until[url] = now + self._cool_down[url]
                     self._cool_down[url] = min(COOL_DOWN_S[1], 2 * self._cool_down[url])
                 if pinned and err.sent:
                     message = (

@@ -181,7 +181,7 @@ class WorkerPool:
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         count = cfg.workers or os.cpu_count() or 1
-        total = cfg.max_running or 2 * (os.cpu_count() or 1)
+        total = cfg.max_running or 4 * (os.cpu_count() or 1)
         per_worker = min(SLOTS_PER_WORKER, -(-total // count))
         self.workers = [_Worker(i, cfg, self._restart_soon, per_worker) for i in range(count)]
         self.ids = itertools.count()

@@ -39,6 +39,7 @@ F_SETPIPE_SZ = 1031
 HARD_KILL_GRACE_S = 0.25  # after the soft SIGALRM, give the child this long before SIGKILL
 EXIT_DRAIN_S = 1.0  # after the child exits, wait at most this long for its pipes to close
 STARTS_PER_TURN = 8
+ADMISSION_HOLD_S = 0.5  # a call holds its admission slot until it ends, or this long at most
 SESSION_ENDED = "\n[the session ended; the next call starts a fresh one]\n"
 SESSION_CPU_S = 3600  # a session's CPU limit over its whole life; each call has a wall deadline
 
@@ -166,8 +167,14 @@ class Zygote:
 
     # -- dispatching requests -------------------------------------------------------------
     def _running(self) -> int:
-        """Calls being served now: their deadlines run, the queued calls' do not."""
-        return sum(child.call is not None for child in self.children.values())
+        """Calls that hold an admission slot: those served now that started less than
+        ADMISSION_HOLD_S ago. A longer call (a loop until its timeout, a sleep) stops holding
+        one, so a few of them never block the queue for longer than that."""
+        since = time.monotonic() - ADMISSION_HOLD_S
+        return sum(
+            child.call is not None and child.call.started > since
+            for child in self.children.values()
+        )
 
     def _can_start(self) -> bool:
         return bool(self.queue) and self._running() < self.max_running
@@ -382,6 +389,9 @@ class Zygote:
                 times.append(child.exited_at + EXIT_DRAIN_S)
             elif child.call is not None:
                 times.append(child.call.deadline)
+                released = child.call.started + ADMISSION_HOLD_S  # it stops holding its slot
+                if self.queue and released > now:
+                    times.append(released)
             else:
                 times.append(child.last_used + child.idle_timeout_s)
         return max(0.0, min(times) - now) if times else None

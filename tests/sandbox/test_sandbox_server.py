@@ -139,20 +139,39 @@ def test_an_idle_server_takes_a_batch_larger_than_its_queue(server: Server) -> N
 
 
 def test_a_call_waiting_for_its_turn_is_not_charged_for_the_wait() -> None:
-    # One worker runs 2 calls at once: 6 calls of 1.2 s with a 2 s timeout each wait up to
-    # 2.4 s unforked, and none times out, since a timeout starts when its call is forked.
-    srv = Server("--sandbox.max_running", "2")
+    # One call at a time: 8 calls of 0.4 s with a 0.6 s timeout each wait up to 2.8 s unforked,
+    # and none times out, since a timeout starts when its call is forked.
+    srv = Server("--sandbox.max_running", "1")
     try:
-        calls = [
-            {"code": f"import time; time.sleep(1.2); print({i})", "timeout_s": 2} for i in range(6)
-        ]
+        calls = [{"code": f"import time; time.sleep(0.4); print({i})", "timeout_s": 0.6}
+                 for i in range(8)]  # fmt: skip
         start = time.monotonic()
         status, payload, _ = srv.post("/v1/execute/batch", calls)
         elapsed = time.monotonic() - start
-        assert status == 200 and [r["status"] for r in payload] == ["ok"] * 6
-        assert [r["stdout"] for r in payload] == [f"{i}\n" for i in range(6)]
-        assert max(r["duration_s"] for r in payload) < 2.0
-        assert elapsed > 3.5  # three rounds of two: the cap held
+        assert status == 200 and [r["status"] for r in payload] == ["ok"] * 8
+        assert [r["stdout"] for r in payload] == [f"{i}\n" for i in range(8)]
+        assert elapsed > 3.2  # one at a time: the cap held
+    finally:
+        srv.stop()
+
+
+def test_a_long_call_does_not_hold_up_the_queue() -> None:
+    # A call stops holding its admission slot after 0.5 s: the prints behind a loop that runs
+    # to its 5 s timeout are answered long before it.
+    srv = Server("--sandbox.max_running", "1")
+    try:
+        spinner = threading.Thread(target=srv.post, args=(
+            "/v1/execute", {"code": "while True: pass", "timeout_s": 5}))  # fmt: skip
+        spinner.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        status, payload, _ = srv.post(
+            "/v1/execute/batch", [{"code": f"print({i})"} for i in range(5)]
+        )
+        elapsed = time.monotonic() - start
+        spinner.join()
+        assert status == 200 and [r["stdout"] for r in payload] == [f"{i}\n" for i in range(5)]
+        assert elapsed < 2.5
     finally:
         srv.stop()
 
