@@ -12,8 +12,9 @@ The report's rule (the default, `roc`), for n = oversample x G sampled trajector
   - p_total = p_err + p_format, in [0, 2].
   If there are too few of one side the other side fills the group.
 `roc_released`: the released code's variant, a proportional split with at least 2 per side
-(when there are that many), keeping the lowest-penalty trajectories of each side,
-deterministically (ties by sample index). `none`: plain
+(when there are that many), keeping the lowest-penalty positives (ties by sample index) and the
+first negatives in sample order, deterministically (the rStar maintainers called their sort of
+negatives a migration bug and removed it: microsoft/rStar issue #49, PR #50). `none`: plain
 GRPO on the first G by sample index. All of it is seeded by the caller's `random.Random`.
 """
 
@@ -98,10 +99,10 @@ def resample(trajectories: Sequence[Trajectory], keep: int, mode: str,
             n_pos, n_neg = _split(len(positives), len(negatives), keep)
             weights = [1.0 / (penalty(t).total + PENALTY_FLOOR) for t in positives]
             kept = _weighted_sample(positives, weights, n_pos, rng)
-        case "roc_released":  # lowest penalties on both sides; sorted() is stable: ties by index
+        case "roc_released":  # sorted() is stable: ties by index
             n_pos, n_neg = _split_released(len(positives), len(negatives), keep)
             kept = sorted(positives, key=lambda t: penalty(t).total)[:n_pos]
-            kept += sorted(negatives, key=lambda t: penalty(t).total)[:n_neg]
+            kept += negatives[:n_neg]  # in sample order: rStar PR #50 removed their sort
             return sorted(kept, key=lambda t: t.sample_index)
         case _:
             raise ValueError(

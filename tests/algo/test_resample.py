@@ -136,6 +136,14 @@ def test_edge_groups() -> None:
     assert len(resample(no_tools, 2, "roc", rng)) == 2
 
 
+def test_released_variant_keeps_negatives_in_sample_order() -> None:
+    # Negatives 3, 4, 5; only 5 made clean tool calls. Sorting by penalty (removed by rStar
+    # PR #50) would keep 5; the released code keeps the first two in sample order.
+    group = _group([1, 1, 1, 0, 0, 0, 1, 1], clean=frozenset({1, 5, 6}))
+    kept = resample(group, 4, "roc_released", random.Random(0))
+    assert [t.sample_index for t in kept] == [1, 3, 4, 6]
+
+
 def test_released_variant_is_deterministic_lowest_penalty() -> None:
     group = _group([1, 1, 1, 0, 0, 0, 1, 1], clean=frozenset({1, 6}))
     kept = resample(group, 4, "roc_released", random.Random(0))
