@@ -162,7 +162,9 @@ class AlgoConfig:
         "deterministic variant; none: plain GRPO on the first G.",
     )
     drop_zero_signal_groups: bool = knob(
-        False, "Drop groups whose kept rewards are all equal and refill from extra prompts."
+        True,
+        "Refill the step with more prompts for the groups whose kept rewards are all equal "
+        "(report: such groups are dropped). Either way such a group never trains.",
     )
     clip_low: float = knob(0.2, "Lower PPO clip: ratio >= 1 - clip_low.", gt=0, lt=1)
     clip_high: float = knob(0.28, "Upper PPO clip (clip-higher): ratio <= 1 + clip_high.", gt=0)

@@ -120,7 +120,7 @@ class RLRun:
     async def step(self) -> dict[str, float]:
         timings: dict[str, float] = {}
         clock = time.perf_counter()
-        groups = await self._groups(self.cfg.trainer.prompts_per_step)
+        groups, sampled = await self._groups(self.cfg.trainer.prompts_per_step)
         samples = [
             from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
         ]
@@ -130,9 +130,12 @@ class RLRun:
         await self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
         self.step_index += 1
-        metrics = all_mean(_rollout_metrics(groups) | timings, self.world) | losses
+        metrics = all_mean(_rollout_metrics(sampled) | timings, self.world) | losses
         metrics["rollout/groups_kept"] = all_sum(len(groups), self.world)
-        dumps = all_gather(_dump(groups), self.world)
+        metrics["rollout/groups_dropped"] = all_sum(  # without signal: kept rewards all equal
+            sum(not _signal(g) for g in sampled), self.world
+        )
+        dumps = all_gather(_dump(sampled), self.world)
         if self.world.is_main:
             self.logger.log(self.step_index, metrics)
             self.logger.trajectories(self.step_index, [r for rank in dumps for r in rank])
@@ -164,32 +167,37 @@ class RLRun:
 
     # -- rollout, reward, resampling -------------------------------------------------------
 
-    async def _groups(self, count: int) -> list[Group]:
-        """This rank's groups of the step. Every rank takes its share of the same problems;
-        with `algo.drop_zero_signal_groups` the groups without signal are dropped and more
-        problems drawn until `count` remain over all ranks (at most MAX_REFILL_ROUNDS rounds);
-        with several ranks the kept groups are then gathered in data order and dealt out
-        again, so that the step trains on the groups one process would."""
-        drop, world = self.cfg.algo.drop_zero_signal_groups, self.world
+    async def _groups(self, count: int) -> tuple[list[Group], list[Group]]:
+        """(the groups this rank trains on, every group this rank sampled this step). Every rank
+        takes its share of the same problems. A group whose kept rewards are all equal has no
+        signal (advantages 0). With `algo.drop_zero_signal_groups` (the report's choice) such
+        groups are dropped and more problems drawn until `count` groups with signal remain
+        over all ranks (at most MAX_REFILL_ROUNDS rounds); without it they stay in the batch,
+        where `update` leaves their tokens out of the loss's denominator;
+        with several ranks the kept groups are then gathered in data order and dealt out again,
+        so that the step trains on the groups one process would."""
+        refill, world = self.cfg.algo.drop_zero_signal_groups, self.world
         groups: list[Group] = []
+        sampled: list[Group] = []
         for _ in range(MAX_REFILL_ROUNDS):
             chosen = self._next_problems(count - len(groups))  # the same on every rank
             batch = await self._rollout(chosen[world.rank :: world.size])
-            if drop:
-                batch = [g for g in batch if has_signal([t.reward or 0.0 for t in g.kept])]
-                if world.distributed:  # everyone's, so that every rank decides alike
-                    batch = sorted((g for rank in all_gather(batch, world) for g in rank),
-                                   key=lambda g: g.position)  # fmt: skip
+            sampled += batch
+            if refill:
+                batch = [g for g in batch if _signal(g)]
+            if refill and world.distributed:  # everyone's, so that every rank decides alike
+                batch = sorted((g for rank in all_gather(batch, world) for g in rank),
+                               key=lambda g: g.position)  # fmt: skip
             groups += batch
-            if len(groups) >= count or not drop:
+            if len(groups) >= count or not refill:
                 break
-        if not (drop and world.distributed):
-            return groups
+        if not (refill and world.distributed):
+            return groups, sampled
         if 0 < len(groups) < world.size:
             raise RuntimeError(f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
                                f"rounds, fewer than the {world.size} ranks: raise "
                                "trainer.prompts_per_step")  # fmt: skip
-        return groups[world.rank :: world.size]
+        return groups[world.rank :: world.size], sampled
 
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
         chosen = []
@@ -250,7 +258,10 @@ class RLRun:
         if all_max(len(chunks), world) != -all_max(-len(chunks), world):
             raise ValueError("every rank needs trainer.updates_per_step samples or more")
         for chunk in chunks:
-            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world))  # the step's
+            # The denominator: the step's tokens with signal (a zero advantage trains nothing)
+            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk if s.advantage), world))
+            if tokens == 0:  # nothing to learn from (every rank agrees): no optimiser step
+                continue
             groups = micro_batches(chunk, t.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
                 batch = on_device(collate(group, pad_id), self.model)
@@ -267,6 +278,7 @@ class RLRun:
                                    ("entropy", float(entropy))):  # fmt: skip
                     sums[key] += value * weight
             sums["tokens"] += tokens
+            sums["all_tokens"] += all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
@@ -275,10 +287,14 @@ class RLRun:
         self.model.eval()
         for key in ("loss", "kl", "clipped", "entropy"):
             sums[key] = all_sum(sums[key], world)
-        total = max(sums["tokens"], 1)
-        metrics = {f"loss/{k}": sums[key] / total for k, key in
-                   (("loss", "loss"), ("clip_fraction", "clipped"), ("approx_kl", "kl"),
-                    ("entropy", "entropy"))}  # fmt: skip
+        metrics = {"loss/loss": sums["loss"] / max(sums["tokens"], 1)} | {
+            f"loss/{k}": sums[key] / max(sums["all_tokens"], 1)  # over every trained token
+            for k, key in (
+                ("clip_fraction", "clipped"),
+                ("approx_kl", "kl"),
+                ("entropy", "entropy"),
+            )
+        }
         return metrics | {"loss/grad_norm": sums["grad_norm"] / max(len(chunks), 1),
                           "loss/lr": float(self.scheduler.get_last_lr()[0]),
                           "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
@@ -380,10 +396,16 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     return metrics
 
 
+def _signal(group: Group) -> bool:
+    return has_signal([t.reward or 0.0 for t in group.kept])
+
+
 def _dump(groups: list[Group]) -> list[dict[str, Any]]:
+    """Every sampled trajectory; `kept` marks those that trained (none of a group without
+    signal)."""
     records = []
     for group in groups:
-        kept = {id(t) for t in group.kept}
+        kept = {id(t) for t in group.kept} if _signal(group) else set()
         for t in group.sampled:
             p = penalty(t)
             records.append({"prompt_id": t.prompt_id, "sample_index": t.sample_index,

@@ -38,7 +38,7 @@ def run_dir(scripted_run: tuple[Path, dict], fmt: PromptFormat,
     fields = [{k: v for k, v in r.items() if k not in ("problem", "gold")} for r in records]
     trajectories = [Trajectory.from_dict(f) for f in fields if f["prompt_id"] == "p2"]
     trajectories[3].text = HOSTILE
-    group = Group(PROBLEMS[2], trajectories, trajectories[:2], [1.0, -1.0])
+    group = Group(PROBLEMS[2], trajectories, [trajectories[0], trajectories[3]], [1.0, -1.0])
     stage = root / "1-stage"
     (stage / "trajectories").mkdir(parents=True)
     (stage / "trajectories" / "step_000001.jsonl").write_text(

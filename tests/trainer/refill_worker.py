@@ -31,7 +31,7 @@ def main() -> None:
     run.cfg.algo.drop_zero_signal_groups = True
     run.problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
     run._rollout = synthetic_rollout  # type: ignore[method-assign]
-    groups = asyncio.run(run._groups(4))
+    groups, _ = asyncio.run(run._groups(4))
     record = {"positions": [g.position for g in groups], "data_position": run.data_position}
     (out / f"rank{world.rank}.json").write_text(json.dumps(record))
     distributed.barrier(world)

@@ -78,8 +78,12 @@ def test_two_rl_steps_end_to_end(
     m = metrics[0]
     assert 0 < m["reward/mean"] < 1, "the SFT policy should be right sometimes, not always"
     assert m["rollout/tool_calls"] > 0 and m["loss/policy_tokens"] > 0 and m["loss/grad_norm"] > 0
-    dumped = (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()
-    assert len(dumped) == 2 * 4 and sum('"kept": true' in line for line in dumped) == 2 * 2
+    dump = (tmp_path / "trajectories" / "step_000001.jsonl").read_text()
+    dumped = [json.loads(line) for line in dump.splitlines()]
+    # Groups without signal were dropped and refilled: every sampled group is dumped, 2 of its
+    # 4 kept when it trained; 2 trained groups, the dropped ones counted.
+    assert m["rollout/groups_kept"] == 2 and sum(d["kept"] for d in dumped) == 2 * 2
+    assert len(dumped) == 4 * (2 + m["rollout/groups_dropped"])
     for name, value in run.model.state_dict().items():  # the engine got the new weights
         assert torch.equal(value, run.engine.model.state_dict()[name])
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]

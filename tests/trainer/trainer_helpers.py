@@ -48,9 +48,11 @@ def cli_inputs(fmt: PromptFormat, root: Path) -> tuple[Path, Path, Path]:
 
 
 def rl_arguments(model: Path, problems: Path, run_dir: Path, prompts_per_step: int) -> list[str]:
-    """`codeloop train` options for a two-sample, 32-token, checkpoint-every-step run."""
+    """`codeloop train` options for a two-sample, 32-token, checkpoint-every-step run. Groups
+    without signal stay in the step rather than being refilled, so that a step's trajectories
+    are the same in number whatever a barely trained policy gets right."""
     return ["--trainer.model", str(model), "--data.train", str(problems),
             "--trainer.output_dir", str(run_dir), "--trainer.prompts_per_step",
             str(prompts_per_step), "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
-            "--sandbox.workers", "1", "--reward.workers", "1",
-            "--trainer.checkpoint_every", "1"]  # fmt: skip
+            "--sandbox.workers", "1", "--reward.workers", "1", "--trainer.checkpoint_every", "1",
+            "--algo.drop_zero_signal_groups", "false"]  # fmt: skip
