@@ -210,7 +210,13 @@ class SFTConfig:
     epochs: int = knob(3, "Passes over the data.", ge=1)
     lr: float = knob(1e-5, "Peak AdamW learning rate (warm-up, then cosine decay).", gt=0)
     min_lr_ratio: float = knob(0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1)
-    warmup_steps: int = knob(10, "Linear warm-up steps.", ge=0)
+    warmup_steps: int = knob(10, "Linear warm-up steps (when sft.warmup_ratio is 0).", ge=0)
+    warmup_ratio: float = knob(
+        0.0,
+        "Linear warm-up as a fraction of all steps (report: 0.04); 0 = sft.warmup_steps.",
+        ge=0,
+        lt=1,
+    )
     conversations_per_step: int = knob(32, "Conversations per optimiser step.", ge=1)
     packing: Literal["auto", "on", "off"] = knob(
         "auto",

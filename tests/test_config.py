@@ -153,6 +153,20 @@ def test_paper_recipe_loads_and_stage_overrides_apply() -> None:
     assert cfg.recipe.stages[2].refilter and cfg.recipe.stages[2].reset_optimizer
 
 
+def test_paper_recipe_has_the_reports_turn_limits_and_sft() -> None:
+    cfg = load_config(REPO / "configs" / "rstar2_agent.toml")
+    assert [stage_config(cfg, i).rollout.max_turns for i in range(3)] == [10, 10, 15]
+    assert cfg.eval.max_turns == 30
+    sft = cfg.sft
+    assert (sft.epochs, sft.lr, sft.warmup_ratio, sft.conversations_per_step) == (
+        3,
+        5e-6,
+        0.04,
+        128,
+    )
+    assert cfg.algo.drop_zero_signal_groups and cfg.algo.resample == "roc"
+
+
 def test_bad_stage_override_is_caught_at_load_time(tmp_path: Path) -> None:
     text = '[[recipe.stages]]\nname = "s1"\nsteps = 2\noverrides = { "rollout.max_turnz" = 3 }\n'
     with pytest.raises(

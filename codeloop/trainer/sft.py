@@ -104,11 +104,18 @@ def _trim(turn: str, content: str, fmt: PromptFormat) -> str:
     return turn
 
 
+def warmup_steps(cfg: SFTConfig, total_steps: int) -> int:
+    """Warm-up steps: `warmup_ratio` of all steps (rounded up) when set, else `warmup_steps`."""
+    return math.ceil(cfg.warmup_ratio * total_steps) if cfg.warmup_ratio else cfg.warmup_steps
+
+
 def _schedule(optimizer: torch.optim.Optimizer, cfg: SFTConfig, total_steps: int) -> Any:
+    warmup = warmup_steps(cfg, total_steps)
+
     def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
         cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
 

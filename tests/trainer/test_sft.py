@@ -102,3 +102,22 @@ def test_a_conversation_over_the_token_limit_names_its_line(
     assert lengths.count(max(lengths)) == 1
     with pytest.raises(SFTDataError, match=f"^{sft_data}:{longest}: {max(lengths)} tokens > sft"):
         run_sft(cfg)
+
+
+def test_warmup_ratio_is_a_share_of_all_steps() -> None:
+    import torch
+
+    from codeloop.trainer.sft import _schedule, warmup_steps
+
+    cfg = SFTConfig(warmup_ratio=0.04, warmup_steps=99, min_lr_ratio=0.1)
+    assert warmup_steps(cfg, 100) == 4 and warmup_steps(cfg, 101) == 5  # rounded up
+    assert warmup_steps(SFTConfig(warmup_steps=7), 100) == 7  # no ratio: the step count
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = _schedule(optimizer, cfg, 100)
+    factors = []
+    for _ in range(100):
+        factors.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert factors[:5] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])  # 4 warm-up steps, the peak
+    assert factors[-1] == pytest.approx(0.1, abs=1e-3)  # cosine down to min_lr_ratio
