@@ -7,7 +7,8 @@ tokens have loss mask 1 and the engine's logprob. Budgets: `max_turns` assistant
 `max_response_tokens` for sampled and inserted tokens together, `max_tokens_per_turn`. End
 states: `answered` (the turn ended and holds a closed `<answer>`), `no_answer` (it ended
 without), `truncated_length` (a token budget ran out, or an observation would not fit),
-`truncated_turns` (the turn budget ran out before an answer), `error` (the engine failed).
+`truncated_turns` (the turn budget ran out before an answer; a tool call in the last turn is
+not run, since no turn is left to read its output), `error` (the engine failed).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ async def run_trajectory(
         ended = bool(generation.token_ids) and generation.token_ids[-1] in fmt.end_of_turn_ids
         if ended or "</tool_call>" not in turn_text:  # the turn ended: final answer or not
             status = RolloutStatus.ANSWERED if _has_answer(turn_text) else RolloutStatus.NO_ANSWER
+            break
+        if turns == cfg.max_turns:  # no turn left to read its output: the call is not run
             break
         record = await _call_tool(tools, turn_text, f"{prompt_id}#{sample_index}")
         records.append(record)

@@ -72,9 +72,14 @@ def test_a_turn_that_ends_without_an_answer(fmt: PromptFormat) -> None:
 
 
 def test_the_turn_budget(fmt: PromptFormat) -> None:
-    t, engine = _run(fmt, [_call("1"), _call("2"), "never reached"], max_turns=2)
+    tools = FakeTools()
+    t, engine = _run(fmt, [_call("1"), _call("2"), "never reached"], tools, max_turns=2)
     assert t.status == RolloutStatus.TRUNCATED_TURNS and t.num_turns == 2
     assert len(engine.prompts) == 2
+    # The last turn's call is not run: no turn is left to read its output (as the released
+    # code does)
+    assert [r.code for r in tools.requests] == ["1"] and len(t.tool_calls) == 1
+    assert t.text.endswith("</tool_call>")
 
 
 def test_the_response_budget_counts_tool_tokens(fmt: PromptFormat) -> None:
