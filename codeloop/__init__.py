@@ -3,4 +3,7 @@
 Importing the package has no side effects and imports nothing heavy; see README.md for the map.
 """
 
+from codeloop.errors import CodeloopError
+
 __version__ = "0.1.0"
+__all__ = ["CodeloopError", "__version__"]

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from codeloop import __version__
-from codeloop.config import Config, ConfigError, load_config, set_value, to_toml
+from codeloop.config import Config, load_config, set_value, to_toml
+from codeloop.errors import CodeloopError
 
 T = TypeVar("T")
 BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench` imports
@@ -39,38 +40,24 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.file, args.overrides)
-    except ConfigError as err:
-        print(f"codeloop config show: {err}", file=sys.stderr)
-        return 2
-    sys.stdout.write(to_toml(cfg))
+    sys.stdout.write(to_toml(load_config(args.file, args.overrides)))
     return 0
 
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.config, args.overrides)
-        for key in ("host", "port", "workers"):
-            if getattr(args, key) is not None:
-                set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
-        if args.require_isolation:
-            cfg.sandbox.require_isolation = True
-    except ConfigError as err:
-        print(f"codeloop sandbox serve: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    for key in ("host", "port", "workers"):
+        if getattr(args, key) is not None:
+            set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
+    if args.require_isolation:
+        cfg.sandbox.require_isolation = True
     import asyncio
     import logging
 
-    from codeloop.sandbox.pool import IsolationError
     from codeloop.sandbox.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        asyncio.run(serve(cfg.sandbox))
-    except IsolationError as err:
-        print(f"codeloop sandbox serve: {err}", file=sys.stderr)
-        return 1
+    asyncio.run(serve(cfg.sandbox))
     return 0
 
 
@@ -82,8 +69,15 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.rollout.server import serve
+    from codeloop.trainer.model import check_source, not_found
 
-    serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens)
+    check_source(args.model)
+    try:
+        serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens)
+    except OSError as err:
+        if err.errno is not None:  # the system's (an address in use): not about the model
+            raise
+        raise not_found(args.model, "model", err) from err  # transformers': not found anywhere
     return 0
 
 
@@ -104,15 +98,7 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _train(args: argparse.Namespace) -> int:
-    from codeloop.data.problems import DataError
-    from codeloop.trainer.model import ModelError
-    from codeloop.trainer.sft import SFTDataError
-
-    try:
-        return _run_training(args, load_config(args.config, args.overrides))
-    except (ConfigError, DataError, SFTDataError, ModelError) as err:
-        print(f"codeloop {args.command}: {err}", file=sys.stderr)
-        return 2
+    return _run_training(args, load_config(args.config, args.overrides))
 
 
 def _run_training(args: argparse.Namespace, cfg: Config) -> int:
@@ -145,15 +131,11 @@ def _run_training(args: argparse.Namespace, cfg: Config) -> int:
 def _data_stats(args: argparse.Namespace) -> int:
     import json
 
-    from codeloop.data.problems import DataError, load_problems
+    from codeloop.data.problems import load_problems
     from codeloop.data.stats import problem_stats
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        stats = problem_stats(load_problems(args.file, cfg.data))
-    except (ConfigError, DataError) as err:
-        print(f"codeloop data stats: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    stats = problem_stats(load_problems(args.file, cfg.data))
     print(json.dumps(stats, indent=2))
     return 0
 
@@ -189,18 +171,14 @@ def _eval(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from codeloop.data.problems import DataError, load_problems
+    from codeloop.data.problems import load_problems
     from codeloop.eval.evaluate import evaluate, open_policy
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        if args.k is not None:
-            set_value(cfg, "eval.k", args.k, "command line")
-        problems = load_problems(args.data, cfg.data)
-        engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
-    except (ConfigError, DataError, ValueError, OSError) as err:
-        print(f"codeloop eval: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    if args.k is not None:
+        set_value(cfg, "eval.k", args.k, "command line")
+    problems = load_problems(args.data, cfg.data)  # a bad file fails before a model loads
+    engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
     out = args.out or str(Path("runs/eval") / Path(args.data).stem)
     summary = asyncio.run(_with_tools(cfg, lambda tools: evaluate(
         engine, tools, fmt, problems, cfg, out, args.concurrency, args.seed)))  # fmt: skip
@@ -296,17 +274,13 @@ def _data_filter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from codeloop.data.curate import curate, write_problems, write_removals
-    from codeloop.data.problems import DataError, Problem, load_problems
+    from codeloop.data.problems import Problem, load_problems
 
     decontaminate = args.sub == "decontaminate"
-    try:
-        cfg = load_config(args.config, args.overrides)
-        problems = load_problems(args.file, cfg.data)
-        benchmarks = [Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
-                      for path in args.against for b in load_problems(path, cfg.data)]  # fmt: skip
-    except (ConfigError, DataError) as err:
-        print(f"codeloop data {args.sub}: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    problems = load_problems(args.file, cfg.data)
+    benchmarks = [Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
+                  for path in args.against for b in load_problems(path, cfg.data)]  # fmt: skip
     kept, removed = curate(problems, not (decontaminate or args.keep_non_integer),
                            not (decontaminate or args.keep_duplicates), benchmarks,
                            args.ngram)  # fmt: skip
@@ -390,18 +364,14 @@ def _real(args: argparse.Namespace) -> int:
 def _import_gguf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from codeloop.data.pretrained import PretrainedError, import_gguf, smollm2, smollm2_gguf
+    from codeloop.data.pretrained import import_gguf, smollm2, smollm2_gguf
 
-    try:
-        if args.gguf:
-            print(import_gguf(Path(args.gguf), Path(args.out or Path(args.gguf).stem)))
-        elif args.out:
-            print(import_gguf(smollm2_gguf(), Path(args.out)))
-        else:
-            print(smollm2())
-    except PretrainedError as err:
-        print(f"codeloop import-gguf: {err}", file=sys.stderr)
-        return 2
+    if args.gguf:
+        print(import_gguf(Path(args.gguf), Path(args.out or Path(args.gguf).stem)))
+    elif args.out:
+        print(import_gguf(smollm2_gguf(), Path(args.out)))
+    else:
+        print(smollm2())
     return 0
 
 
@@ -543,7 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and not getattr(args, "passes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides, args.extra = overrides, unknown
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except CodeloopError as err:  # bad input, wherever it is found: a message, not a traceback
+        command = " ".join(a for a in (args.command, getattr(args, "sub", None)) if a)
+        print(f"codeloop {command}: {err}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -24,13 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from codeloop.errors import CodeloopError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(CodeloopError, ValueError):
     """A config value is unknown, mistyped or out of range; the message says which and where."""
 
 

@@ -23,11 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codeloop.errors import CodeloopError
+
 SMOLLM2 = "SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class PretrainedError(ValueError):
+class PretrainedError(CodeloopError, ValueError):
     """A GGUF file or packaged model that cannot be imported, naming what is missing."""
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import DataConfig
+from codeloop.errors import CodeloopError
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Problem:
     solution: str = ""  # a worked solution, where the source has one (GSM8K)
 
 
-class DataError(ValueError):
+class DataError(CodeloopError, ValueError):
     """A problem file that cannot be read as the config says."""
 
 
@@ -54,12 +55,19 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{source}:row {i}", row) for i, row in enumerate(rows, 1)]
     if path.exists():
         raise DataError(f"{source}: expected a .jsonl or .parquet file")
-    import datasets  # a hub name: needs the `datasets` package and network access
-
-    if source in GSM8K_HUB_NAMES:
-        split = datasets.load_dataset("openai/gsm8k", "main", split="train")
-    else:
-        split = datasets.load_dataset(source, split="train")
+    try:
+        import datasets  # a hub name: needs the `datasets` package and network access
+    except ImportError:
+        raise DataError(f"{source}: no such file; read as a hub dataset name, it needs the "
+                        "`datasets` package (pip install datasets)") from None  # fmt: skip
+    try:
+        if source in GSM8K_HUB_NAMES:
+            split = datasets.load_dataset("openai/gsm8k", "main", split="train")
+        else:
+            split = datasets.load_dataset(source, split="train")
+    except Exception as err:  # noqa: BLE001 - the hub's errors are many; all mean "not here"
+        raise DataError(f"{source}: no such file, and not loadable as a hub dataset "
+                        f"({type(err).__name__}: {err})") from err  # fmt: skip
     return [(f"{source}:row {i}", dict(row)) for i, row in enumerate(split, 1)]
 
 

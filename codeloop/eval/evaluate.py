@@ -47,7 +47,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     `rollout.kv_capacity_tokens`); the prompt is rendered here with `tokenizer` (a directory or
     hub name; defaults to `model`).
     """
-    from transformers import AutoTokenizer
+    from codeloop.trainer.model import ModelError, default_device, load_policy, load_tokenizer
 
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
     endpoints = [e for e in endpoints if e]
@@ -55,17 +55,15 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
         from codeloop.rollout.openai_engine import servers
 
         if not (tokenizer or model):
-            raise ValueError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
-        fmt = PromptFormat(AutoTokenizer.from_pretrained(tokenizer or model),
-                           cfg.rollout.chat_template)  # fmt: skip
+            raise ModelError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
+        fmt = PromptFormat(load_tokenizer(tokenizer or model), cfg.rollout.chat_template)
         engines = servers(endpoints, cfg.rollout, model or tokenizer)
         return (
             engines[0] if len(engines) == 1 else Scheduler.for_rollout(engines, cfg.rollout)
         ), fmt
     if not model:
-        raise ValueError("give a model path (--model) or a server (--endpoint)")
+        raise ModelError("give a model path (--model) or a server (--endpoint)")
     from codeloop.rollout.hf_engine import TransformersEngine
-    from codeloop.trainer.model import default_device, load_policy
 
     policy, loaded = load_policy(model, cfg.trainer.dtype)
     policy.to(default_device())

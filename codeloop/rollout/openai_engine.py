@@ -27,6 +27,7 @@ from typing import Any, Literal
 import aiohttp
 
 from codeloop.config import RolloutConfig
+from codeloop.errors import CodeloopError
 from codeloop.rollout.engine import Generation, SamplingParams
 
 Backend = Literal["codeloop", "sglang", "vllm"]
@@ -38,7 +39,7 @@ _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
 _VLLM_RELOAD = ("/collective_rpc", {"method": "reload_weights"})
 
 
-class EngineError(RuntimeError):
+class EngineError(CodeloopError, RuntimeError):
     """The server answered with an error or an unreadable response."""
 
 

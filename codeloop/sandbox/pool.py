@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import SandboxConfig
+from codeloop.errors import CodeloopError
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 log = logging.getLogger("codeloop.sandbox")
@@ -39,7 +40,7 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
-class IsolationError(RuntimeError):
+class IsolationError(CodeloopError, RuntimeError):
     """Raised at start-up with `require_isolation` when a feature is missing."""
 
 

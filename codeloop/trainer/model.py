@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
+from codeloop.errors import CodeloopError
+
 
 def default_device() -> torch.device:
     """The GPU when there is one, else the CPU."""
@@ -21,24 +23,49 @@ def resolve_dtype(setting: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[setting]
 
 
-class ModelError(ValueError):
+class ModelError(CodeloopError, ValueError):
     """A model that cannot be loaded, with the path or name that failed."""
+
+
+def check_source(name_or_path: str, what: str = "model") -> None:
+    """A clear ModelError for a missing directory or one that holds no model."""
+    if not name_or_path:
+        raise ModelError(f"no {what} given (a directory or a hub name)")
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if what == "model" and not (path / "config.json").is_file():
+            raise ModelError(f"{what} {name_or_path!r}: no model there (no config.json)")
+    elif name_or_path.startswith(("/", ".", "~")) or path.exists():
+        raise ModelError(f"{what} {name_or_path!r}: no such directory")
+
+
+def not_found(name_or_path: str, what: str, err: OSError) -> ModelError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ModelError(
+        f"{what} {name_or_path!r}: not a directory here, and not loadable as a hub name ({first})"
+    )
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a model directory or hub name (pad token = eos when it has none)."""
+    check_source(name_or_path, "tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as err:  # transformers' word for "not found here nor on the hub"
+        raise not_found(name_or_path, "tokenizer", err) from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def load_policy(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
     """(model, tokenizer) from a directory or a hub name, with `from_pretrained`."""
-    if not name_or_path:
-        raise ModelError("no model given (a directory or a hub name)")
-    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().is_dir():
-        raise ModelError(f"model {name_or_path!r}: no such directory")
+    check_source(name_or_path)
+    tokenizer = load_tokenizer(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
-    except OSError as err:  # transformers' word for "not found here nor on the hub"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelError(f"model {name_or_path!r}: {first}") from err
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    except OSError as err:
+        raise not_found(name_or_path, "model", err) from err
     return model, tokenizer
 
 

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from codeloop.config import SFTConfig
+from codeloop.errors import CodeloopError
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import (
     Sample,
@@ -40,7 +41,7 @@ ROLES = {"system", "user", "assistant", "tool"}
 Conversation = list[dict[str, str]]
 
 
-class SFTDataError(ValueError):
+class SFTDataError(CodeloopError, ValueError):
     pass
 
 

@@ -1,0 +1,53 @@
+"""One error type for bad input, and the command line's one handler: a message, exit 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import codeloop
+from codeloop.config import ConfigError
+from codeloop.data.pretrained import PretrainedError
+from codeloop.data.problems import DataError
+from codeloop.rollout.openai_engine import EngineError
+from codeloop.sandbox.pool import IsolationError
+from codeloop.trainer.model import ModelError
+from codeloop.trainer.sft import SFTDataError
+
+
+def test_every_public_error_is_a_codeloop_error() -> None:
+    for error in (ConfigError, DataError, ModelError, SFTDataError, EngineError, IsolationError,
+                  PretrainedError):  # fmt: skip
+        assert issubclass(error, codeloop.CodeloopError), error
+
+
+def _codeloop(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "codeloop", *args], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eval", "--model", "x", "--data", "gsm8k_typo"],
+         "codeloop eval: gsm8k_typo: no such file; read as a hub dataset name, it needs"),
+        (["serve", "--model", "./no/such/model"],
+         "codeloop serve: model './no/such/model': no such directory"),
+        (["serve", "--model", "{empty}"], "no model there (no config.json)"),
+        (["eval", "--model", "{empty}", "--data", "{data}"],
+         "codeloop eval: model '{empty}': no model there (no config.json)"),
+        (["eval", "--model", "{empty}", "--data", "{bad}"], "bad.jsonl:2: not JSON"),
+        (["config", "show", "nothing.toml"], "codeloop config show: nothing.toml: no such"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_message_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"id": "a", "problem": "1 + 1?", "answer": "2"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n{oops\n')
+    names = {"empty": str(tmp_path / "empty"), "data": str(tmp_path / "data.jsonl"),
+             "bad": str(tmp_path / "bad.jsonl")}  # fmt: skip
+    done = _codeloop(*(a.format(**names) for a in args))
+    assert done.returncode == 2
+    assert message.format(**names) in done.stderr
+    assert "Traceback" not in done.stderr
