@@ -130,11 +130,25 @@ class RolloutConfig:
     )
     max_tokens_per_turn: int = knob(0, "Tokens one assistant turn may sample; 0 = no cap.", ge=0)
     temperature: float = knob(1.0, "Sampling temperature during training.", ge=0)
-    top_p: float = knob(1.0, "Nucleus sampling threshold during training.", gt=0, le=1)
+    top_p: float = knob(
+        1.0, "Nucleus sampling threshold during training (codeloop's choice: none).", gt=0, le=1
+    )
     max_tool_response_chars: int = knob(
         2048, "Tool output shown to the model; longer output keeps head and tail.", ge=64
     )
-    chat_template: str = knob("", "Path to a Jinja chat template; empty = rStar2-Agent's.")
+    chat_template: str = knob(
+        "",
+        "Path to a Jinja chat template; empty = codeloop/rollout/rstar2_chat_template.jinja "
+        "(rStar2-Agent's markup: Qwen-style turns, tools in the system turn, <reason>).",
+    )
+    system_prompt: str = knob(
+        "", "System prompt; empty = codeloop's own wording (rollout/prompt.py), not the report's."
+    )
+    user_instruction: str = knob(
+        "",
+        "User turn, with {problem} where the problem goes; empty = codeloop's own wording "
+        "(rollout/prompt.py).",
+    )
 
 
 @dataclass
@@ -187,7 +201,9 @@ class TrainerConfig:
     lr: float = knob(1e-6, "AdamW learning rate (report: 1e-6).", gt=0)
     warmup_steps: int = knob(20, "Linear warm-up steps, then constant (report: 20).", ge=0)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
-    grad_clip: float = knob(1.0, "Gradient-norm clipping threshold (report: 1.0).", gt=0)
+    grad_clip: float = knob(
+        1.0, "Gradient-norm clipping threshold (codeloop's choice; the report states none).", gt=0
+    )
     updates_per_step: int = knob(1, "Optimiser steps (mini-batches) per rollout batch.", ge=1)
     micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
     recompute_old_logprobs: bool = knob(
@@ -271,9 +287,11 @@ class EvalConfig:
     benchmarks: list[str] = knob([], "Benchmark files (JSONL) to evaluate on.")
     k: int = knob(16, "Samples per problem (avg@k, pass@k, maj@k).", ge=1)
     temperature: float = knob(0.6, "Sampling temperature (report: 0.6).", ge=0)
-    top_p: float = knob(0.95, "Nucleus sampling threshold.", gt=0, le=1)
+    top_p: float = knob(0.95, "Nucleus sampling threshold (codeloop's choice).", gt=0, le=1)
     max_turns: int = knob(30, "Assistant turns at most (report: 30).", ge=1)
-    max_response_tokens: int = knob(32768, "Response budget per trajectory.", ge=1)
+    max_response_tokens: int = knob(
+        32768, "Response budget per trajectory (codeloop's choice).", ge=1
+    )
 
 
 @dataclass

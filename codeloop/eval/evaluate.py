@@ -56,7 +56,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
 
         if not (tokenizer or model):
             raise ModelError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
-        fmt = PromptFormat(load_tokenizer(tokenizer or model), cfg.rollout.chat_template)
+        fmt = PromptFormat.from_config(load_tokenizer(tokenizer or model), cfg.rollout)
         engines = servers(endpoints, cfg.rollout, model or tokenizer)
         return (
             engines[0] if len(engines) == 1 else Scheduler.for_rollout(engines, cfg.rollout)
@@ -67,7 +67,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
 
     policy, loaded = load_policy(model, cfg.trainer.dtype)
     policy.to(default_device())
-    fmt = PromptFormat(loaded, cfg.rollout.chat_template)
+    fmt = PromptFormat.from_config(loaded, cfg.rollout)
     return TransformersEngine(policy, loaded, fmt.end_of_turn_ids), fmt
 
 

@@ -150,7 +150,7 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
         cfg.trainer.model = str(smollm2())
     train, dev = _splits(cfg, run_dir, sizes)
     model, tokenizer = load_policy(cfg.trainer.model, "float32")
-    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
+    fmt = PromptFormat.from_config(tokenizer, cfg.rollout)
     points_file = run_dir / "points.json"
     points: list[dict[str, Any]] = (
         json.loads(points_file.read_text()) if points_file.is_file() else []

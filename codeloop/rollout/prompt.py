@@ -1,8 +1,11 @@
 """The prompt format: problem -> prompt token ids, tool observation -> inserted token ids.
 
 Everything comes from a chat template (Jinja, as in Hugging Face tokenizers), so a user can swap
-it: `rollout.chat_template` names a file; empty means `rstar2_chat_template.jinja`, the format of
-the rStar2-Agent report. The tokens the environment inserts after a tool call (the end of the
+it: `rollout.chat_template` names a file; empty means `rstar2_chat_template.jinja`, markup in
+the style of the rStar2-Agent report (Qwen-style turns, tools described in the system turn,
+`<reason>`). The wording of the system prompt and of the user's instruction is codeloop's own
+(`SYSTEM_PROMPT`, `USER_INSTRUCTION`), replaced by `rollout.system_prompt` and
+`rollout.user_instruction`. The tokens the environment inserts after a tool call (the end of the
 assistant turn, the tool response turn, the next assistant header) are found by rendering a
 conversation with and without a tool message around marker strings, so any template with a
 `tool` role works. Token-in, token-out: sampled tokens are never re-tokenised; only inserted
@@ -44,6 +47,12 @@ class PromptFormat:
         self.tools = [TOOL_SCHEMA]
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = self._end_of_turn_ids()
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, cfg: Any) -> PromptFormat:
+        """The format a `RolloutConfig` names: its template, system prompt and instruction."""
+        return cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
+                   cfg.user_instruction or USER_INSTRUCTION)  # fmt: skip
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         text: str = self.tokenizer.apply_chat_template(

@@ -25,7 +25,7 @@ def run_sft(cfg: Config) -> Path:
     named = load_conversations(cfg.sft.data)
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     model = distributed.shard(model, world)
-    fmt = PromptFormat(tokenizer, cfg.rollout.chat_template)
+    fmt = PromptFormat.from_config(tokenizer, cfg.rollout)
     logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
     try:
         train_sft(model, fmt, [c for _, c in named], cfg.sft, logger, cfg.trainer.seed,
@@ -53,7 +53,7 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
         print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
     problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
-    return model, PromptFormat(tokenizer, cfg.rollout.chat_template), problems
+    return model, PromptFormat.from_config(tokenizer, cfg.rollout), problems
 
 
 async def run_rl(cfg: Config) -> list[dict[str, float]]:

@@ -43,3 +43,14 @@ def test_template_errors_name_the_problem(fmt: PromptFormat, tmp_path: Path) -> 
     no_tools.write_text("{% for m in messages if m.role != 'tool' %}{{ m.content }}{% endfor %}")
     with pytest.raises(ValueError, match="'tool' message is not rendered"):
         PromptFormat(fmt.tokenizer, str(no_tools))
+
+
+def test_the_wording_comes_from_the_config(fmt: PromptFormat) -> None:
+    from codeloop.config import RolloutConfig
+    from codeloop.rollout.prompt import SYSTEM_PROMPT
+
+    default = PromptFormat.from_config(fmt.tokenizer, RolloutConfig())
+    assert SYSTEM_PROMPT in fmt.tokenizer.decode(default.prompt_ids("What is 2 + 3?"))
+    cfg = RolloutConfig(system_prompt="Be brief.", user_instruction="Q: {problem}")
+    text = fmt.tokenizer.decode(PromptFormat.from_config(fmt.tokenizer, cfg).prompt_ids("2 + 3?"))
+    assert "Be brief." in text and "Q: 2 + 3?" in text and SYSTEM_PROMPT not in text
