@@ -20,6 +20,7 @@ import asyncio
 import copy
 import random
 import time
+import warnings
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -283,7 +284,9 @@ class RLRun:
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self.scheduler.step()  # schedule still follows RL steps
         self.model.eval()
         for key in ("loss", "kl", "clipped", "entropy"):
             sums[key] = all_sum(sums[key], world)
