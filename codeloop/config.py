@@ -284,7 +284,6 @@ class RecipeConfig:
 class EvalConfig:
     """Evaluation protocol (defaults: the report's)."""
 
-    benchmarks: list[str] = knob([], "Benchmark files (JSONL) to evaluate on.")
     k: int = knob(16, "Samples per problem (avg@k, pass@k, maj@k).", ge=1)
     temperature: float = knob(0.6, "Sampling temperature (report: 0.6).", ge=0)
     top_p: float = knob(0.95, "Nucleus sampling threshold (codeloop's choice).", gt=0, le=1)

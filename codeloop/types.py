@@ -210,23 +210,3 @@ class Trajectory:
                 "tool_calls": [ToolCallRecord.from_dict(r) for r in data.get("tool_calls", [])],
             }
         )
-
-
-@dataclass(slots=True)
-class Group:
-    """The trajectories of one prompt, before or after resampling, with the gold answer."""
-
-    prompt_id: str
-    gold: str
-    trajectories: list[Trajectory]
-
-    def __post_init__(self) -> None:
-        for trajectory in self.trajectories:
-            if trajectory.prompt_id != self.prompt_id:
-                raise ValueError(
-                    f"Group {self.prompt_id}: holds a trajectory of prompt {trajectory.prompt_id}"
-                )
-
-    @property
-    def rewards(self) -> list[float | None]:
-        return [t.reward for t in self.trajectories]

@@ -6,7 +6,6 @@ from codeloop.types import (
     ExecRequest,
     ExecResult,
     ExecStatus,
-    Group,
     RolloutStatus,
     ToolCall,
     ToolCallRecord,
@@ -90,10 +89,3 @@ def test_exec_result_round_trip_and_ok() -> None:
     assert result.ok
     assert ExecResult.from_dict(result.to_dict()) == result
     assert not ExecResult(ExecStatus.MEMORY).ok
-
-
-def test_group_rejects_foreign_trajectories() -> None:
-    group = Group("p1", "42", [_trajectory(), _trajectory(sample_index=4, reward=0.0)])
-    assert group.rewards == [1.0, 0.0]
-    with pytest.raises(ValueError, match="Group p1: holds a trajectory of prompt p2"):
-        Group("p1", "42", [_trajectory(prompt_id="p2")])

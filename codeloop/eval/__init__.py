@@ -1,2 +1,5 @@
-"""Evaluation. Built: `metrics` (avg@k, unbiased pass@k, maj@k, per-problem summaries).
-Not built yet (issue 7): `codeloop eval`, the viewer, entropy analysis."""
+"""Evaluation: `metrics` (avg@k, unbiased pass@k, maj@k, per-problem summaries), `passrate`
+(pass rates of a policy over problems, for refiltering and data curation), `evaluate`
+(`codeloop eval`: a model in-process or behind servers, resumable, results and trajectories on
+disk), `entropy` (token entropies, after tool responses and elsewhere), `viewer`
+(`codeloop view`: one self-contained HTML page of a run's trajectories and curves)."""
