@@ -7,10 +7,12 @@ and by data curation (keep a pass-rate band).
 from __future__ import annotations
 
 import asyncio
+import copy
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
-from codeloop.config import RolloutConfig
+from codeloop.config import RewardConfig, RolloutConfig
 from codeloop.data.curate import Removal
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
@@ -42,6 +44,20 @@ async def sample_and_score(engine: Engine | Scheduler, tools: ToolExecutor, fmt:
                                   strict=True):  # fmt: skip
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
     return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]
+
+
+async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
+                         tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
+                         k: int, seed: int, **engine_options: int
+                         ) -> list[list[Trajectory]]:  # fmt: skip
+    """`sample_and_score` with a copy of `model` (training may go on with the original) in an
+    in-process engine (`engine_options`: `max_batch`, `max_kv_tokens`), and its own verifier."""
+    from codeloop.rollout.hf_engine import TransformersEngine
+
+    engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
+                                **engine_options)  # fmt: skip
+    with Verifier(reward) as verifier:
+        return await sample_and_score(engine, tools, fmt, problems, k, rollout, verifier, seed)
 
 
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:

@@ -34,10 +34,8 @@ from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.eval.passrate import policy_metrics, sample_and_score
+from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.recipe.runner import run_recipe
-from codeloop.reward import Verifier
-from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
@@ -115,11 +113,8 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
 async def evaluate(model: Any, fmt: PromptFormat, held_out: list[Problem], tools: Any, cfg: Config,
                    seed: int, samples: int) -> dict[str, float]:  # fmt: skip
     """Held-out metrics of `model`: `samples` trajectories per problem at the rollout settings."""
-    engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                max_batch=128)  # fmt: skip
-    with Verifier(cfg.reward) as verifier:
-        groups = await sample_and_score(engine, tools, fmt, held_out, samples, cfg.rollout,
-                                        verifier, seed)  # fmt: skip
+    groups = await score_snapshot(model, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
+                                  seed, max_batch=128)  # fmt: skip
     return policy_metrics(groups)
 
 

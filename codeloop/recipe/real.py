@@ -31,14 +31,13 @@ from typing import Any
 
 import torch
 
-from codeloop.config import Config, RolloutConfig, load_config
+from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
-from codeloop.eval.passrate import policy_metrics, sample_and_score
+from codeloop.eval.evaluate import eval_rollout_config
+from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
-from codeloop.reward import Verifier
-from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger
@@ -82,24 +81,12 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
                    cfg: Config, samples: int) -> dict[str, float]:  # fmt: skip
     """Development-split metrics of `model` at the `[eval]` sampling settings."""
-    rollout = eval_rollout(cfg)
     # The reservation cap bounds the batch's KV memory: unbounded, 64 rows of up to 1,200
     # tokens, left-padded, grew a SmolLM2 evaluation past 19 GB on this machine.
-    engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                max_batch=64, max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
-    with Verifier(cfg.reward) as verifier:
-        groups = await sample_and_score(engine, tools, fmt, problems, samples, rollout, verifier,
-                                        cfg.trainer.seed)  # fmt: skip
+    groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
+                                  cfg.reward, samples, cfg.trainer.seed, max_batch=64,
+                                  max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
     return {**policy_metrics(groups), **tool_metrics(groups)}
-
-
-def eval_rollout(cfg: Config) -> RolloutConfig:
-    """The rollout settings with the `[eval]` section's sampling and budgets."""
-    rollout = copy.deepcopy(cfg.rollout)
-    rollout.temperature, rollout.top_p = cfg.eval.temperature, cfg.eval.top_p
-    rollout.max_turns = cfg.eval.max_turns
-    rollout.max_response_tokens = cfg.eval.max_response_tokens
-    return rollout
 
 
 def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:
