@@ -88,9 +88,14 @@ def _boxes(text: str) -> list[Extraction]:
     return found
 
 
-def boxed_values(text: str) -> list[str]:
-    """The contents of the top-level boxed values of `text`, in order (empty ones left out)."""
-    return [box.answer for box in _boxes(text) if box.answer is not None]
+def joined_boxes(boxes: list[Extraction]) -> str:
+    """Distinct boxed values in order, as one list `a, b` (one value boxed twice is one)."""
+    return ", ".join(dict.fromkeys(box.answer for box in boxes if box.answer is not None))
+
+
+def boxed_list(text: str) -> str:
+    """The top-level boxed values of `text` as one list `a, b`; "" when there are none."""
+    return joined_boxes(_boxes(text))
 
 
 def last_boxed(text: str) -> Extraction:
@@ -108,10 +113,7 @@ def all_boxed(text: str) -> Extraction:
         return last_boxed(text)
     boxes = _boxes(text)
     bad = [box for box in boxes if box.answer is None]
-    if bad:
-        return bad[-1]
-    values = list(dict.fromkeys(box.answer for box in boxes if box.answer is not None))
-    return Extraction(", ".join(values), Reason.OK)
+    return bad[-1] if bad else Extraction(joined_boxes(boxes), Reason.OK)
 
 
 def _final_answer_block(text: str) -> tuple[str | None, Reason]:

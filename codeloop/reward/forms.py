@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from codeloop.reward.extract import boxed_values
+from codeloop.reward.extract import boxed_list
 from codeloop.reward.integer import parse_integer
 
 _MATRIX_BEGIN = re.compile(r"\\begin\{(?:[bB]?matrix|smallmatrix|array\}\{[^{}]*)\}")
@@ -137,9 +137,7 @@ def repeating_decimals(text: str) -> str:
 def rewrite(answer: str) -> str:
     """The answer with every family above brought to its one form."""
     if "\\boxed" in answer or "\\fbox" in answer:
-        parts = list(dict.fromkeys(boxed_values(answer)))
-        if parts:
-            answer = ", ".join(parts)
+        answer = boxed_list(answer) or answer
     answer = plain_to_latex(answer)
     answer = _VECTOR_NAME.sub("", _FUNCTION_NAME.sub("", answer))
     for pattern, form in _SYNONYMS:
@@ -184,12 +182,9 @@ def other_readings(pred: str, gold: str) -> list[tuple[str, str]]:
     pairs = []
     if "%" in gold and _PERCENT_MARK.search(pred) is None:
         pairs.append((pred, _PERCENT_SIGN.sub("", gold)))
-    if "," in pred and "." in gold and _DECIMAL_POINT.fullmatch(gold.strip().strip("$").strip()):
-        point = _decimal_comma(pred)
-        if point is not None:
-            pairs.append((point, gold))
-    if "," in gold and "." in pred and _DECIMAL_POINT.fullmatch(pred.strip().strip("$").strip()):
-        point = _decimal_comma(gold)
-        if point is not None:
-            pairs.append((pred, point))
+    for comma, point, swapped in ((pred, gold, False), (gold, pred, True)):
+        if "," in comma and "." in point and _DECIMAL_POINT.fullmatch(point.strip("$ ")):
+            read = _decimal_comma(comma)
+            if read is not None:
+                pairs.append((point, read) if swapped else (read, point))
     return pairs

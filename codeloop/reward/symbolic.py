@@ -19,8 +19,8 @@ ends must match exactly, open or closed; an inequality equals the interval it de
 (`x \\le 3` is `(-\\infty, 3]`). `x = 5` equals `5`, but `x = 5` does not equal `y = 5`.
 A percent sign divides by 100, as on the integer path: `50\\%` is `\\frac12`, not 50 (but a
 gold written `50\\%` accepts a bare 50: `forms.other_readings`). Before all this, the families
-of `forms.py` (matrices, relations, plain-text math, function names, several boxed answers)
-are brought to one form. Repeating decimals (`0.\\overline{3}`) are not understood.
+of `forms.py` (matrices, relations, plain-text math, function names, several boxed answers,
+repeating decimals) are brought to one form.
 """
 
 from __future__ import annotations

@@ -258,6 +258,7 @@ class RLRun:
         chunks, world = [c for c in split if c], self.world
         if all_max(len(chunks), world) != -all_max(-len(chunks), world):
             raise ValueError("every rank needs trainer.updates_per_step samples or more")
+        stepped = 0
         for chunk in chunks:
             # The denominator: the step's tokens with signal (a zero advantage trains nothing)
             tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk if s.advantage), world))
@@ -284,6 +285,7 @@ class RLRun:
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            stepped += 1
         with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
             self.scheduler.step()  # schedule still follows RL steps
@@ -298,7 +300,7 @@ class RLRun:
                 ("entropy", "entropy"),
             )
         }
-        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(len(chunks), 1),
+        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
                           "loss/lr": float(self.scheduler.get_last_lr()[0]),
                           "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
 
