@@ -39,14 +39,22 @@ def _codeloop(*args: str) -> subprocess.CompletedProcess[str]:
          "codeloop eval: model '{empty}': no model there (no config.json)"),
         (["eval", "--model", "{empty}", "--data", "{bad}"], "bad.jsonl:2: not JSON"),
         (["config", "show", "nothing.toml"], "codeloop config show: nothing.toml: no such"),
+        (["eval", "--model", "{untokenized}", "--data", "{data}"],
+         "tokenizer '{untokenized}': no tokenizer there"),
+        (["eval", "--model", "{unreadable}", "--data", "{data}"],
+         "tokenizer '{unreadable}': KeyError"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_message_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
+    for name in ("untokenized", "unreadable"):  # a config.json transformers cannot read
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "unreadable" / "tokenizer.json").write_text("{}")
     (tmp_path / "data.jsonl").write_text('{"id": "a", "problem": "1 + 1?", "answer": "2"}\n')
     (tmp_path / "bad.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n{oops\n')
-    names = {"empty": str(tmp_path / "empty"), "data": str(tmp_path / "data.jsonl"),
-             "bad": str(tmp_path / "bad.jsonl")}  # fmt: skip
+    names = {name: str(tmp_path / name) for name in ("empty", "untokenized", "unreadable")}
+    names |= {"data": str(tmp_path / "data.jsonl"), "bad": str(tmp_path / "bad.jsonl")}
     done = _codeloop(*(a.format(**names) for a in args))
     assert done.returncode == 2
     assert message.format(**names) in done.stderr

@@ -27,6 +27,9 @@ class ModelError(CodeloopError, ValueError):
     """A model that cannot be loaded, with the path or name that failed."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 def check_source(name_or_path: str, what: str = "model") -> None:
     """A clear ModelError for a missing directory or one that holds no model."""
     if not name_or_path:
@@ -35,12 +38,20 @@ def check_source(name_or_path: str, what: str = "model") -> None:
     if path.is_dir():
         if what == "model" and not (path / "config.json").is_file():
             raise ModelError(f"{what} {name_or_path!r}: no model there (no config.json)")
+        if what == "tokenizer" and not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ModelError(f"{what} {name_or_path!r}: no tokenizer there (none of "
+                             f"{', '.join(TOKENIZER_FILES)})")  # fmt: skip
     elif name_or_path.startswith(("/", ".", "~")) or path.exists():
         raise ModelError(f"{what} {name_or_path!r}: no such directory")
 
 
-def not_found(name_or_path: str, what: str, err: OSError) -> ModelError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+def not_found(name_or_path: str, what: str, err: Exception) -> ModelError:
+    """transformers' OSError as a ModelError: a directory it could not read, or a name that is
+    neither a directory nor loadable from the hub."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    first = f"{type(err).__name__}: {first}" if not isinstance(err, OSError) else first
+    if Path(name_or_path).expanduser().is_dir():
+        return ModelError(f"{what} {name_or_path!r}: {first}")
     return ModelError(
         f"{what} {name_or_path!r}: not a directory here, and not loadable as a hub name ({first})"
     )
@@ -51,7 +62,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     check_source(name_or_path, "tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as err:  # transformers' word for "not found here nor on the hub"
+    except Exception as err:  # noqa: BLE001 - missing (OSError) or unreadable files: many types
         raise not_found(name_or_path, "tokenizer", err) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -64,7 +75,7 @@ def load_policy(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
     tokenizer = load_tokenizer(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - missing (OSError) or unreadable files: many types
         raise not_found(name_or_path, "model", err) from err
     return model, tokenizer
 
