@@ -174,8 +174,7 @@ class _KilledAtFirstCall:
     def _kill_and_restart(self) -> None:
         from test_sandbox_server import Server
 
-        self.victim.process.kill()
-        self.victim.process.wait()
+        self.victim.process.wait()  # killed by `execute`
         time.sleep(0.5)
         self.restarted.append(Server(port=self.victim.port))
 
@@ -185,9 +184,6 @@ class _KilledAtFirstCall:
             self.killer = threading.Thread(target=self._kill_and_restart)
             self.killer.start()
         return await self.client.execute(request)
-
-    async def execute_batch(self, requests: Any) -> Any:
-        return [await self.execute(r) for r in requests]
 
 
 @pytest.mark.slow
