@@ -152,17 +152,16 @@ class KVBatch:
         used = self.mask.any(0)
         drop = int(used.long().argmax()) if bool(used.any()) else 0
         for layer in _layers(self.cache):
-            layer.keys, layer.values = layer.keys[index, :, drop:], layer.values[index, :, drop:]
+            _replace(layer, layer.keys[index, :, drop:], layer.values[index, :, drop:])
         self.mask = self.mask[:, drop:]
 
     def merge(self, other: KVBatch) -> KVBatch:
         """This batch's rows, then `other`'s, padded on the left to one width."""
         width = max(self.mask.shape[1], other.mask.shape[1])
         for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
-            mine.values = torch.cat(
-                [_pad_left(mine.values, width), _pad_left(theirs.values, width)]
-            )
+            keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
+            values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
+            _replace(mine, keys, values)
         self.mask = torch.cat([_pad_left(self.mask, width, -1), _pad_left(other.mask, width, -1)])
         self.lengths = torch.cat([self.lengths, other.lengths])
         return self
@@ -235,6 +234,14 @@ class _GrowingLayer(DynamicLayer):
         self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         self._buffers = (keys, values, self.keys)
         return self.keys, self.values
+
+
+def _replace(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """New keys and values for a layer, whose spare-room buffers (if any) are let go at once
+    rather than held until its next update."""
+    layer.keys, layer.values = keys, values
+    if getattr(layer, "_buffers", None) is not None:
+        layer._buffers = None
 
 
 def _with_room(tensor: torch.Tensor, room: int) -> torch.Tensor:
