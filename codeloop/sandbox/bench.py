@@ -272,7 +272,12 @@ def main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--only", nargs="*", choices=sorted(WORKLOADS), help="workloads to run")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=sorted(WORKLOADS),
+        help="workloads to run; none when given alone (e.g. with --overload)",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sandbox call counts")
     parser.add_argument("--soak", type=int, default=20000, help="soak calls at concurrency 256")
     parser.add_argument(
