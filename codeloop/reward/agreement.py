@@ -25,6 +25,7 @@ from fractions import Fraction
 from importlib import resources
 from typing import Any
 
+from codeloop.reward.integer import parse_integer
 from codeloop.reward.verifier import Verifier
 
 INTEGER_FAMILY = "integer_gold"
@@ -46,7 +47,7 @@ class Case:
 
     @property
     def integer_gold(self) -> bool:
-        return self.gold.strip().lstrip("-").isdigit()
+        return parse_integer(self.gold) is not None
 
 
 def labelled() -> list[Case]:

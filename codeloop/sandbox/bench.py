@@ -241,7 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["overload"] = {
                     "four_phases": await overload.four_phases(client, args.overload_runs),
                     "loaded_soak": await overload.loaded_soak(
-                        client, args.overload_soak, args.hogs or overload.default_hogs()
+                        client, args.overload_soak, args.hogs or os.cpu_count() or 1
                     ),
                 }
     finally:

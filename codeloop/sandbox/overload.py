@@ -13,7 +13,6 @@ any non-`ok` result here is noise the sandbox made.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -102,7 +101,3 @@ def _print(name: str, row: dict[str, Any]) -> None:
           f" {bad or ''}  lost {row['lost']}  wrong {row['wrong_output']}  call p50/p99/max "
           f"{row['call_p50_s']}/{row['call_p99_s']}/{row['call_max_s']} s",
           flush=True)  # fmt: skip
-
-
-def default_hogs() -> int:
-    return os.cpu_count() or 1
