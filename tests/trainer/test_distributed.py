@@ -44,14 +44,19 @@ def test_two_gloo_processes_match_one(trainer_fmt: PromptFormat, tmp_path: Path)
     trainer_fmt.tokenizer.save_pretrained(tokenizer_dir)
     one = _torchrun(1, tokenizer_dir, tmp_path / "one")
     two = _torchrun(2, tokenizer_dir, tmp_path / "two")
-    for a, b in zip(one["sft"], two["sft"], strict=True):  # 4 SFT steps
+    # the first step scores the same weights: only summation order differs. Later steps follow
+    # AdamW steps at lr 1e-2, which turn that noise into visible moves wherever a gradient is ~0
+    # (one CI machine's one-process run drifted 8e-5 by step 4), so they get a looser bound that
+    # still catches a wrong split of the data or a wrong average of the gradients (>= 1e-2)
+    for step, (a, b) in enumerate(zip(one["sft"], two["sft"], strict=True)):  # 4 SFT steps
+        rel = 1e-5 if step == 0 else 1e-3
         assert b["sft/tokens"] == a["sft/tokens"]
-        assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5)
-        assert b["sft/grad_norm"] == pytest.approx(a["sft/grad_norm"], rel=1e-4)
+        assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=rel)
+        assert b["sft/grad_norm"] == pytest.approx(a["sft/grad_norm"], rel=10 * rel)
     for a, b in zip(one["rl"], two["rl"], strict=True):  # 2 RL updates of 2 optimiser steps
         for key in ("loss/loss", "loss/grad_norm", "loss/policy_tokens", "loss/clip_fraction",
                     "loss/approx_kl", "loss/entropy"):  # fmt: skip
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
     assert one["rl"][1]["loss/clip_fraction"] > 0  # lr 1e-2: the second update clips
     w1 = torch.load(tmp_path / "one" / "weights.pt")
     w2 = torch.load(tmp_path / "two" / "weights.pt")
