@@ -212,7 +212,8 @@ class TrainerConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = knob(
         "auto",
         "Compute dtype of training passes (autocast; FSDP2 all-gathers) and of the in-process "
-        "engine and evaluated models; auto = bfloat16 on CUDA, float32 on CPU. Trained "
+        "engine and evaluated models; auto = bfloat16 on CUDA, float32 on CPU (a CPU with "
+        "AMX-BF16 runs bfloat16 matmuls ~7x faster than float32: set it there). Trained "
         "parameters, gradients and AdamW states stay float32: a step of lr 1e-6 is below "
         "bfloat16's resolution.",
     )

@@ -55,6 +55,6 @@ def policy_loss(
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution: [B, T, V] -> [B, T] (logged, not optimised)."""
+    """Entropy of each next-token distribution: [..., V] -> [...] (logged, not optimised)."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     return -(log_probs.exp() * log_probs).sum(-1)

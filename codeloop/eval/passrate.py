@@ -48,14 +48,15 @@ async def sample_and_score(engine: Engine | Scheduler, tools: ToolExecutor, fmt:
 
 async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
                          tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
-                         k: int, seed: int, **engine_options: int
-                         ) -> list[list[Trajectory]]:  # fmt: skip
-    """`sample_and_score` with a copy of `model` (training may go on with the original) in an
-    in-process engine (`engine_options`: `max_batch`, `max_kv_tokens`), and its own verifier."""
+                         k: int, seed: int, dtype: Any = None,
+                         **engine_options: int) -> list[list[Trajectory]]:  # fmt: skip
+    """`sample_and_score` with a copy of `model` (in `dtype`, a torch dtype, when given;
+    training may go on with the original) in an in-process engine (`engine_options`:
+    `max_batch`, `max_kv_tokens`), and its own verifier."""
     from codeloop.rollout.hf_engine import TransformersEngine
 
-    engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                **engine_options)  # fmt: skip
+    policy = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype=dtype)
+    engine = TransformersEngine(policy, fmt.tokenizer, fmt.end_of_turn_ids, **engine_options)
     with Verifier(reward) as verifier:
         return await sample_and_score(engine, tools, fmt, problems, k, rollout, verifier, seed)
 

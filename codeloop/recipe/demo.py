@@ -40,7 +40,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
+from codeloop.trainer.model import resolve_dtype, tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
@@ -113,8 +113,9 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
 async def evaluate(model: Any, fmt: PromptFormat, held_out: list[Problem], tools: Any, cfg: Config,
                    seed: int, samples: int) -> dict[str, float]:  # fmt: skip
     """Held-out metrics of `model`: `samples` trajectories per problem at the rollout settings."""
+    dtype = resolve_dtype(cfg.trainer.dtype)
     groups = await score_snapshot(model, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
-                                  seed, max_batch=128)  # fmt: skip
+                                  seed, dtype, max_batch=128)  # fmt: skip
     return policy_metrics(groups)
 
 

@@ -31,6 +31,9 @@ from codeloop.rollout.toolcall import TOOL_NAME, format_observation
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]*)>>")
+# an annotation with the result written after it (`= $<<48/2=24>>24`): taken out of a comment
+RESULT = re.compile(r"\s*=?\s*\$?<<[^<>]*>>\$?(?:\d+(?:,\d{3})*(?:\.\d+)?)?")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\w)")
 UNDEFINED = "answer"  # the name the erroneous first cell prints
 Conversation = list[dict[str, str]]
 
@@ -41,17 +44,51 @@ class Built:
     dropped: Counter[str]  # why problems gave no conversation
 
 
-def code_cell(solution: str, answer: str) -> str | None:
+def code_cell(solution: str, answer: str, question: str = "") -> str | None:
     """The solution's computations as Python printing the answer, or None when no annotated
-    result equals the answer."""
-    lines, printed = [], ""
-    for n, (expression, result) in enumerate(ANNOTATION.findall(solution), 1):
-        lines.append(f"x{n} = {expression.strip()}")
-        if _same_number(result, answer):
-            printed = f"x{n}"
+    result equals the answer. Each line of the solution with a computation becomes a comment
+    (the sentence with its annotated results taken out) and one assignment per computation
+    (`x1 = 48/2`). A number in a later computation or sentence that is an earlier result and
+    not a number of `question` becomes that result's variable (`x2 = 48 + x1`): the policy
+    copies numbers from the problem and names what the tool computed, never working an
+    intermediate result out in its head."""
+    lines: list[str] = []
+    results: dict[float, str] = {}  # an earlier result -> its (latest) variable
+    given = {_value(n) for n in NUMBER.findall(question.replace(",", ""))}
+    printed, n = "", 0
+
+    def named(text: str) -> str:
+        def swap(match: re.Match[str]) -> str:
+            value = _value(match.group())
+            return results[value] if value in results and value not in given else match.group()
+
+        return NUMBER.sub(swap, text)
+
+    for line in solution.splitlines():
+        found = ANNOTATION.findall(line)
+        if not found:
+            continue
+        comment = " ".join(named(RESULT.sub("", line)).split())
+        lines.append(f"# {comment}")
+        assignments = []
+        for expression, result in found:
+            n += 1
+            assignments.append(f"x{n} = {named(expression.strip())}")
+            if _same_number(result, answer):
+                printed = f"x{n}"
+            if (value := _value(result.replace(",", ""))) is not None:
+                results[value] = f"x{n}"
+        lines += assignments
     if not printed:
         return None
     return "\n".join([*lines, f"print({printed})"])
+
+
+def _value(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
 
 
 def _same_number(text: str, answer: str) -> bool:
@@ -72,7 +109,8 @@ async def build(problems: Sequence[Problem], tools: ToolExecutor, fmt: PromptFor
     """One conversation per problem whose solution reproduces its answer in the sandbox."""
     rng = random.Random(seed)
     dropped: Counter[str] = Counter()
-    cells = [(p, code_cell(p.solution, p.answer), rng.random() < error_share) for p in problems]
+    cells = [(p, code_cell(p.solution, p.answer, p.problem), rng.random() < error_share)
+             for p in problems]  # fmt: skip
     gate = asyncio.Semaphore(concurrency)
 
     async def run(code: str) -> ExecResult:

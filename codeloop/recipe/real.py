@@ -40,8 +40,9 @@ from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import load_policy
+from codeloop.trainer.model import default_device, load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
 from codeloop.types import ExecStatus, Trajectory
 
@@ -84,7 +85,8 @@ async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools
     # The reservation cap bounds the batch's KV memory: unbounded, 64 rows of up to 1,200
     # tokens, left-padded, grew a SmolLM2 evaluation past 19 GB on this machine.
     groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
-                                  cfg.reward, samples, cfg.trainer.seed, max_batch=64,
+                                  cfg.reward, samples, cfg.trainer.seed,
+                                  resolve_dtype(cfg.trainer.dtype), max_batch=64,
                                   max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
     return {**policy_metrics(groups), **tool_metrics(groups)}
 
@@ -118,8 +120,9 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
         data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
     logger = RunLogger(run_dir / "sft")
     try:
-        train_sft(model, fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
-                  cfg.trainer.grad_clip)  # fmt: skip
+        world = World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
+        train_sft(model.to(world.device), fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
+                  cfg.trainer.grad_clip, world)  # fmt: skip
     finally:
         logger.close()
     model.save_pretrained(saved)

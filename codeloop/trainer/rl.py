@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from codeloop.algo.advantage import group_advantages, has_signal
-from codeloop.algo.loss import policy_loss, token_entropy
+from codeloop.algo.loss import policy_loss
 from codeloop.algo.resample import penalty, resample
 from codeloop.config import Config
 from codeloop.data.problems import Problem
@@ -268,13 +268,12 @@ class RLRun:
             for group, weight in pad_micro_batches(groups, world):
                 batch = on_device(collate(group, pad_id), self.model)
                 with world.autocast():
-                    logprobs, logits = token_logprobs(self.model, batch, temperature)
+                    logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
                 loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                           batch["loss_mask"], max(tokens, 1), algo.clip_low,
                                           algo.clip_high, algo.dual_clip)  # fmt: skip
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
-                with torch.no_grad():
-                    entropy = (token_entropy(logits) * batch["loss_mask"]).sum()
+                entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
                 for key, value in (("loss", float(loss.detach()) * tokens),
                                    ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
                                    ("entropy", float(entropy))):  # fmt: skip

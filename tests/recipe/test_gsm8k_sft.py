@@ -16,12 +16,29 @@ CLIPS = (
 
 
 def test_the_annotations_become_a_cell_that_prints_the_answer() -> None:
-    assert code_cell(CLIPS, "72") == "x1 = 48/2\nx2 = 48+24\nprint(x2)"
+    question = "Natalia sold clips to 48 of her friends in April, and half as many in May."
+    assert code_cell(CLIPS, "72", question) == (
+        "# Natalia sold 48/2 clips in May.\n"
+        "x1 = 48/2\n"
+        "# Natalia sold 48+x1 clips altogether in April and May.\n"
+        "x2 = 48+x1\n"
+        "print(x2)"
+    )
     # the answer is an earlier result: that one is printed; no result equal to it: no cell
-    assert code_cell("A = <<3*4=12>>12, B = <<12+1,000=1,012>>1,012", "12").endswith("print(x1)")
-    assert code_cell("B = <<2+1000=1,002>>1,002", "1002") == "x1 = 2+1000\nprint(x1)"
+    two = "A = <<3*4=12>>12, B = <<12+1,000=1,012>>1,012"
+    assert code_cell(two, "12") == "# A, B\nx1 = 3*4\nx2 = x1+1,000\nprint(x1)"
+    assert code_cell("B = <<2+1000=1,002>>1,002", "1002") == "# B\nx1 = 2+1000\nprint(x1)"
     assert code_cell(CLIPS, "73") is None
     assert code_cell("No computation here.", "5") is None
+
+
+def test_an_earlier_result_that_the_problem_states_stays_a_number() -> None:
+    solution = "She has 3 * 4 = $<<3*4=12>>12.\nThen 12 + 12 = <<12+12=24>>24 in all."
+    # 12 is in the question: both 12s may be the given one, so neither is renamed
+    assert code_cell(solution, "24", "She earns $12 a day and 3 * 4...") == (
+        "# She has 3 * 4.\nx1 = 3*4\n# Then 12 + 12 in all.\nx2 = 12+12\nprint(x2)"
+    )
+    assert code_cell(solution, "24", "3 times 4 dollars").endswith("x2 = x1+x1\nprint(x2)")
 
 
 def _build(problems: list[Problem], error_share: float) -> tuple[Built, PromptFormat]:
@@ -48,8 +65,8 @@ def test_conversations_carry_the_sandboxs_real_output() -> None:
     call = clean[2]["content"]
     assert call.startswith("<reason>Compute it.</reason>\n<tool_call>\n")
     payload = json.loads(call.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
-    assert payload["arguments"]["code"] == code_cell(CLIPS, "72")
-    assert clean[3]["content"] == "72"  # what the sandbox printed
+    assert payload["arguments"]["code"] == code_cell(CLIPS, "72", "How many clips?")
+    assert clean[3]["content"] == "72.0"  # what the sandbox printed (48/2 is a float)
     assert clean[4]["content"] == "<answer>\\boxed{72}</answer>"
     assert sum(encode_conversation(fmt, clean).loss_mask) > 0  # it renders for SFT
 
@@ -62,4 +79,4 @@ def test_an_error_then_its_fix() -> None:
     assert "print(answer)" in fixed[2]["content"]
     assert fixed[3]["content"].startswith("Traceback (most recent call last):")
     assert fixed[3]["content"].endswith("NameError: name 'answer' is not defined")
-    assert "print(x2)" in fixed[4]["content"] and fixed[5]["content"] == "72"
+    assert "print(x2)" in fixed[4]["content"] and fixed[5]["content"] == "72.0"  # 48/2 is a float

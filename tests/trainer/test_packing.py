@@ -70,3 +70,31 @@ def test_sft_with_and_without_packing_takes_the_same_steps(trainer_fmt: PromptFo
     for a, b in zip(packed, padded, strict=True):
         assert a["sft/tokens"] == b["sft/tokens"]
         assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-4)
+
+
+def test_logprobs_scored_only_where_the_loss_mask_is_set() -> None:
+    torch.manual_seed(0)
+    model = tiny_model(100, hidden_size=32, layers=2).eval()
+    samples = [Sample([4, 8, 15, 16, 23, 42], [0, 0, 1, 1, 0, 1], [0.0] * 6),
+               Sample([7, 9, 11], [0, 1, 1], [0.0] * 3)]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    logprobs, entropies = token_logprobs(model, batch, temperature=0.5, entropy=True)
+    assert entropies is not None
+    values = logprobs.detach()
+    with torch.no_grad():
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+        full = torch.log_softmax(model(**inputs).logits / 0.5, -1)
+    targets = batch["input_ids"][:, 1:]
+    # targets scored: row 0 tokens 2, 3, 5 (positions 1, 2, 4); row 1 tokens 1, 2 (positions 0, 1)
+    kept = [(0, 1), (0, 2), (0, 4), (1, 0), (1, 1)]
+    for row in range(2):
+        for j in range(5):
+            if (row, j) in kept:
+                want = float(full[row, j, targets[row, j]])
+                assert float(values[row, j]) == pytest.approx(want, abs=1e-5)
+                spread = float(-(full[row, j].exp() * full[row, j]).sum())
+                assert float(entropies[row, j]) == pytest.approx(spread, abs=1e-4)
+            else:
+                assert float(values[row, j]) == 0.0 and float(entropies[row, j]) == 0.0
+    logprobs.sum().backward()  # gradients flow through the kept positions
+    assert model.get_output_embeddings().weight.grad.abs().sum() > 0
