@@ -137,8 +137,14 @@ class ToolCallRecord:
 
     @property
     def failed(self) -> bool:
-        """Counts as a tool error for GRPO-RoC's p_err: a parse error or any status but ok."""
-        return self.parse_error is not None or not self.result.ok
+        """Counts as a tool error (GRPO-RoC's p_err, tool-error ratios): a parse error or any
+        status but ok, except an infrastructure fault, which is not the model's error."""
+        return self.parse_error is not None or not (self.result.ok or self.infra_fault)
+
+    @property
+    def infra_fault(self) -> bool:
+        """The environment failed the call (sandbox unreachable, overloaded, crashed)."""
+        return self.result.status == ExecStatus.SANDBOX_ERROR
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,6 +199,12 @@ class Trajectory:
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def infra_fault(self) -> bool:
+        """A tool call of it failed through the environment: RL neither rewards nor penalises
+        it (it is left out of the group) and tool-error statistics leave its faults out."""
+        return any(record.infra_fault for record in self.tool_calls)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

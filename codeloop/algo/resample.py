@@ -5,8 +5,9 @@ The report's rule (the default, `roc`), for n = oversample x G sampled trajector
   uniformly at random, so failures stay diverse;
 - positives (reward 1): keep the rest, G - kept negatives, sampled without replacement with
   probability proportional to 1 / (p_total + PENALTY_FLOOR), so clean successes are preferred:
-  - p_err = failed tool calls / tool calls (any status but `ok`, parse errors included), 0.5
-    when the trajectory made no tool call;
+  - p_err = failed tool calls / tool calls (any status but `ok`, parse errors included, an
+    infrastructure fault not: RL leaves such trajectories out), 0.5 when the trajectory made
+    no tool call;
   - p_format = 1 without a closed `<answer>...</answer>` (or with an unclosed tag), else
     min(1, (answers - 1) / assistant turns);
   - p_total = p_err + p_format, in [0, 2].

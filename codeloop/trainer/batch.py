@@ -125,6 +125,9 @@ def on_device(batch: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Ten
     return {key: value.to(device) for key, value in batch.items()}
 
 
+ENTROPY_CHUNK = 1024  # positions whose entropy is computed at once
+
+
 def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0,
                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(logprobs of each next token [B, T-1], their entropies [B, T-1] when `entropy`, else
@@ -144,6 +147,6 @@ def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: floa
     logprobs = torch.zeros(keep.shape, device=logits.device).masked_scatter(keep, chosen)
     if not entropy:
         return logprobs, None
-    with torch.no_grad():
-        spread = token_entropy(logits)  # [N]
+    with torch.no_grad():  # in chunks: one more [N, V] float32 copy is what a step can't spare
+        spread = torch.cat([token_entropy(c) for c in logits.detach().split(ENTROPY_CHUNK)])
     return logprobs, torch.zeros(keep.shape, device=logits.device).masked_scatter(keep, spread)

@@ -33,7 +33,7 @@ import torch
 from codeloop.algo.advantage import group_advantages, has_signal
 from codeloop.algo.loss import policy_loss
 from codeloop.algo.resample import penalty, resample
-from codeloop.config import Config
+from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
@@ -77,6 +77,17 @@ class Group:
     kept: list[Trajectory]
     advantages: list[float]
     position: int = 0  # in the data order: the same on every rank
+
+
+def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
+               rng: random.Random, position: int = 0) -> Group:  # fmt: skip
+    """The scored samples of one prompt, resampled to the G that train, with advantages. One
+    that hit an infrastructure fault is evidence of nothing: never kept, so neither rewarded
+    nor penalised."""
+    healthy = [t for t in sampled if not t.infra_fault]
+    kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []
+    advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
+    return Group(problem, list(sampled), kept, advantages, position)
 
 
 def _seed(*parts: int) -> int:
@@ -229,13 +240,8 @@ class RLRun:
         results = self.verifier.score_batch(list(zip(sampled, golds, strict=True)))
         for trajectory, result in zip(sampled, results, strict=True):
             trajectory.reward, trajectory.final_answer = result.reward, result.extracted
-        groups = []
-        for i, (_, problem) in enumerate(problems):
-            trajectories = list(sampled[i * n : (i + 1) * n])
-            kept = resample(trajectories, algo.group_size, algo.resample, self.roc_rng)
-            advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
-            groups.append(Group(problem, trajectories, kept, advantages, problems[i][0]))
-        return groups
+        return [make_group(problem, sampled[i * n : (i + 1) * n], algo, self.roc_rng, position)
+                for i, (position, problem) in enumerate(problems)]  # fmt: skip
 
     def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
         """A scheduler over this rank's engines, with its share of each server's KV capacity."""
@@ -392,6 +398,7 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
         "rollout/turns": sum(t.num_turns for t in sampled) / max(len(sampled), 1),
         "rollout/tool_calls": len(calls) / max(len(sampled), 1),
         "rollout/tool_error_ratio": error_ratio(sampled),
+        "rollout/infra_faults": sum(t.infra_fault for t in sampled) / max(len(sampled), 1),
         "roc/tool_error_ratio_correct": error_ratio(correct),
         "roc/tool_error_ratio_kept_correct": error_ratio([t for t in kept if t.reward == 1.0]),
     }

@@ -31,10 +31,11 @@ def _traj(index: int = 0, reward: float | None = 1.0, text: str = "<answer>\\box
         ([_record()], 0.0),
         ([_record(), _record(ExecStatus.ERROR), _record(), _record()], 0.25),
         ([_record(ExecStatus.TIMEOUT), _record(parse_error="bad json")], 1.0),
-        ([_record(ExecStatus.MEMORY), _record(), _record(ExecStatus.SANDBOX_ERROR)], 2 / 3),
+        # an infrastructure fault is not the model's error (RL leaves such trajectories out)
+        ([_record(ExecStatus.MEMORY), _record(), _record(ExecStatus.SANDBOX_ERROR)], 1 / 3),
     ],
 )
-def test_p_err_counts_every_failed_status(calls: list[ToolCallRecord], p_err: float) -> None:
+def test_p_err_counts_every_status_the_model_caused(calls: list[ToolCallRecord], p_err: float) -> None:
     assert penalty(_traj(calls=calls)).p_err == pytest.approx(p_err)
 
 

@@ -1,6 +1,7 @@
 import asyncio
 import copy
 import json
+import random
 import re
 import sys
 import threading
@@ -12,15 +13,23 @@ import pytest
 import torch
 from trainer_helpers import conversation
 
-from codeloop.config import Config, SandboxConfig, SFTConfig
+from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, make_group
 from codeloop.trainer.sft import train_sft
+from codeloop.types import (
+    ExecResult,
+    ExecStatus,
+    RolloutStatus,
+    ToolCall,
+    ToolCallRecord,
+    Trajectory,
+)
 
 PAIRS = [(1, 2), (3, 4), (10, 20), (7, 8)]
 PROBLEMS = [Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)]
@@ -233,3 +242,72 @@ def test_an_rl_step_survives_a_sandbox_server_killed_and_restarted(
 def _served(server: Any) -> int:
     text = server.get("/metrics")[1]
     return sum(int(n) for n in re.findall(r'sandbox_calls_total\{status="\w+"\} (\d+)', text))
+
+
+class _FaultyEveryOther:
+    """A sandbox whose every second call fails through the infrastructure, as a crashed or
+    unreachable server does, and whose other calls run for real."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox, self.calls = sandbox, 0
+
+    async def execute(self, request: Any) -> Any:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            return ExecResult(status=ExecStatus.SANDBOX_ERROR, stderr="connection refused")
+        return await self.sandbox.execute(request)
+
+
+def test_trajectories_that_hit_an_infrastructure_fault_are_masked_not_penalised(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    async def main() -> dict[str, float]:
+        model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+        model.load_state_dict(sft_weights)
+        cfg = _config(tmp_path)
+        cfg.algo.drop_zero_signal_groups = False  # every group is dumped with what it kept
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path, tensorboard=False)
+            run = RLRun(cfg, model, trainer_fmt, PROBLEMS, _FaultyEveryOther(sandbox), logger)
+            (metrics,) = await run.train(1)
+            logger.close()
+            run.verifier.close()
+            return metrics
+
+    metrics = asyncio.run(main())
+    lines = (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()
+    dumped = [json.loads(line) for line in lines]
+    statuses = [{r["result"]["status"] for r in t["tool_calls"]} for t in dumped]
+    faulted = [t for t, seen in zip(dumped, statuses, strict=True) if "sandbox_error" in seen]
+    healthy = [t for t in dumped if t not in faulted]
+    assert faulted and healthy  # the policy calls the tool; half its calls fail
+    assert not any(t["kept"] for t in faulted)
+    assert metrics["rollout/infra_faults"] == pytest.approx(len(faulted) / len(dumped))
+    # tool errors are the model's only: the faults are not among them
+    calls = [r for t in dumped for r in t["tool_calls"]]
+    model_errors = [r for r in calls if r["parse_error"] or r["result"]["status"] not in
+                    ("ok", "sandbox_error")]  # fmt: skip
+    assert metrics["rollout/tool_error_ratio"] == pytest.approx(len(model_errors) / len(calls))
+
+
+def _scored(index: int, reward: float, status: str = "ok") -> Any:
+    call = ToolCallRecord(ToolCall("python", {"code": "1"}, ""), ExecResult(ExecStatus(status)))
+    trajectory = Trajectory("p", index, [1], [2], [1], [-0.5], RolloutStatus.ANSWERED, [call])
+    trajectory.reward = reward
+    return trajectory
+
+
+def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
+    algo = AlgoConfig(group_size=2, oversample=2, resample="none")
+    # sample 0 was right, but its tool call never ran: the group is samples 1-3 and the first
+    # two of them train (plain GRPO keeps the first G): rewards 0 and 1, advantages -/+ 1/std
+    sampled = [_scored(0, 1.0, "sandbox_error"), _scored(1, 0.0), _scored(2, 1.0),
+               _scored(3, 0.0, "error")]  # fmt: skip
+    group = make_group(PROBLEMS[0], sampled, algo, random.Random(0))
+    assert [t.sample_index for t in group.kept] == [1, 2]
+    std = 2**-0.5  # sample standard deviation of (0, 1)
+    assert group.advantages == pytest.approx([-0.5 / std, 0.5 / std], rel=1e-5)
+    assert group.sampled == sampled
+    # every sample hit a fault: nothing to train on
+    broken = [_scored(i, 1.0, "sandbox_error") for i in range(4)]
+    assert make_group(PROBLEMS[0], broken, algo, random.Random(0)).kept == []
