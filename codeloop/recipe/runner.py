@@ -6,6 +6,9 @@ not solve reliably (`refilter_samples` samples each, pass rate <= `refilter_max_
 then run `steps` GRPO-RoC steps. The optimiser and its schedule carry over from the previous
 stage unless `reset_optimizer`. A stage that finished (`stage.json` written) is skipped on a
 rerun, with its final weights loaded; an unfinished one resumes from its latest checkpoint.
+A stage that trains on the same problems as the one before continues its data order where it
+stopped (a refiltered stage starts its own list from the beginning); warm-up runs once, in the
+first stage, unless a stage resets the optimiser.
 
 Under torchrun every rank runs the stages (FSDP2 over the ranks, as `codeloop train`): the
 refilter samples each rank's share of the problems and gathers the pass rates, rank 0 writes
@@ -28,7 +31,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, problem_digest
 
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
@@ -56,6 +59,8 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             if carried is not None and not stage.reset_optimizer:
                 run.optimizer.load_state_dict(carried["optimizer"])
                 run.scheduler.load_state_dict(carried["scheduler"])
+            if carried is not None and carried["problems"] == problem_digest(run.problems):
+                run.data_position = carried["data_position"]  # the same problems: go on
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index)
@@ -69,7 +74,9 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             done.write_text(json.dumps(summary, indent=2))
         barrier(world)
         summaries.append(summary)
-        carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+        carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                   "data_position": run.data_position,
+                   "problems": problem_digest(run.problems)}  # fmt: skip
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
     return summaries
@@ -120,7 +127,8 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     model.load_state_dict(_final_model(stage_dir).state_dict())
     state_file = _final_checkpoint(stage_dir) / "state.pt"
     state: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=False)
-    return state
+    extra = state["extra"]
+    return {**state, "data_position": extra["data_position"], "problems": extra.get("problems")}
 
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:

@@ -90,6 +90,11 @@ def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
     return Group(problem, list(sampled), kept, advantages, position)
 
 
+def problem_digest(problems: Sequence[Problem]) -> int:
+    """A checksum of the problems' ids in order: which list a data position indexes."""
+    return zlib.crc32("\n".join(p.id for p in problems).encode())
+
+
 def _seed(*parts: int) -> int:
     return zlib.crc32(" ".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
@@ -333,7 +338,11 @@ class RLRun:
             self.save()
 
     def save(self) -> None:
-        extra = {"data_position": self.data_position, "roc_rng": self.roc_rng.getstate()}
+        extra = {
+            "data_position": self.data_position,
+            "roc_rng": self.roc_rng.getstate(),
+            "problems": problem_digest(self.problems),
+        }  # what data_position indexes
         model_state = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:

@@ -35,7 +35,9 @@ def _traj(index: int = 0, reward: float | None = 1.0, text: str = "<answer>\\box
         ([_record(ExecStatus.MEMORY), _record(), _record(ExecStatus.SANDBOX_ERROR)], 1 / 3),
     ],
 )
-def test_p_err_counts_every_status_the_model_caused(calls: list[ToolCallRecord], p_err: float) -> None:
+def test_p_err_counts_every_status_the_model_caused(
+    calls: list[ToolCallRecord], p_err: float
+) -> None:
     assert penalty(_traj(calls=calls)).p_err == pytest.approx(p_err)
 
 

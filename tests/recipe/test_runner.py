@@ -62,6 +62,11 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
     assert all(not s["optimizer"]["state"] for s in states.values())
     steps = {name: s["scheduler"]["last_epoch"] for name, s in states.items()}
     assert steps == {"1-short": 2, "2-longer": 3, "3-hard": 1}  # carried over, then reset
+    # No group has signal: each step draws 2 prompts in each of its 4 refill rounds. "longer"
+    # goes on from position 16, where "short" stopped; "hard"'s refilter kept the same four
+    # problems, so it goes on too (a list that differs would start from 0)
+    positions = {name: s["extra"]["data_position"] for name, s in states.items()}
+    assert positions == {"1-short": 16, "2-longer": 24, "3-hard": 32}
     assert _recipe(fmt, cfg) == summaries  # everything finished: nothing runs again
 
 
