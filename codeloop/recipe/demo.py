@@ -8,8 +8,9 @@
    held-out ones exactly (the copies into the code and into the answer are learned suddenly,
    at a step that varies by seed), then a mix with imperfect ones (a code error then its fix,
    an answer guessed without the tool), so the policy learns the format, not the task.
-4. Stages 1-3: the recipe in `configs/demo.toml` (GRPO-RoC with the real sandbox, verifier and
-   trainer; stage 3 refilters to the problems the policy still fails and resets the optimiser).
+4. Stages 1-3: the recipe in `demo.toml` beside this file (GRPO-RoC with the real sandbox,
+   verifier and trainer; stage 3 refilters to the problems the policy still fails and resets
+   the optimiser).
 5. After SFT and after each stage: held-out accuracy, mean response length and the tool-error
    ratio among correct trajectories; a PNG of those curves and `summary.json` in the run dir.
 """
@@ -43,7 +44,7 @@ from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import resolve_dtype, tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+DEMO_CONFIG = Path(__file__).with_name("demo.toml")  # package data: a wheel has it too
 TEMPLATE = Path(__file__).with_name("demo_chat_template.jinja")
 SYSTEM = "Compute with Python."
 CALL_HEAD = '{"name": "execute_python_code_with_standard_io", "arguments": {"code": "'

@@ -1,0 +1,46 @@
+"""The installed package stands alone: a wheel carries what `codeloop demo` reads."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_wheel_runs_the_demo_and_config_commands(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # a clean copy: no stale build/ from an earlier build
+    skipped = (".git", ".venv", "runs", "build", "dist", "*.egg-info", "*cache*", "bench-results")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skipped))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist")], check=True, capture_output=True)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("codeloop-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)  # fmt: skip
+    work = tmp_path / "elsewhere"  # neither the checkout nor its configs/ are reachable here
+    work.mkdir()
+
+    def codeloop(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "codeloop", *args], cwd=work,
+                              env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert "usage: codeloop demo" in codeloop("demo", "--help")
+    assert "[trainer]" in codeloop("config", "show")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "from codeloop.recipe.demo import DEMO_CONFIG as d; "
+         "from codeloop.config import load_config; c = load_config(str(d)); "
+         "print(d); print(c.trainer.output_dir, len(c.recipe.stages))"],
+        cwd=work, env={"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    path, settings = loaded.stdout.splitlines()
+    assert path.startswith(str(site))  # the wheel's copy, not the checkout's
+    assert settings == "runs/demo 3"
