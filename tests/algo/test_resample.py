@@ -1,4 +1,5 @@
 import random
+from collections import Counter
 
 import pytest
 
@@ -166,3 +167,19 @@ def test_bad_input_is_an_error() -> None:
         resample([_traj(0, None)], 1, "roc", random.Random(0))
     with pytest.raises(ValueError, match="unknown mode 'rock'"):
         resample([_traj(0, 1.0)], 1, "rock", random.Random(0))
+
+
+def test_roc_keeps_negatives_uniformly_at_random() -> None:
+    # 2 positives, 6 negatives, keep 4: floor(6 x 4 / 8) = 3 negatives, each 3-subset of the 6
+    # equally likely: chi-square of the 20 subsets' counts against uniform over 20,000 draws
+    trajectories = [_traj(i, 1.0 if i < 2 else 0.0) for i in range(8)]
+    rng = random.Random(0)
+    counts: Counter[tuple[int, ...]] = Counter()
+    draws = 20_000
+    for _ in range(draws):
+        kept = resample(trajectories, 4, "roc", rng)
+        counts[tuple(t.sample_index for t in kept if t.reward == 0.0)] += 1
+    assert len(counts) == 20 and all(len(subset) == 3 for subset in counts)
+    expected = draws / 20
+    chi_square = sum((n - expected) ** 2 / expected for n in counts.values())
+    assert chi_square < 43.82  # the 99.9th percentile of chi-square with 19 degrees of freedom

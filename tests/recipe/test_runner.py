@@ -8,12 +8,14 @@ from codeloop.config import Config, SandboxConfig, StageConfig
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.passrate import pass_rates
-from codeloop.recipe.runner import run_recipe
+from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import RLRun
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
 
@@ -84,3 +86,31 @@ def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
         rates = asyncio.run(pass_rates(Answers(), NoTools(), fmt, PROBLEMS, 3,  # type: ignore[arg-type]
                                        _config(Path("/tmp")).rollout, verifier))  # fmt: skip
     assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
+
+
+def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_path: Path) -> None:
+    class Answers:  # an engine answering "4" to everything: it masters p2 (2 + 2) only
+        def __init__(self) -> None:
+            self.weights_updates = 0
+
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            ids = fmt.encode("<answer>\\boxed{4}</answer><|im_end|>")
+            return Generation(ids, [-0.1] * len(ids), "stop")
+
+        def update_weights(self, state: object) -> None:
+            self.weights_updates += 1
+
+    cfg = _config(tmp_path)
+    stage = StageConfig(name="hard", steps=1, refilter=True, refilter_samples=3,
+                        refilter_max_pass_rate=0.5)  # fmt: skip
+    engine = Answers()
+    logger = RunLogger(tmp_path, tensorboard=False)
+    model = tiny_model(len(fmt.tokenizer), hidden_size=32)
+    run = RLRun(cfg, model, fmt, PROBLEMS, None, logger, engine)  # type: ignore[arg-type]
+    try:
+        kept = asyncio.run(_stage_problems(run, stage, PROBLEMS, cfg))
+    finally:
+        run.verifier.close()
+        logger.close()
+    assert engine.weights_updates == 1  # the current policy is what the refilter samples
+    assert [p.id for p in kept] == ["p0", "p1", "p3"]

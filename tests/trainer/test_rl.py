@@ -1,6 +1,7 @@
 import asyncio
 import copy
 import json
+import math
 import random
 import re
 import sys
@@ -311,3 +312,34 @@ def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
     # every sample hit a fault: nothing to train on
     broken = [_scored(i, 1.0, "sandbox_error") for i in range(4)]
     assert make_group(PROBLEMS[0], broken, algo, random.Random(0)).kept == []
+
+
+def test_update_matches_the_clipped_loss_worked_by_hand(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    from codeloop.trainer.batch import Sample, collate, token_logprobs
+
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
+    cfg = _config(tmp_path)
+    cfg.rollout.temperature, cfg.trainer.updates_per_step = 1.0, 1
+    cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip = 0.2, 0.28, 0.0
+    a = Sample([5, 6, 7], [0, 1, 1], [0.0] * 3, advantage=1.0)
+    b = Sample([8, 9, 10], [0, 1, 1], [0.0] * 3, advantage=-1.0)
+    with torch.no_grad():
+        now = token_logprobs(model, collate([a, b], 0))[0]  # [2, 2]
+    # old logprobs set so that the ratios are A: 1.5, 1.0 and B: 0.5, 1.1
+    for sample, row, ratios in ((a, 0, (1.5, 1.0)), (b, 1, (0.5, 1.1))):
+        sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(r)
+                                       for j, r in enumerate(ratios)]  # fmt: skip
+    logger = RunLogger(tmp_path, tensorboard=False)
+    run = RLRun(cfg, model, trainer_fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
+    metrics = run.update([a, b])
+    run.verifier.close()
+    logger.close()
+    # per token -min(r A, clip(r, 0.8, 1.28) A): A1 -1.28 (clipped), A2 -1.0, B1 +0.8
+    # (clipped), B2 +1.1; the token mean over the 4 policy tokens
+    assert metrics["loss/loss"] == pytest.approx((-1.28 - 1.0 + 0.8 + 1.1) / 4, abs=1e-5)
+    assert metrics["loss/clip_fraction"] == pytest.approx(2 / 4)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 1.0, 0.5, 1.1)]  # approx KL per token
+    assert metrics["loss/approx_kl"] == pytest.approx(sum(k3) / 4, abs=1e-5)
+    assert metrics["loss/policy_tokens"] == 4
