@@ -300,14 +300,15 @@ async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any])
     from codeloop.eval.evaluate import eval_rollout_config, open_policy
     from codeloop.eval.passrate import pass_band
     from codeloop.reward import Verifier
+    from codeloop.rollout.collect import Agent
 
     engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
     verifier = Verifier(cfg.reward)
     low, high = args.pass_band
     try:
         return await _with_tools(cfg, lambda tools: pass_band(
-            engine, tools, fmt, problems, args.k, eval_rollout_config(cfg), verifier, low, high,
-            args.seed))  # fmt: skip
+            Agent(engine, tools, fmt, eval_rollout_config(cfg)), problems, args.k, verifier, low,
+            high, args.seed))  # fmt: skip
     finally:
         verifier.close()
 

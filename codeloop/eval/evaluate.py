@@ -30,8 +30,8 @@ from tqdm import tqdm
 from codeloop.config import Config, RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.eval.metrics import majority_correct, summarise
-from codeloop.eval.passrate import sample_and_score
 from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
@@ -160,13 +160,13 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
         raise ValueError(f"{out}/results.jsonl: holds results with another k than eval.k = "
                          f"{cfg.eval.k}; use a new output directory")  # fmt: skip
     _keep_finished_trajectories(out / "trajectories.jsonl", set(done))
-    rollout_cfg, verifier = eval_rollout_config(cfg), Verifier(cfg.reward)
+    verifier = Verifier(cfg.reward)
+    agent = Agent(engine, tools, fmt, eval_rollout_config(cfg))
     limit = asyncio.Semaphore(concurrency)
 
     async def one(problem: Problem) -> tuple[Problem, list[Trajectory]]:
         async with limit:
-            groups = await sample_and_score(engine, tools, fmt, [problem], cfg.eval.k,
-                                            rollout_cfg, verifier, seed)  # fmt: skip
+            groups = await collect(agent, [problem], cfg.eval.k, verifier, seed)
             return problem, groups[0]
 
     todo = [p for p in problems if p.id not in done]

@@ -26,6 +26,7 @@ from typing import Any
 from codeloop.config import Config, stage_config
 from codeloop.data.problems import Problem
 from codeloop.eval.passrate import pass_rates
+from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
@@ -89,9 +90,8 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     await run.sync_weights()
     world = run.world
     mine = list(problems)[world.rank :: world.size]
-    rates = await pass_rates(run.rollout_scheduler(), run.tools,
-                             run.fmt, mine, stage.refilter_samples, cfg.rollout, run.verifier,
-                             cfg.trainer.seed)  # fmt: skip
+    agent = Agent(run.rollout_scheduler(), run.tools, run.fmt, cfg.rollout)
+    rates = await pass_rates(agent, mine, stage.refilter_samples, run.verifier, cfg.trainer.seed)
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
     kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
     limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples

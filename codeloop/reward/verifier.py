@@ -4,12 +4,16 @@ The fast path runs in the caller: extraction, then the cheap rules of `fastpath.
 numbers and ratios, normalised strings, tuples, sets and intervals of numbers).
 Everything else goes to the killable verifier workers (`workers.py`), started on first need,
 so a batch with only integer golds and integer predictions never starts a process.
+`score_async` scores on the verifier's own thread, so that an event loop driving generation
+goes on while a trajectory that has ended is checked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from codeloop.config import RewardConfig
@@ -62,6 +66,7 @@ class Verifier:
     def __init__(self, cfg: RewardConfig | None = None) -> None:
         self.cfg = cfg or RewardConfig()
         self._pool: VerifierPool | None = None
+        self._thread: ThreadPoolExecutor | None = None  # for score_async: one at a time
 
     @property
     def pool(self) -> VerifierPool:
@@ -72,6 +77,13 @@ class Verifier:
 
     def score(self, response: Trajectory | str, gold: str) -> RewardResult:
         return self.score_batch([(response, gold)])[0]
+
+    async def score_async(self, response: Trajectory | str, gold: str) -> RewardResult:
+        """`score` on the verifier's thread; the caller's event loop runs on meanwhile."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="verifier")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self.score, response, gold)
 
     def score_batch(self, items: Sequence[tuple[Trajectory | str, str]]) -> list[RewardResult]:
         """One result per (response, gold) item, in order."""
@@ -101,6 +113,9 @@ class Verifier:
         return [r for r in results if r is not None]
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -36,7 +36,7 @@ from codeloop.algo.resample import penalty, resample
 from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
-from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import OpenAIEngine, servers
@@ -227,26 +227,15 @@ class RLRun:
         return chosen
 
     async def _rollout(self, problems: list[tuple[int, Problem]]) -> list[Group]:
-        algo, seed = self.cfg.algo, self.cfg.trainer.seed
+        algo = self.cfg.algo
         n = algo.group_size * algo.oversample
-
-        r = self.cfg.rollout
         scheduler = self.rollout_scheduler(batch_size=len(problems) * n)
-
-        async def one(position: int, problem: Problem, k: int) -> Trajectory:
-            prompt = self.fmt.prompt_ids(problem.problem)
-            sample_seed = _seed(seed, position, k)
-            async with scheduler.lease() as engine:
-                return await run_trajectory(engine, self.tools, self.fmt, r, problem.id, k,
-                                            prompt, sample_seed)  # fmt: skip
-
-        sampled = await asyncio.gather(*(one(pos, p, k) for pos, p in problems for k in range(n)))
-        golds = [p.answer for _, p in problems for _ in range(n)]
-        results = self.verifier.score_batch(list(zip(sampled, golds, strict=True)))
-        for trajectory, result in zip(sampled, results, strict=True):
-            trajectory.reward, trajectory.final_answer = result.reward, result.extracted
-        return [make_group(problem, sampled[i * n : (i + 1) * n], algo, self.roc_rng, position)
-                for i, (position, problem) in enumerate(problems)]  # fmt: skip
+        agent = Agent(scheduler, self.tools, self.fmt, self.cfg.rollout)
+        positions = [position for position, _ in problems]  # seeds follow the data order
+        scored = await collect(agent, [p for _, p in problems], n, self.verifier,
+                               self.cfg.trainer.seed, keys=positions)  # fmt: skip
+        return [make_group(problem, sampled, algo, self.roc_rng, position)
+                for (position, problem), sampled in zip(problems, scored, strict=True)]  # fmt: skip
 
     def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
         """A scheduler over this rank's engines, with its share of each server's KV capacity."""

@@ -9,6 +9,7 @@ from eval_helpers import PROBLEMS, ScriptedPolicy, cfg_for_eval, read_jsonl
 from codeloop.eval.evaluate import eval_rollout_config
 from codeloop.eval.passrate import pass_band
 from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.model import tiny_model
@@ -21,8 +22,8 @@ def test_pass_band_keeps_the_problems_inside_the_band(fmt: PromptFormat) -> None
         verifier = Verifier(cfg.reward)
         try:
             async with LocalSandbox(cfg.sandbox) as tools:
-                return await pass_band(ScriptedPolicy(fmt), tools, fmt, PROBLEMS, 4,
-                                       eval_rollout_config(cfg), verifier, 0.25, 0.75)  # fmt: skip
+                agent = Agent(ScriptedPolicy(fmt), tools, fmt, eval_rollout_config(cfg))
+                return await pass_band(agent, PROBLEMS, 4, verifier, 0.25, 0.75)
         finally:
             verifier.close()
 

@@ -10,6 +10,7 @@ from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.passrate import pass_rates
 from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
@@ -83,8 +84,8 @@ def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
             raise AssertionError("no tool call expected")
 
     with Verifier() as verifier:
-        rates = asyncio.run(pass_rates(Answers(), NoTools(), fmt, PROBLEMS, 3,  # type: ignore[arg-type]
-                                       _config(Path("/tmp")).rollout, verifier))  # fmt: skip
+        agent = Agent(Answers(), NoTools(), fmt, _config(Path("/tmp")).rollout)  # type: ignore[arg-type]
+        rates = asyncio.run(pass_rates(agent, PROBLEMS, 3, verifier))
     assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
 
 

@@ -1,0 +1,68 @@
+"""One path from problems to scored trajectories: RL, evaluation, refiltering and the demo.
+
+An `Agent` is what the policy talks to and how: its engine (one, or a `Scheduler` over
+several), the tool executor, the prompt format and the rollout settings. `collect` samples k
+trajectories per problem through the agent loop and scores each one with the verifier as soon
+as it ends, so verification overlaps the generation of the others (the verifier works on its
+own thread, its slow checks in worker processes). Sample j of a problem is seeded from
+(seed, key, j), the key being the problem's id unless the caller gives one (RL gives the
+problem's position in its data order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from codeloop.config import RolloutConfig
+from codeloop.data.problems import Problem
+from codeloop.reward import Verifier
+from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.engine import Engine, ToolExecutor
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
+from codeloop.types import Trajectory
+
+
+@dataclass(frozen=True)
+class Agent:
+    """The engine (or a scheduler over engines), tools, format and settings of a rollout."""
+
+    engine: Engine | Scheduler
+    tools: ToolExecutor
+    fmt: PromptFormat
+    rollout: RolloutConfig
+
+
+def sample_seed(seed: int, key: str | int, index: int) -> int:
+    """The sampling seed of sample `index` of the problem with `key`."""
+    return zlib.crc32(f"{seed} {key} {index}".encode()) & 0x7FFFFFFF
+
+
+async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
+                  seed: int = 0, keys: Sequence[str | int] | None = None
+                  ) -> list[list[Trajectory]]:  # fmt: skip
+    """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
+    With a `Scheduler`, each trajectory leases one of its engines."""
+    engine = agent.engine
+    scheduler = engine if isinstance(engine, Scheduler) else Scheduler([engine], "static")
+    keys = list(keys) if keys is not None else [p.id for p in problems]
+    if len(keys) != len(problems):
+        raise ValueError(f"collect: {len(keys)} keys for {len(problems)} problems")
+
+    async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
+        prompt = agent.fmt.prompt_ids(problem.problem)
+        async with scheduler.lease() as leased:
+            trajectory = await run_trajectory(leased, agent.tools, agent.fmt, agent.rollout,
+                                              problem.id, index, prompt,
+                                              sample_seed(seed, key, index))  # fmt: skip
+        result = await verifier.score_async(trajectory, problem.answer)
+        trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+        return trajectory
+
+    flat = await asyncio.gather(
+        *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))
+    )
+    return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]

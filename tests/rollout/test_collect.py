@@ -1,0 +1,62 @@
+"""`collect`: k scored trajectories per problem, each scored while the others still generate."""
+
+import asyncio
+import threading
+import time
+
+from codeloop.config import RolloutConfig
+from codeloop.data.problems import Problem
+from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent, collect, sample_seed
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.prompt import PromptFormat
+
+PROBLEMS = [Problem("fast", "What is 2 + 2?", "4"), Problem("slow", "What is 3 + 3?", "6")]
+
+
+class _WatchedVerifier(Verifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scored = threading.Event()
+
+    def score(self, response: object, gold: str) -> object:  # type: ignore[override]
+        result = super().score(response, gold)  # type: ignore[arg-type]
+        self.scored.set()
+        return result
+
+
+class _Engine:
+    """Answers "fast" at once (right) and "slow" (wrong) only once something was scored, or
+    after 5 s: a caller that scores after the whole batch makes "slow" wait the 5 s."""
+
+    def __init__(self, fmt: PromptFormat, verifier: _WatchedVerifier) -> None:
+        self.fmt, self.verifier = fmt, verifier
+        self.waited_s = 0.0
+        self.seeds: list[int | None] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self.seeds.append(params.seed)
+        if "3 + 3" in self.fmt.tokenizer.decode(prompt_ids):
+            start = time.perf_counter()
+            while not self.verifier.scored.is_set() and time.perf_counter() - start < 5:
+                await asyncio.sleep(0.01)
+            self.waited_s = time.perf_counter() - start
+            reply = "<answer>\\boxed{7}</answer>"
+        else:
+            reply = "<answer>\\boxed{4}</answer>"
+        ids = self.fmt.encode(reply + "<|im_end|>")
+        return Generation(ids, [-0.1] * len(ids), "stop")
+
+
+def test_a_finished_trajectory_is_scored_while_others_generate(fmt: PromptFormat) -> None:
+    with _WatchedVerifier() as verifier:
+        engine = _Engine(fmt, verifier)
+        agent = Agent(engine, None, fmt, RolloutConfig(max_turns=1))  # type: ignore[arg-type]
+        groups = asyncio.run(collect(agent, PROBLEMS, 2, verifier, seed=7, keys=[10, 11]))
+    assert engine.waited_s < 4  # "fast" was scored before "slow" finished
+    assert [[t.reward for t in g] for g in groups] == [[1.0, 1.0], [0.0, 0.0]]
+    assert [[t.final_answer for t in g] for g in groups] == [["4", "4"], ["7", "7"]]
+    assert [[t.sample_index for t in g] for g in groups] == [[0, 1], [0, 1]]
+    # sample j of the problem with key K is seeded from (7, K, j)
+    wanted = {sample_seed(7, key, j) for key in (10, 11) for j in (0, 1)}
+    assert set(engine.seeds) == wanted and len(wanted) == 4
