@@ -6,7 +6,9 @@ cache merged into the running batch, which then decodes one token for every row.
 the moment it stops, and its slot and KV memory go to the next request; a trajectory's next turn
 (after its tool call) therefore never waits for the rest of a batch. Admission is capped by
 `max_batch` running requests and by `max_kv_tokens`: a request reserves its prompt plus its
-`max_tokens` (as the kv_aware scheduler does), so a running request is never preempted.
+`max_tokens` (as the kv_aware scheduler does), so a running request is never preempted. Unset
+(0), `max_kv_tokens` is what a quarter of the memory free at start holds (`default_kv_tokens`),
+and the engine reports it as `kv_capacity_tokens` to the scheduler.
 
 The batch's KV cache is transformers' own `DynamicCache`, left-padded (`kv_batch.py`). A
 finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently used
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +61,39 @@ class _Request:
         return len(self.prompt_ids) + self.params.max_tokens
 
 
+KV_MEMORY_SHARE = 0.25  # of the memory free when an engine starts, for its KV cache
+
+
+def default_kv_tokens(model: Any) -> int:
+    """The KV tokens that fit in KV_MEMORY_SHARE of the memory free now (the GPU's when the
+    model is on one, else the machine's): 2 (keys, values) x layers x KV heads x head size x
+    the model's bytes per value per token."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", 0)
+    heads = getattr(config, "num_attention_heads", 0)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // max(heads, 1)
+    parameter = next(model.parameters())
+    per_token: int = 2 * layers * kv_heads * head_dim * parameter.element_size()
+    if parameter.device.type == "cuda":
+        free = int(torch.cuda.mem_get_info(parameter.device)[0])
+    else:
+        free = _available_memory()
+    return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
+
+
+def _available_memory() -> int:
+    """Bytes the machine can still give (MemAvailable: free plus reclaimable caches)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class TransformersEngine:
     """`Engine` over a `transformers` model; see the module docstring."""
 
@@ -68,7 +104,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
         self.max_batch = max_batch
-        self.max_kv_tokens = max_kv_tokens  # 0: no cap but max_batch
+        self.max_kv_tokens = max_kv_tokens or default_kv_tokens(model)
         self.batch_window_s = batch_window_ms / 1000
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.steps_run = self.prefills_run = 0
@@ -92,6 +128,11 @@ class TransformersEngine:
     def running(self) -> int:
         """Requests being decoded."""
         return len(self._running)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The KV tokens this engine admits (what a KV-aware scheduler may place on it)."""
+        return self.max_kv_tokens
 
     @property
     def kv_tokens_used(self) -> int:

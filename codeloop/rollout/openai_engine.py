@@ -14,13 +14,16 @@ and code; no server of theirs runs on this machine, so they are untested here.
 `refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
 scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a usage fraction
 (`vllm:kv_cache_usage_perc`, `vllm:gpu_cache_usage_perc`, `sglang:token_usage`) times
-`kv_capacity_tokens`. Those vLLM/SGLang gauge names are from their docs, not checked against a
-live server here.
+`kv_capacity_tokens`; unset (0), the capacity is read there too
+(`codeloop_engine_kv_capacity_tokens`, `sglang:max_total_num_tokens`, or vLLM's
+`vllm:cache_config_info` num_gpu_blocks x block_size). Those vLLM/SGLang gauge names are from
+their docs, not checked against a live server here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -79,10 +82,13 @@ class OpenAIEngine:
             raise EngineError(f"{self.base_url}: unreadable completion: {err!r}") from err
 
     async def refresh_kv(self) -> None:
+        """Read the server's KV use (and its capacity, when `kv_capacity_tokens` is unset)."""
         session = await self._http()
         async with session.get(self.base_url + "/metrics") as response:
             text = await response.text() if response.status == 200 else ""
         gauges = _gauges(text)
+        if not self.kv_capacity_tokens:
+            self.kv_capacity_tokens = _capacity(text, gauges)
         if "codeloop_engine_kv_cache_tokens" in gauges:
             self.kv_tokens_used = int(gauges["codeloop_engine_kv_cache_tokens"])
             return
@@ -144,6 +150,23 @@ def _generation(choice: dict[str, Any]) -> Generation:
 
 def _same_dir(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _capacity(text: str, gauges: dict[str, float]) -> int:
+    """The KV tokens a server holds, from its /metrics (0 when it does not say):
+    `codeloop_engine_kv_capacity_tokens`, SGLang's `sglang:max_total_num_tokens`, or vLLM's
+    `vllm:cache_config_info` labels num_gpu_blocks x block_size."""
+    for name in ("codeloop_engine_kv_capacity_tokens", "sglang:max_total_num_tokens"):
+        if gauges.get(name):
+            return int(gauges[name])
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            try:
+                return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+            except (KeyError, ValueError):
+                return 0
+    return 0
 
 
 def _gauges(text: str) -> dict[str, float]:

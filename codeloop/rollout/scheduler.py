@@ -92,11 +92,14 @@ class Scheduler:
         self._poller: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_rollout(cls, engines: Sequence[Engine], cfg: RolloutConfig, batch_size: int = 0
-                    ) -> Scheduler:  # fmt: skip
+    def for_rollout(cls, engines: Sequence[Engine], cfg: RolloutConfig, batch_size: int = 0,
+                    sharing: int = 1) -> Scheduler:  # fmt: skip
         """The scheduler `cfg` names (`rollout.scheduler`, `rollout.kv_capacity_tokens`; a
-        capacity of 0 is no limit)."""
-        return cls(engines, cfg.scheduler, cfg.kv_capacity_tokens or 1 << 40, batch_size)
+        capacity of 0 is each engine's own `kv_capacity_tokens`, no limit where it has none),
+        with 1/`sharing` of each engine's capacity (schedulers that share engines)."""
+        capacities = [(cfg.kv_capacity_tokens or getattr(e, "kv_capacity_tokens", 0)) // sharing
+                      or 1 << 40 for e in engines]  # fmt: skip
+        return cls(engines, cfg.scheduler, capacities, batch_size)
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Engine]:

@@ -92,12 +92,13 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
         return web.json_response({"ok": True, "path": path})
 
     async def metrics(request: web.Request) -> web.Response:
-        used, capacity = engine.kv_tokens_used, engine.max_kv_tokens  # capacity 0: no cap
+        used, capacity = engine.kv_tokens_used, engine.kv_capacity_tokens
         lines = [
             f"codeloop_engine_requests_running {engine.running}",
             f"codeloop_engine_requests_waiting {engine.waiting}",
             f"codeloop_engine_kv_cache_usage {used / capacity if capacity else 0.0:.6f}",
             f"codeloop_engine_kv_cache_tokens {used}",
+            f"codeloop_engine_kv_capacity_tokens {capacity}",
             f"codeloop_engine_requests_completed_total {completed}",
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")

@@ -24,7 +24,7 @@ import warnings
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -172,6 +172,9 @@ class RLRun:
             self.fmt.tokenizer.save_pretrained(path)
             await asyncio.gather(*(server.reload(str(path.resolve())) for server in self.servers))
         barrier(self.world)
+        if not self.cfg.rollout.kv_capacity_tokens:  # each server says what it holds
+            live = [server for server in self.engines if isinstance(server, OpenAIEngine)]
+            await asyncio.gather(*(s.refresh_kv() for s in live), return_exceptions=True)
 
     async def close(self) -> None:
         """Close the verifier's workers and the servers' HTTP sessions."""
@@ -239,10 +242,7 @@ class RLRun:
 
     def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
         """A scheduler over this rank's engines, with its share of each server's KV capacity."""
-        r = self.cfg.rollout
-        capacity = r.kv_capacity_tokens // self.kv_sharing
-        return Scheduler.for_rollout(self.engines, replace(r, kv_capacity_tokens=capacity),
-                                     batch_size)  # fmt: skip
+        return Scheduler.for_rollout(self.engines, self.cfg.rollout, batch_size, self.kv_sharing)
 
     # -- the update ------------------------------------------------------------------------
 

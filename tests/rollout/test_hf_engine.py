@@ -326,3 +326,21 @@ def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine
     for prompt, gen, reference in zip(prompts, gens, expected, strict=True):
         assert gen.token_ids == reference.token_ids
         assert gen.logprobs == pytest.approx(_recompute(engine, prompt, gen, 0.7), abs=1e-4)
+
+
+def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.rollout import hf_engine
+
+    config = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    monkeypatch.setattr(hf_engine, "_available_memory", lambda: 1 << 30)
+    # per token: 2 (K, V) x 2 layers x 2 KV heads x 16 (64 / 4 heads) x 4 bytes = 512 bytes
+    assert hf_engine.default_kv_tokens(model) == (1 << 30) // 4 // 512
+    engine = TransformersEngine(model, fmt.tokenizer, set())
+    assert engine.kv_capacity_tokens == engine.max_kv_tokens == (1 << 28) // 512
+    assert (
+        TransformersEngine(model, fmt.tokenizer, set(), max_kv_tokens=99).kv_capacity_tokens == 99
+    )

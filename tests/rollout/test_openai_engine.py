@@ -135,6 +135,25 @@ def test_live_kv_readings(served: tuple[str, Path]) -> None:
     assert asyncio.run(main()) == (250, 0)  # 25% of 1000; an idle codeloop serve holds 0
 
 
+def test_an_unset_kv_capacity_is_read_from_the_server(served: tuple[str, Path]) -> None:
+    from codeloop.rollout.openai_engine import _capacity, _gauges
+
+    vllm = 'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048"} 1.0'
+    sglang = "sglang:max_total_num_tokens 500000"
+    for text, tokens in ((vllm, 16 * 2048), (sglang, 500_000), ("vllm:num_requests 3", 0)):
+        assert _capacity(text, _gauges(text)) == tokens, text
+
+    async def main() -> int:
+        ours = OpenAIEngine(served[0])  # kv_capacity_tokens unset
+        try:
+            await ours.refresh_kv()
+            return ours.kv_capacity_tokens
+        finally:
+            await ours.close()
+
+    assert asyncio.run(main()) == 1000  # what `codeloop serve --kv-capacity-tokens 1000` holds
+
+
 def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
     """What the engine posts to reload weights, recorded by a stand-in server."""
     from aiohttp import web

@@ -249,3 +249,20 @@ def test_bench_scheduler_kv_aware_never_overflows(tmp_path: Path) -> None:
         assert 0 <= row["idle"] < 1
     assert all(r["preemptions"] == 0 for r in rows if r["policy"] == "kv_aware")
     assert any(r["preemptions"] > 0 for r in rows if r["policy"] == "static")
+
+
+def test_a_scheduler_takes_each_engines_own_kv_capacity_when_none_is_set() -> None:
+    from codeloop.config import RolloutConfig
+
+    class Sized:
+        def __init__(self, capacity: int) -> None:
+            self.kv_capacity_tokens = capacity
+
+    class Unsized:
+        pass
+
+    engines = [Sized(1000), Sized(0), Unsized()]
+    slots = Scheduler.for_rollout(engines, RolloutConfig(), sharing=2).slots  # type: ignore[arg-type]
+    assert [s.capacity_tokens for s in slots] == [500, 1 << 40, 1 << 40]  # unknown: no limit
+    set_here = Scheduler.for_rollout(engines, RolloutConfig(kv_capacity_tokens=300)).slots  # type: ignore[arg-type]
+    assert [s.capacity_tokens for s in set_here] == [300, 300, 300]  # the config wins
