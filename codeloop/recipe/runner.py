@@ -58,8 +58,8 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             kept = await _stage_problems(run, stage, problems, scfg)
             run.problems = list(kept)
             if carried is not None and not stage.reset_optimizer:
-                run.optimizer.load_state_dict(carried["optimizer"])
-                run.scheduler.load_state_dict(carried["scheduler"])
+                run.learner.optimizer.load_state_dict(carried["optimizer"])
+                run.learner.lr_schedule.load_state_dict(carried["lr_schedule"])
             if carried is not None and carried["problems"] == problem_digest(run.problems):
                 run.data_position = carried["data_position"]  # the same problems: go on
             if run.resume():
@@ -75,7 +75,9 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             done.write_text(json.dumps(summary, indent=2))
         barrier(world)
         summaries.append(summary)
-        carried = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        learner = run.learner
+        carried = {"optimizer": learner.optimizer.state_dict(),
+                   "lr_schedule": learner.lr_schedule.state_dict(),
                    "data_position": run.data_position,
                    "problems": problem_digest(run.problems)}  # fmt: skip
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
@@ -127,8 +129,9 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     model.load_state_dict(_final_model(stage_dir).state_dict())
     state_file = _final_checkpoint(stage_dir) / "state.pt"
     state: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=False)
-    extra = state["extra"]
-    return {**state, "data_position": extra["data_position"], "problems": extra.get("problems")}
+    extra = state["extra"]  # the checkpoint file keeps the schedule under "scheduler"
+    return {"optimizer": state["optimizer"], "lr_schedule": state["scheduler"],
+            "data_position": extra["data_position"], "problems": extra.get("problems")}  # fmt: skip
 
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:

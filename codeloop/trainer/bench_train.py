@@ -167,7 +167,7 @@ async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem
         try:
             start = time.perf_counter()
             for _ in range(steps):
-                run.update(samples)
+                run.learner.update(samples)
             _sync()
             update_only = (time.perf_counter() - start) / steps
             await run.sync_weights()

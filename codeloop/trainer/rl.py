@@ -1,17 +1,17 @@
-"""The GRPO-RoC RL loop: roll out, reward, resample, advantages, update, sync weights, log.
+"""The GRPO-RoC RL loop: collect, resample, advantages, learn, publish, log.
 
-`RLRun.step()` reads top to bottom: sample prompts, roll out oversample x G trajectories per
-prompt, score them, keep G per prompt with Resample-on-Correct, compute group advantages (and
-refill dropped zero-signal groups when `algo.drop_zero_signal_groups`), take
-`trainer.updates_per_step` optimiser steps over token-budgeted micro-batches, push the new
-weights to the engine, log, checkpoint. Everything random is seeded from `trainer.seed`, the
-step and the sample index, and the checkpoint holds the data position and the RoC generator, so
-a run stopped and resumed reproduces the uninterrupted run (with a deterministic engine).
-Trajectories go through a `Scheduler` (`rollout.scheduler`) over the engines: the in-process
-engine, or one `OpenAIEngine` per `rollout.endpoints` (`rollout.backend = "openai"`: vLLM,
-SGLang, `codeloop serve`). New weights reach the in-process engine through `update_weights`;
-for servers, rank 0 saves them (model and tokenizer) to `rollout.weights_dir` and asks every
-server to reload that directory before the next rollout.
+`RLRun.step()` reads top to bottom: draw prompts in the data order, `collect` oversample x G
+scored trajectories per prompt (`rollout/collect.py`), keep G per prompt with
+Resample-on-Correct and compute group advantages (refilling dropped zero-signal groups when
+`algo.drop_zero_signal_groups`), let the `Learner` (`learner.py`: the sharded policy, its loss,
+optimiser, learning-rate schedule and checkpoints) take its optimiser steps, publish the new
+weights through a `WeightSink` (`weights.py`: the in-process engine, or servers that reload a
+saved directory), log, checkpoint. Everything random is seeded from `trainer.seed`, the data
+position and the sample index, and the checkpoint holds the data position and the RoC
+generator, so a run stopped and resumed reproduces the uninterrupted run (with a deterministic
+engine). Trajectories go through a `Scheduler` (`rollout.scheduler`) over the engines: the
+in-process engine, or one `OpenAIEngine` per `rollout.endpoints` (`rollout.backend = "openai"`:
+vLLM, SGLang, `codeloop serve`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,14 @@ import asyncio
 import copy
 import random
 import time
-import warnings
 import zlib
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
 from codeloop.algo.advantage import group_advantages, has_signal
-from codeloop.algo.loss import policy_loss
 from codeloop.algo.resample import penalty, resample
 from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
@@ -43,27 +39,18 @@ from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import (
-    Sample,
-    collate,
     from_trajectory,
-    micro_batches,
-    on_device,
-    token_logprobs,
 )
-from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import (
     World,
     all_gather,
-    all_max,
     all_mean,
     all_sum,
-    barrier,
-    full_optimizer_state,
-    full_state_dict,
-    pad_micro_batches,
-    shard,
 )
+from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.weights import EngineSink, ServerSink, WeightSink
 from codeloop.types import RolloutStatus, Trajectory
 
 T = TypeVar("T")
@@ -121,13 +108,16 @@ class RLRun:
             )
         ]
         self.engine: Any = self.engines[0]
-        self.model = model = shard(model, world)  # after the engine's unsharded copy
+        # after the engine's unsharded copy: the learner shards the model
+        self.learner = Learner(model, cfg, world, fmt.tokenizer.pad_token_id or 0)
+        self.model = self.learner.model
+        self.sink: WeightSink = (
+            ServerSink(self.servers, mine,
+                       Path(cfg.rollout.weights_dir or Path(logger.run_dir) / "weights"),
+                       self.model, fmt.tokenizer, world, not cfg.rollout.kv_capacity_tokens)
+            if self.servers else EngineSink(self.engine)
+        )  # fmt: skip
         self.verifier = Verifier(cfg.reward)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-        warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
         self.step_index = 0
         self.data_position = 0
         self.roc_rng = random.Random(t.seed)
@@ -135,6 +125,7 @@ class RLRun:
     # -- the loop --------------------------------------------------------------------------
 
     async def step(self) -> dict[str, float]:
+        """One RL step: collect, resample, advantages, learn, publish, log."""
         timings: dict[str, float] = {}
         clock = time.perf_counter()
         groups, sampled = await self._groups(self.cfg.trainer.prompts_per_step)
@@ -142,7 +133,7 @@ class RLRun:
             from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
         ]
         clock = _lap(timings, "timing/rollout_and_reward_s", clock)
-        losses = self.update(samples)
+        losses = self.learner.update(samples)
         clock = _lap(timings, "timing/update_s", clock)
         await self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
@@ -161,20 +152,7 @@ class RLRun:
 
     async def sync_weights(self) -> None:
         """The engines sample with the trained weights (gathered from the shards)."""
-        state = full_state_dict(self.model, self.world, everywhere=not self.servers)
-        if not self.servers:
-            self.engine.update_weights(state)
-            return
-        if self.world.is_main:
-            path = Path(self.cfg.rollout.weights_dir or Path(self.logger.run_dir) / "weights")
-            dtype = self.world.compute_dtype  # what the servers sample in: half the bytes in bf16
-            self.model.save_pretrained(path, state_dict={k: v.to(dtype) for k, v in state.items()})
-            self.fmt.tokenizer.save_pretrained(path)
-            await asyncio.gather(*(server.reload(str(path.resolve())) for server in self.servers))
-        barrier(self.world)
-        if not self.cfg.rollout.kv_capacity_tokens:  # each server says what it holds
-            live = [server for server in self.engines if isinstance(server, OpenAIEngine)]
-            await asyncio.gather(*(s.refresh_kv() for s in live), return_exceptions=True)
+        await self.sink.publish(self.learner.full_state(everywhere=self.sink.everywhere))
 
     async def close(self) -> None:
         """Close the verifier's workers and the servers' HTTP sessions."""
@@ -244,81 +222,6 @@ class RLRun:
         """A scheduler over this rank's engines, with its share of each server's KV capacity."""
         return Scheduler.for_rollout(self.engines, self.cfg.rollout, batch_size, self.kv_sharing)
 
-    # -- the update ------------------------------------------------------------------------
-
-    def update(self, samples: list[Sample]) -> dict[str, float]:
-        """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
-        t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
-        pad_id = self.fmt.tokenizer.pad_token_id or 0
-        if t.recompute_old_logprobs:
-            self._recompute_old_logprobs(samples, pad_id)
-        sums: dict[str, float] = defaultdict(float)
-        self.model.train()
-        split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
-        chunks, world = [c for c in split if c], self.world
-        if all_max(len(chunks), world) != -all_max(-len(chunks), world):
-            raise ValueError("every rank needs trainer.updates_per_step samples or more")
-        stepped = 0
-        for chunk in chunks:
-            # The denominator: the step's tokens with signal (a zero advantage trains nothing)
-            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk if s.advantage), world))
-            if tokens == 0:  # nothing to learn from (every rank agrees): no optimiser step
-                continue
-            groups = micro_batches(chunk, t.micro_batch_tokens)
-            for group, weight in pad_micro_batches(groups, world):
-                batch = on_device(collate(group, pad_id), self.model)
-                with world.autocast():
-                    logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
-                loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
-                                          batch["loss_mask"], max(tokens, 1), algo.clip_low,
-                                          algo.clip_high, algo.dual_clip)  # fmt: skip
-                (loss * weight * world.size).backward()  # FSDP averages over ranks
-                entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
-                for key, value in (("loss", float(loss.detach()) * tokens),
-                                   ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
-                                   ("entropy", float(entropy))):  # fmt: skip
-                    sums[key] += value * weight
-            sums["tokens"] += tokens
-            sums["all_tokens"] += all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
-            sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            stepped += 1
-        with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
-            self.scheduler.step()  # schedule still follows RL steps
-        self.model.eval()
-        for key in ("loss", "kl", "clipped", "entropy"):
-            sums[key] = all_sum(sums[key], world)
-        metrics = {"loss/loss": sums["loss"] / max(sums["tokens"], 1)} | {
-            f"loss/{k}": sums[key] / max(sums["all_tokens"], 1)  # over every trained token
-            for k, key in (
-                ("clip_fraction", "clipped"),
-                ("approx_kl", "kl"),
-                ("entropy", "entropy"),
-            )
-        }
-        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
-                          "loss/lr": float(self.scheduler.get_last_lr()[0]),
-                          "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
-
-    @torch.no_grad()
-    def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
-        groups = micro_batches(samples, self.cfg.trainer.micro_batch_tokens)
-        for group, weight in pad_micro_batches(groups, self.world):  # FSDP: equal forwards
-            batch = on_device(collate(group, pad_id), self.model)
-            if not weight:
-                self.model(input_ids=batch["input_ids"][:1, :1])
-                continue
-            with self.world.autocast():
-                logprobs, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
-            for row, sample in enumerate(group):
-                values = logprobs[row, : len(sample.input_ids) - 1].tolist()
-                sample.old_logprobs = [0.0] + [
-                    v if m else 0.0 for v, m in zip(values, sample.loss_mask[1:], strict=True)
-                ]
-
     # -- checkpoints -----------------------------------------------------------------------
 
     def _maybe_checkpoint(self) -> None:
@@ -330,23 +233,16 @@ class RLRun:
         extra = {
             "data_position": self.data_position,
             "roc_rng": self.roc_rng.getstate(),
-            "problems": problem_digest(self.problems),
-        }  # what data_position indexes
-        model_state = full_state_dict(self.model, self.world, everywhere=False)
-        optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
-        if self.world.is_main:
-            save_checkpoint(self.logger.run_dir, self.step_index, self.model, self.optimizer,
-                            self.scheduler, extra, self.cfg.trainer.keep_checkpoints,
-                            model_state, optimizer_state)  # fmt: skip
-        barrier(self.world)
+            "problems": problem_digest(self.problems),  # what data_position indexes
+        }
+        self.learner.save(self.logger.run_dir, self.step_index, extra)
 
     def resume(self) -> bool:
         """Continue from the run directory's latest checkpoint, if there is one."""
         path = latest_checkpoint(self.logger.run_dir)
         if path is None:
             return False
-        self.step_index, extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler,
-                                                 sharded=self.world.distributed)  # fmt: skip
+        self.step_index, extra = self.learner.load(path)
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
         return True

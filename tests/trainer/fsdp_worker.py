@@ -71,7 +71,7 @@ def main(tokenizer_dir: str, out: Path) -> None:
     # so that the union of the ranks' mini-batches is the one-process mini-batch
     samples = [s for j, s in enumerate(rl_samples(len(fmt.tokenizer)))
                if (j // 2) % world.size == world.rank]  # fmt: skip
-    rl = [run.update(samples) for _ in range(2)]
+    rl = [run.learner.update(samples) for _ in range(2)]
     asyncio.run(run.sync_weights())  # the engine gets the gathered weights
     run.verifier.close()
     logger.close()

@@ -35,7 +35,7 @@ def _moved_share(model: Any, world: World, fmt: PromptFormat, tmp_path: Path) ->
     logger = RunLogger(tmp_path, tensorboard=False)
     run = RLRun(cfg, model, fmt, [Problem("p", "1+1", "2")], tools=None, logger=logger,  # type: ignore[arg-type]
                 world=world)  # fmt: skip
-    run.update(_samples(len(fmt.tokenizer)))
+    run.learner.update(_samples(len(fmt.tokenizer)))
     logger.close()
     run.verifier.close()
     after = run.model.state_dict()

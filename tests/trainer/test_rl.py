@@ -333,7 +333,7 @@ def test_update_matches_the_clipped_loss_worked_by_hand(
                                        for j, r in enumerate(ratios)]  # fmt: skip
     logger = RunLogger(tmp_path, tensorboard=False)
     run = RLRun(cfg, model, trainer_fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
-    metrics = run.update([a, b])
+    metrics = run.learner.update([a, b])
     run.verifier.close()
     logger.close()
     # per token -min(r A, clip(r, 0.8, 1.28) A): A1 -1.28 (clipped), A2 -1.0, B1 +0.8

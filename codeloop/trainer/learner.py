@@ -1,0 +1,145 @@
+"""The learner: the trainable policy, its loss, optimiser and checkpoints.
+
+`Learner.update(samples)` takes `trainer.updates_per_step` optimiser steps of the token-level
+clipped loss (`algo/loss.py`) over token-budgeted micro-batches; the loss is the mean over the
+tokens with signal of each optimiser step, across ranks. The model is sharded over the ranks of
+`world` with FSDP2 (nothing is sharded in a world of one); parameters, gradients and AdamW
+state stay float32 and the passes run in `trainer.dtype`. The learning rate warms up linearly
+over `trainer.warmup_steps` RL steps, then stays constant (the report's); `lr_schedule` steps
+once per RL step, whether or not the step had signal. `full_state` gathers the weights for a
+`WeightSink`; `save`/`load` write and read full (unsharded) checkpoints that any world size
+resumes from.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from codeloop.algo.loss import policy_loss
+from codeloop.config import Config
+from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
+from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
+from codeloop.trainer.distributed import (
+    World,
+    all_max,
+    all_sum,
+    barrier,
+    full_optimizer_state,
+    full_state_dict,
+    pad_micro_batches,
+    shard,
+)
+
+
+class Learner:
+    """The policy being trained (see the module docstring)."""
+
+    def __init__(self, model: Any, cfg: Config, world: World, pad_id: int = 0) -> None:
+        t = cfg.trainer
+        self.cfg, self.world, self.pad_id = cfg, world, pad_id
+        self.model = shard(model, world)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr,
+                                           weight_decay=t.weight_decay)  # fmt: skip
+        warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
+        t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
+        pad_id = self.pad_id
+        if t.recompute_old_logprobs:
+            self._recompute_old_logprobs(samples, pad_id)
+        sums: dict[str, float] = defaultdict(float)
+        self.model.train()
+        split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
+        chunks, world = [c for c in split if c], self.world
+        if all_max(len(chunks), world) != -all_max(-len(chunks), world):
+            raise ValueError("every rank needs trainer.updates_per_step samples or more")
+        stepped = 0
+        for chunk in chunks:
+            # The denominator: the step's tokens with signal (a zero advantage trains nothing)
+            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk if s.advantage), world))
+            if tokens == 0:  # nothing to learn from (every rank agrees): no optimiser step
+                continue
+            groups = micro_batches(chunk, t.micro_batch_tokens)
+            for group, weight in pad_micro_batches(groups, world):
+                batch = on_device(collate(group, pad_id), self.model)
+                with world.autocast():
+                    logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
+                loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                                          batch["loss_mask"], max(tokens, 1), algo.clip_low,
+                                          algo.clip_high, algo.dual_clip)  # fmt: skip
+                (loss * weight * world.size).backward()  # FSDP averages over ranks
+                entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
+                for key, value in (("loss", float(loss.detach()) * tokens),
+                                   ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
+                                   ("entropy", float(entropy))):  # fmt: skip
+                    sums[key] += value * weight
+            sums["tokens"] += tokens
+            sums["all_tokens"] += all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            stepped += 1
+        with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self.lr_schedule.step()  # schedule still follows RL steps
+        self.model.eval()
+        for key in ("loss", "kl", "clipped", "entropy"):
+            sums[key] = all_sum(sums[key], world)
+        metrics = {"loss/loss": sums["loss"] / max(sums["tokens"], 1)} | {
+            f"loss/{k}": sums[key] / max(sums["all_tokens"], 1)  # over every trained token
+            for k, key in (
+                ("clip_fraction", "clipped"),
+                ("approx_kl", "kl"),
+                ("entropy", "entropy"),
+            )
+        }
+        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
+                          "loss/lr": float(self.lr_schedule.get_last_lr()[0]),
+                          "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
+        groups = micro_batches(samples, self.cfg.trainer.micro_batch_tokens)
+        for group, weight in pad_micro_batches(groups, self.world):  # FSDP: equal forwards
+            batch = on_device(collate(group, pad_id), self.model)
+            if not weight:
+                self.model(input_ids=batch["input_ids"][:1, :1])
+                continue
+            with self.world.autocast():
+                logprobs, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+            for row, sample in enumerate(group):
+                values = logprobs[row, : len(sample.input_ids) - 1].tolist()
+                sample.old_logprobs = [0.0] + [
+                    v if m else 0.0 for v, m in zip(values, sample.loss_mask[1:], strict=True)
+                ]
+
+    # -- weights and checkpoints -------------------------------------------------------------
+
+    def full_state(self, everywhere: bool) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights: on every rank, or on rank 0 only (empty elsewhere)."""
+        return full_state_dict(self.model, self.world, everywhere=everywhere)
+
+    def save(self, run_dir: str | Path, step: int, extra: dict[str, Any]) -> None:
+        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra`."""
+        model_state = full_state_dict(self.model, self.world, everywhere=False)
+        optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
+        if self.world.is_main:
+            save_checkpoint(run_dir, step, self.model, self.optimizer, self.lr_schedule, extra,
+                            self.cfg.trainer.keep_checkpoints, model_state,
+                            optimizer_state)  # fmt: skip
+        barrier(self.world)
+
+    def load(self, path: str | Path) -> tuple[int, dict[str, Any]]:
+        """Restore a checkpoint; returns (its step, its extra)."""
+        return load_checkpoint(path, self.model, self.optimizer, self.lr_schedule,
+                               sharded=self.world.distributed)  # fmt: skip
