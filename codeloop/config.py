@@ -172,10 +172,11 @@ class AlgoConfig:
 
     group_size: int = knob(16, "G: trajectories kept per prompt (report: 16).", ge=1)
     oversample: int = knob(2, "Sample oversample x G per prompt, keep G (report: 2).", ge=1)
-    resample: Literal["roc", "roc_released", "none"] = knob(
+    resample: Literal["roc", "roc_released", "random", "none"] = knob(
         "roc",
         "roc: the report's Resample-on-Correct; roc_released: the released code's "
-        "deterministic variant; none: plain GRPO on the first G.",
+        "deterministic variant; random: a uniformly random G of those sampled (the ablation "
+        "arm that oversamples without selecting); none: plain GRPO on the first G.",
     )
     drop_zero_signal_groups: bool = knob(
         True,

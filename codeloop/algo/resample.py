@@ -15,8 +15,10 @@ The report's rule (the default, `roc`), for n = oversample x G sampled trajector
 `roc_released`: the released code's variant, a proportional split with at least 2 per side
 (when there are that many), keeping the lowest-penalty positives (ties by sample index) and the
 first negatives in sample order, deterministically (the rStar maintainers called their sort of
-negatives a migration bug and removed it: microsoft/rStar issue #49, PR #50). `none`: plain
-GRPO on the first G by sample index. All of it is seeded by the caller's `random.Random`.
+negatives a migration bug and removed it: microsoft/rStar issue #49, PR #50). `random`: a
+uniformly random G of the n (oversampling without selection: the control that separates RoC's
+choice from its extra samples). `none`: plain GRPO on the first G by sample index. All of it
+is seeded by the caller's `random.Random`.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ def resample(trajectories: Sequence[Trajectory], keep: int, mode: str,
     match mode:
         case "none":
             return ordered[:keep]
+        case "random":
+            return sorted(rng.sample(ordered, keep), key=lambda t: t.sample_index)
         case "roc":
             n_pos, n_neg = _split(len(positives), len(negatives), keep)
             weights = [1.0 / (penalty(t).total + PENALTY_FLOOR) for t in positives]
@@ -107,7 +111,7 @@ def resample(trajectories: Sequence[Trajectory], keep: int, mode: str,
             return sorted(kept, key=lambda t: t.sample_index)
         case _:
             raise ValueError(
-                f"algo.resample: unknown mode {mode!r}; expected roc, roc_released, none"
+                f"algo.resample: unknown mode {mode!r}; expected roc, roc_released, random, none"
             )
     kept += rng.sample(negatives, n_neg)
     return sorted(kept, key=lambda t: t.sample_index)

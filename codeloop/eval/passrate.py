@@ -43,6 +43,8 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
     return {
         "accuracy": sum(t.reward or 0.0 for t in flat) / max(len(flat), 1),
         "response_tokens": sum(len(t.response_ids) for t in flat) / max(len(flat), 1),
+        # the model's own tokens: the response without the tool's output
+        "policy_tokens": sum(t.num_policy_tokens for t in flat) / max(len(flat), 1),
         "tool_error_ratio_correct": sum(r.failed for r in calls) / len(calls) if calls else 0.0,
         "tool_calls": sum(len(t.tool_calls) for t in flat) / max(len(flat), 1),
     }

@@ -218,13 +218,18 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-VARIANTS = {"grpo": ["--algo.resample=none", "--algo.oversample=1"], "grpo_roc": []}
+VARIANTS = {
+    "grpo": ["--algo.resample=none", "--algo.oversample=1"],  # G sampled, all kept
+    "grpo_2g_random": ["--algo.resample=random"],  # 2G sampled, a uniformly random G kept
+    "grpo_roc": [],  # 2G sampled, G kept by Resample-on-Correct
+}
 
 
 async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
                        overrides: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Plain GRPO (G samples, no resampling) against GRPO-RoC (2G -> G) from one SFT policy,
-    with the same steps, prompts and seeds; returns the final metrics of each run."""
+    """Plain GRPO (G samples, no resampling), GRPO on a random G of 2G samples, and GRPO-RoC
+    (2G -> G) from one SFT policy, with the same steps, prompts and seeds; returns the final
+    metrics of each run. The middle arm separates RoC's selection from its extra samples."""
     shared = run_dir / "sft"
     if not (shared / "model" / "config.json").is_file():
         stage0(build_format(0), run_dir, 0, sizes)
@@ -242,14 +247,15 @@ async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
 
 
 def _print_ablation(results: dict[str, Any], seeds: list[int]) -> None:
-    print(f"\n{'variant':10} {'accuracy':>9} {'response tokens':>16} {'tool errors | correct':>22}")
+    print(f"\n{'variant':15} {'accuracy':>9} {'response tokens':>16} {'policy tokens':>14} "
+          f"{'tool errors | correct':>22}")  # fmt: skip
+    keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct")
     for variant in VARIANTS:
         rows = [results[f"{variant}-seed{s}"] for s in seeds]
-        mean = {k: sum(r[k] for r in rows) / len(rows)
-                for k in ("accuracy", "response_tokens", "tool_error_ratio_correct")}  # fmt: skip
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
         errors = 100 * mean["tool_error_ratio_correct"]
-        print(f"{variant:10} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
-              f"{errors:>21.1f}%  (mean of seeds {seeds})")  # fmt: skip
+        print(f"{variant:15} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
+              f"{mean['policy_tokens']:>14.1f} {errors:>21.1f}%  (seeds {seeds})")  # fmt: skip
 
 
 def main(run_dir: str, seed: int, overrides: list[str]) -> int:

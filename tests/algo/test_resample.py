@@ -183,3 +183,15 @@ def test_roc_keeps_negatives_uniformly_at_random() -> None:
     expected = draws / 20
     chi_square = sum((n - expected) ** 2 / expected for n in counts.values())
     assert chi_square < 43.82  # the 99.9th percentile of chi-square with 19 degrees of freedom
+
+
+def test_random_keeps_a_uniform_subset_whatever_the_rewards() -> None:
+    # 8 sampled, 2 kept: every one of the 28 pairs about equally often, rewards ignored
+    trajectories = [_traj(i, 1.0 if i < 2 else 0.0) for i in range(8)]
+    rng = random.Random(1)
+    counts: Counter[tuple[int, ...]] = Counter()
+    for _ in range(28_000):
+        counts[tuple(t.sample_index for t in resample(trajectories, 2, "random", rng))] += 1
+    assert len(counts) == 28 and all(a < b for a, b in counts)  # in sample order
+    chi_square = sum((n - 1000) ** 2 / 1000 for n in counts.values())
+    assert chi_square < 55.48  # the 99.9th percentile of chi-square with 27 degrees of freedom
