@@ -34,6 +34,7 @@ from codeloop.trainer.distributed import (
     pad_micro_batches,
     shard,
 )
+from codeloop.trainer.memory import trim_when_above
 
 
 class Learner:
@@ -88,6 +89,7 @@ class Learner:
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            trim_when_above()  # a CPU run's freed activations otherwise pile up (memory.py)
             stepped += 1
         with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)

@@ -36,6 +36,7 @@ from codeloop.trainer.batch import (
 )
 from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.memory import trim_when_above
 
 ROLES = {"system", "user", "assistant", "tool"}
 Conversation = list[dict[str, str]]
@@ -186,6 +187,7 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            trim_when_above()  # a CPU run's freed activations otherwise pile up (memory.py)
             history.append(metrics)
             if logger is not None:
                 logger.log(first_step + len(history), metrics)
