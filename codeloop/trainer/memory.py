@@ -49,8 +49,8 @@ def total_bytes() -> int:
 def trim_when_above(share: float = TRIM_SHARE) -> bool:
     """Return freed memory to the system if this process holds more than `share` of the
     machine's memory; True when it trimmed."""
-    limit = share * total_bytes()
-    if _LIBC is None or not limit or resident_bytes() <= limit:
+    total = total_bytes()
+    if _LIBC is None or not total or resident_bytes() <= share * total:
         return False
     _LIBC.malloc_trim(0)
     return True
