@@ -119,7 +119,17 @@ class RolloutConfig:
         "", "Where RL writes the weights the servers reload; empty = <output_dir>/weights."
     )
     kv_capacity_tokens: int = knob(
-        0, "KV-cache tokens per engine for the kv_aware scheduler; 0 = no limit.", ge=0
+        0,
+        "KV-cache tokens per engine for the kv_aware scheduler; 0 = what each engine reports "
+        "(no limit where it reports nothing).",
+        ge=0,
+    )
+    reload_check_tol: float = knob(
+        0.1,
+        "After each weight reload, every server's logprobs of a greedy probe must lie within "
+        "this mean absolute difference (nats per token) of the trainer's, else the run stops: "
+        "a reload that kept the old weights. 0 = no check (codeloop's choice).",
+        ge=0,
     )
     scheduler: Literal["kv_aware", "least_outstanding", "static"] = knob(
         "kv_aware", "How trajectories are assigned to engines (report: kv_aware)."

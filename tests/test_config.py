@@ -93,7 +93,8 @@ def test_list_override_parses_as_toml() -> None:
         ("[algo]\nclip_low = 1.5\n", "exp.toml: algo.clip_low: must be < 1, got 1.5"),
         ("[algo]\ngroup_size = 0\n", "exp.toml: algo.group_size: must be >= 1, got 0"),
         ('[algo]\nresample = "rock"\n',
-         "exp.toml: algo.resample: expected one of 'roc', 'roc_released', 'random', 'none', got 'rock'"),
+         "exp.toml: algo.resample: expected one of 'roc', 'roc_released', 'random', 'none', "
+         "got 'rock'"),
         ("[sandbox]\nurls = \"http://a\"\n",
          "exp.toml: sandbox.urls: expected a list of a string, got 'http://a'"),
         ("algo = 3\n", "exp.toml: algo: expected a table, got 3"),

@@ -27,20 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 from codeloop.algo.advantage import group_advantages, has_signal
 from codeloop.algo.resample import penalty, resample
 from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
-from codeloop.rollout.engine import Engine, ToolExecutor
+from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.openai_engine import OpenAIEngine, servers
+from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
-from codeloop.trainer.batch import (
-    from_trajectory,
-)
+from codeloop.trainer.batch import Sample, collate, from_trajectory, on_device, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import (
     World,
@@ -55,6 +55,7 @@ from codeloop.types import RolloutStatus, Trajectory
 
 T = TypeVar("T")
 MAX_REFILL_ROUNDS = 4
+RELOAD_PROBE_TOKENS = 16  # greedy tokens a server is checked on after a reload
 
 
 @dataclass
@@ -151,8 +152,38 @@ class RLRun:
         return metrics
 
     async def sync_weights(self) -> None:
-        """The engines sample with the trained weights (gathered from the shards)."""
+        """The engines sample with the trained weights (gathered from the shards); servers are
+        then checked to serve them (`rollout.reload_check_tol`)."""
         await self.sink.publish(self.learner.full_state(everywhere=self.sink.everywhere))
+        if isinstance(self.sink, ServerSink) and self.cfg.rollout.reload_check_tol:
+            await self._check_served_weights(self.sink.mine)
+
+    async def _check_served_weights(self, mine: Sequence[OpenAIEngine]) -> None:
+        """Each rank asks its servers for a greedy continuation of a probe prompt and scores
+        the same tokens with the trainer (one forward per rank, as FSDP needs): a server whose
+        logprobs stray from the trainer's by more than the tolerance still serves old weights
+        (vLLM has had reloads that silently kept them, vllm-project/vllm#32718)."""
+        probe = self.fmt.prompt_ids(self.problems[0].problem)
+        params = SamplingParams(RELOAD_PROBE_TOKENS, temperature=0.0, seed=0)
+        served = await asyncio.gather(*(server.generate(probe, params) for server in mine))
+        samples = [Sample(probe + g.token_ids, [0] * len(probe) + [1] * len(g.token_ids),
+                          [0.0] * (len(probe) + len(g.token_ids))) for g in served]  # fmt: skip
+        batch = on_device(collate(samples, self.learner.pad_id), self.model)
+        with torch.no_grad(), self.world.autocast():
+            trained = token_logprobs(self.model, batch)[0]
+        tol = self.cfg.rollout.reload_check_tol
+        for row, (server, generation) in enumerate(zip(mine, served, strict=True)):
+            start, n = len(probe) - 1, len(generation.token_ids)
+            ours = trained[row, start : start + n].tolist()
+            gap = sum(abs(a - b) for a, b in zip(ours, generation.logprobs, strict=True)) / max(
+                n, 1
+            )
+            if gap > tol:
+                raise EngineError(
+                    f"{server.base_url}: after reloading the weights its logprobs differ from "
+                    f"the trainer's by {gap:.4f} nats per token (> rollout.reload_check_tol "
+                    f"{tol}): the server still serves other weights (a stale reload?)"
+                )
 
     async def close(self) -> None:
         """Close the verifier's workers and the servers' HTTP sessions."""

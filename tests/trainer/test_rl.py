@@ -166,6 +166,42 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
         assert max(abs(a - b) for a, b in zip(trained, before, strict=True)) > 2e-4
 
 
+def test_a_server_that_kept_its_old_weights_stops_the_run(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
+
+    fmt = trainer_fmt
+    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+    model.load_state_dict(sft_weights)
+    served = tmp_path / "served"
+    model.save_pretrained(served)
+    fmt.tokenizer.save_pretrained(served)
+    cfg = _config(tmp_path / "run")
+    cfg.rollout.backend, cfg.rollout.reload_check_tol = "openai", 1e-4  # float32 server: ~1e-6
+
+    async def stale_reload(self: Any, path: str) -> None:  # acknowledged, nothing loaded
+        return None
+
+    async def main(url: str) -> None:
+        cfg.rollout.endpoints = [url]
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path / "run", tensorboard=False)
+            run = RLRun(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            try:
+                await run.sync_weights()  # the served weights are the trainer's: it passes
+                monkeypatch.setattr(OpenAIEngine, "reload", stale_reload)
+                with pytest.raises(EngineError, match="still serves other weights"):
+                    await run.train(1)  # trained at lr 1e-3, then not reloaded
+            finally:
+                logger.close()
+                await run.close()
+
+    with codeloop_serve(served) as url:
+        asyncio.run(main(url))
+
+
 def _chosen_logprobs(model: Any, ids: torch.Tensor, start: int) -> list[float]:
     logits = model(input_ids=ids).logits[0, start - 1 : -1].float()
     chosen = torch.log_softmax(logits, -1).gather(-1, ids[0, start:, None])
