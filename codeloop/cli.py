@@ -465,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--run-dir", default="runs/demo", help="output directory (resumable)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--ablation", action="store_true",
-                      help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT policy, over --seeds")  # fmt: skip
+                      help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT "
+                           "policy, over --seeds")  # fmt: skip
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     demo.set_defaults(run=_demo)
     _add_model_commands(commands)
