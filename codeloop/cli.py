@@ -385,8 +385,8 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     for name, default, help_text in (
         ("dev", 500, "problems held out of GSM8K's training split as the development split"),
         ("eval-problems", 100, "development problems scored after SFT and after each stage"),
-        ("eval-samples", 4, "samples per scored problem"),
-        ("sft-problems", 320, "training problems whose solutions become SFT conversations"),
+        ("eval-samples", 2, "samples per scored problem"),
+        ("sft-problems", 1200, "training problems whose solutions become SFT conversations"),
         ("rl-problems", 64, "training problems (after the SFT ones) the RL stages draw from"),
     ):
         real.add_argument(f"--{name}", type=int, default=default, help=help_text)

@@ -55,8 +55,8 @@ class Sizes:
 
     dev: int = 500  # held out from GSM8K's training split, never trained on
     eval_problems: int = 100  # of the development split, scored after SFT and each stage
-    eval_samples: int = 4
-    sft_problems: int = 320  # training problems whose solutions become SFT conversations
+    eval_samples: int = 2
+    sft_problems: int = 1200  # training problems whose solutions become SFT conversations
     rl_problems: int = 64  # training problems after those that the RL stages draw from
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
