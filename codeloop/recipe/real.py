@@ -35,6 +35,7 @@ from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
 from codeloop.eval.evaluate import eval_rollout_config
 from codeloop.eval.passrate import policy_metrics, score_snapshot
+from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
@@ -127,6 +128,7 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
         logger.close()
     model.save_pretrained(saved)
     fmt.tokenizer.save_pretrained(saved)
+    trim_when_above(0.0)  # SFT's freed activations go back before the engines take memory
     return model
 
 

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import torch
 from transformers import DynamicCache
 
+from codeloop.memory import trim_when_above
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
 
@@ -61,6 +62,7 @@ class _Request:
         return len(self.prompt_ids) + self.params.max_tokens
 
 
+TRIM_EVERY_STEPS = 32  # decoding steps between checks that freed memory goes back (memory.py)
 KV_MEMORY_SHARE = 0.25  # of the memory free when an engine starts, for its KV cache
 
 
@@ -212,6 +214,8 @@ class TransformersEngine:
             if self._running:
                 assert self._batch is not None
                 self.steps_run += 1
+                if self.steps_run % TRIM_EVERY_STEPS == 0:
+                    trim_when_above()  # KV buffers of changing sizes pile up in glibc otherwise
                 tokens = torch.tensor([r.out_ids[-1] for r in self._running], device=device)
                 logits = self._batch.decode(self._forward, tokens)
                 finished += self._sample_and_retire(self._running, self._batch, logits)

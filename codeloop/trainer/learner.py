@@ -22,6 +22,7 @@ import torch
 
 from codeloop.algo.loss import policy_loss
 from codeloop.config import Config
+from codeloop.memory import trim_when_above
 from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
 from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
@@ -34,7 +35,6 @@ from codeloop.trainer.distributed import (
     pad_micro_batches,
     shard,
 )
-from codeloop.trainer.memory import trim_when_above
 
 
 class Learner:

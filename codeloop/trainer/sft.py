@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from codeloop.config import SFTConfig
 from codeloop.errors import CodeloopError
+from codeloop.memory import trim_when_above
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import (
     Sample,
@@ -36,7 +37,6 @@ from codeloop.trainer.batch import (
 )
 from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.memory import trim_when_above
 
 ROLES = {"system", "user", "assistant", "tool"}
 Conversation = list[dict[str, str]]

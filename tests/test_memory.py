@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from codeloop.trainer.memory import resident_bytes, total_bytes, trim_when_above
+from codeloop.memory import resident_bytes, total_bytes, trim_when_above
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
