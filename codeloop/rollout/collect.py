@@ -16,6 +16,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tqdm import tqdm
+
 from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
@@ -42,10 +44,11 @@ def sample_seed(seed: int, key: str | int, index: int) -> int:
 
 
 async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                  seed: int = 0, keys: Sequence[str | int] | None = None
-                  ) -> list[list[Trajectory]]:  # fmt: skip
+                  seed: int = 0, keys: Sequence[str | int] | None = None,
+                  progress: str = "") -> list[list[Trajectory]]:  # fmt: skip
     """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
-    With a `Scheduler`, each trajectory leases one of its engines."""
+    With a `Scheduler`, each trajectory leases one of its engines. `progress`: the label of a
+    progress bar over the trajectories (none when empty)."""
     engine = agent.engine
     scheduler = engine if isinstance(engine, Scheduler) else Scheduler([engine], "static")
     keys = list(keys) if keys is not None else [p.id for p in problems]
@@ -60,9 +63,12 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
                                               sample_seed(seed, key, index))  # fmt: skip
         result = await verifier.score_async(trajectory, problem.answer)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+        bar.update()
         return trajectory
 
-    flat = await asyncio.gather(
-        *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))
-    )
+    with tqdm(total=len(problems) * k, desc=progress, unit="traj", leave=False,
+              disable=not progress) as bar:  # fmt: skip
+        flat = await asyncio.gather(
+            *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))
+        )
     return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]

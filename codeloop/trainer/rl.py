@@ -245,7 +245,8 @@ class RLRun:
         agent = Agent(scheduler, self.tools, self.fmt, self.cfg.rollout)
         positions = [position for position, _ in problems]  # seeds follow the data order
         scored = await collect(agent, [p for _, p in problems], n, self.verifier,
-                               self.cfg.trainer.seed, keys=positions)  # fmt: skip
+                               self.cfg.trainer.seed, keys=positions,
+                               progress="rollout" if self.world.is_main else "")  # fmt: skip
         return [make_group(problem, sampled, algo, self.roc_rng, position)
                 for (position, problem), sampled in zip(problems, scored, strict=True)]  # fmt: skip
 
