@@ -22,7 +22,7 @@ from codeloop.types import Trajectory
 
 async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
                          tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
-                         k: int, seed: int, dtype: Any = None,
+                         k: int, seed: int, dtype: Any = None, progress: str = "",
                          **engine_options: int) -> list[list[Trajectory]]:  # fmt: skip
     """`collect` with a copy of `model` (in `dtype`, a torch dtype, when given;
     training may go on with the original) in an in-process engine (`engine_options`:
@@ -32,7 +32,8 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
     policy = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype=dtype)
     engine = TransformersEngine(policy, fmt.tokenizer, fmt.end_of_turn_ids, **engine_options)
     with Verifier(reward) as verifier:
-        return await collect(Agent(engine, tools, fmt, rollout), problems, k, verifier, seed)
+        agent = Agent(engine, tools, fmt, rollout)
+        return await collect(agent, problems, k, verifier, seed, progress=progress)
 
 
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:

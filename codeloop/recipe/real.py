@@ -87,7 +87,7 @@ async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools
     # tokens, left-padded, grew a SmolLM2 evaluation past 19 GB on this machine.
     groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
                                   cfg.reward, samples, cfg.trainer.seed,
-                                  resolve_dtype(cfg.trainer.dtype), max_batch=64,
+                                  resolve_dtype(cfg.trainer.dtype), "eval", max_batch=64,
                                   max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
     return {**policy_metrics(groups), **tool_metrics(groups)}
 
