@@ -117,6 +117,16 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
 
 
 @pytest.mark.slow
+def _served_policy(fmt: PromptFormat, weights: Any, root: Path) -> tuple[Any, Path, Config]:
+    """The SFT policy, saved where `codeloop serve` can serve it, and a run config."""
+    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+    model.load_state_dict(weights)
+    served = root / "served"
+    model.save_pretrained(served)
+    fmt.tokenizer.save_pretrained(served)
+    return model, served, _config(root / "run")
+
+
 def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any
 ) -> None:
@@ -124,12 +134,7 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     from codeloop.rollout.openai_engine import OpenAIEngine
 
     fmt = trainer_fmt
-    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
-    model.load_state_dict(sft_weights)
-    served = tmp_path / "served"
-    model.save_pretrained(served)
-    fmt.tokenizer.save_pretrained(served)
-    cfg = _config(tmp_path / "run")
+    model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)
     cfg.rollout.backend, cfg.rollout.scheduler = "openai", "kv_aware"
     prompt = fmt.prompt_ids(PROBLEMS[0].problem)
 
@@ -173,12 +178,7 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
     from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
 
     fmt = trainer_fmt
-    model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
-    model.load_state_dict(sft_weights)
-    served = tmp_path / "served"
-    model.save_pretrained(served)
-    fmt.tokenizer.save_pretrained(served)
-    cfg = _config(tmp_path / "run")
+    model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)
     cfg.rollout.backend, cfg.rollout.reload_check_tol = "openai", 1e-4  # float32 server: ~1e-6
 
     async def stale_reload(self: Any, path: str) -> None:  # acknowledged, nothing loaded
