@@ -38,9 +38,10 @@ class Agent:
     rollout: RolloutConfig
 
 
-def sample_seed(seed: int, key: str | int, index: int) -> int:
-    """The sampling seed of sample `index` of the problem with `key`."""
-    return zlib.crc32(f"{seed} {key} {index}".encode()) & 0x7FFFFFFF
+def seed_of(*parts: str | int) -> int:
+    """A seed derived from `parts` (sample j of a problem: `seed_of(seed, key, j)`; RL's data
+    order: `seed_of(seed, epoch)`)."""
+    return zlib.crc32(" ".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
@@ -60,7 +61,7 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
         async with scheduler.lease() as leased:
             trajectory = await run_trajectory(leased, agent.tools, agent.fmt, agent.rollout,
                                               problem.id, index, prompt,
-                                              sample_seed(seed, key, index))  # fmt: skip
+                                              seed_of(seed, key, index))  # fmt: skip
         result = await verifier.score_async(trajectory, problem.answer)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
         bar.update()

@@ -34,7 +34,7 @@ from codeloop.algo.resample import penalty, resample
 from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
-from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.collect import Agent, collect, seed_of
 from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, servers
@@ -81,10 +81,6 @@ def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
 def problem_digest(problems: Sequence[Problem]) -> int:
     """A checksum of the problems' ids in order: which list a data position indexes."""
     return zlib.crc32("\n".join(p.id for p in problems).encode())
-
-
-def _seed(*parts: int) -> int:
-    return zlib.crc32(" ".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 class RLRun:
@@ -174,10 +170,8 @@ class RLRun:
         tol = self.cfg.rollout.reload_check_tol
         for row, (server, generation) in enumerate(zip(mine, served, strict=True)):
             start, n = len(probe) - 1, len(generation.token_ids)
-            ours = trained[row, start : start + n].tolist()
-            gap = sum(abs(a - b) for a, b in zip(ours, generation.logprobs, strict=True)) / max(
-                n, 1
-            )
+            theirs = torch.tensor(generation.logprobs, device=trained.device)
+            gap = float((trained[row, start : start + n] - theirs).abs().mean()) if n else 0.0
             if gap > tol:
                 raise EngineError(
                     f"{server.base_url}: after reloading the weights its logprobs differ from "
@@ -233,7 +227,7 @@ class RLRun:
         for _ in range(count):
             epoch, index = divmod(self.data_position, len(self.problems))
             order = list(range(len(self.problems)))
-            random.Random(_seed(self.cfg.trainer.seed, epoch)).shuffle(order)
+            random.Random(seed_of(self.cfg.trainer.seed, epoch)).shuffle(order)
             chosen.append((self.data_position, self.problems[order[index]]))
             self.data_position += 1
         return chosen

@@ -7,7 +7,7 @@ import time
 from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.reward import Verifier
-from codeloop.rollout.collect import Agent, collect, sample_seed
+from codeloop.rollout.collect import Agent, collect, seed_of
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
@@ -58,5 +58,5 @@ def test_a_finished_trajectory_is_scored_while_others_generate(fmt: PromptFormat
     assert [[t.final_answer for t in g] for g in groups] == [["4", "4"], ["7", "7"]]
     assert [[t.sample_index for t in g] for g in groups] == [[0, 1], [0, 1]]
     # sample j of the problem with key K is seeded from (7, K, j)
-    wanted = {sample_seed(7, key, j) for key in (10, 11) for j in (0, 1)}
+    wanted = {seed_of(7, key, j) for key in (10, 11) for j in (0, 1)}
     assert set(engine.seeds) == wanted and len(wanted) == 4
