@@ -198,6 +198,19 @@ class AlgoConfig:
     dual_clip: float = knob(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.",
                             ge=0)  # fmt: skip
     adv_eps: float = knob(1e-6, "Added to the group std in the advantage denominator.", gt=0)
+    off_policy: Literal["none", "decoupled"] = knob(
+        "none",
+        "none: the ratio is taken against the logprobs the engine sampled with (behaviour), "
+        "as in the report; decoupled: decoupled PPO (Hilton et al. 2022, as AReaL uses it for "
+        "asynchronous RL): the trainer recomputes the logprobs of the weights it holds before "
+        "the update (the proximal policy), clips the ratio against those, and weights each "
+        "token by proximal/behaviour truncated at algo.behaviour_weight_cap (with no lag this "
+        "is the truncated importance sampling of Yao et al. 2025). codeloop's option; the "
+        "report trains synchronously.",
+    )
+    behaviour_weight_cap: float = knob(
+        2.0, "decoupled: the most a token's proximal/behaviour weight can be.", gt=0
+    )
 
 
 @dataclass
@@ -227,6 +240,30 @@ class TrainerConfig:
         "AMX-BF16 runs bfloat16 matmuls ~7x faster than float32: set it there). Trained "
         "parameters, gradients and AdamW states stay float32: a step of lr 1e-6 is below "
         "bfloat16's resolution.",
+    )
+    mode: Literal["sync", "async"] = knob(
+        "sync",
+        "sync: roll out the whole batch, update, publish, repeat (the report's); async: "
+        "generation goes on while the trainer updates on finished groups (codeloop's option, "
+        "trainer/async_rl.py).",
+    )
+    max_staleness: int = knob(
+        1,
+        "async: a group trains only when its oldest sampled token is at most this many policy "
+        "versions old; older groups are regenerated or dropped (trainer.stale_groups).",
+        ge=0,
+    )
+    stale_groups: Literal["regenerate", "drop"] = knob(
+        "regenerate",
+        "async: what becomes of a group older than trainer.max_staleness: its problem is "
+        "sampled again, or it is skipped. Either is counted in the logs.",
+    )
+    partial_rollout: Literal["continue", "wait"] = knob(
+        "continue",
+        "async, at a weight update: continue: requests being decoded go on with the new "
+        "weights (their earlier tokens keep the old logprobs; the in-process engine only); "
+        "wait: the update waits until no request is being decoded and holds new ones back "
+        "meanwhile (servers need it). Trajectories in a tool call continue either way.",
     )
     checkpoint_every: int = knob(50, "Steps between checkpoints; 0 = only at the end.", ge=0)
     keep_checkpoints: int = knob(3, "Most recent checkpoints kept on disk.", ge=1)

@@ -167,7 +167,8 @@ class Trajectory:
     `response_ids`, `loss_mask` and `logprobs` are aligned token by token: `loss_mask[i]` is 1
     when the policy sampled `response_ids[i]` and 0 when the environment inserted it (tool
     responses, turn headers); `logprobs[i]` is the engine's logprob of a sampled token, 0.0 for
-    an inserted one.
+    an inserted one. `versions[i]` is the policy version (RL step) whose weights sampled token i,
+    -1 for an inserted one or where the engine does not say (empty: not recorded).
     """
 
     prompt_id: str
@@ -182,9 +183,15 @@ class Trajectory:
     final_answer: str | None = None
     reward: float | None = None
     text: str = ""  # decoded response; the reward reads the final answer from it
+    versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
+        if self.versions and len(self.versions) != n:
+            raise ValueError(
+                f"Trajectory {self.prompt_id}#{self.sample_index}: {len(self.versions)} "
+                f"versions for {n} response tokens"
+            )
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(
                 f"Trajectory {self.prompt_id}#{self.sample_index}: response_ids, loss_mask and "
@@ -195,6 +202,12 @@ class Trajectory:
             raise ValueError(
                 f"Trajectory {self.prompt_id}#{self.sample_index}: loss_mask must hold 0/1 only"
             )
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the sampled tokens (None: none recorded)."""
+        known = [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m and v >= 0]
+        return min(known) if known else None
 
     @property
     def num_policy_tokens(self) -> int:

@@ -37,11 +37,14 @@ class _Response:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
-    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+    def add(self, ids: list[int], logprobs: list[float] | None,
+            versions: list[int] | None = None) -> None:  # fmt: skip
         self.ids += ids
         self.mask += [1 if logprobs is not None else 0] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.versions += versions if versions is not None else [-1] * len(ids)
 
 
 async def run_trajectory(
@@ -72,7 +75,7 @@ async def run_trajectory(
             status = RolloutStatus.ERROR
             break
         turns += 1
-        response.add(generation.token_ids, generation.logprobs)
+        response.add(generation.token_ids, generation.logprobs, generation.versions)
         turn_text = fmt.tokenizer.decode(generation.token_ids)
         if generation.finish_reason == "length":
             status = RolloutStatus.TRUNCATED_LENGTH
@@ -94,7 +97,8 @@ async def run_trajectory(
         response.add(observation, None)
     text = fmt.tokenizer.decode(response.ids)
     return Trajectory(prompt_id, sample_index, list(prompt_ids), response.ids, response.mask,
-                      response.logprobs, status, records, turns, text=text)  # fmt: skip
+                      response.logprobs, status, records, turns, text=text,
+                      versions=response.versions)  # fmt: skip
 
 
 def _has_answer(turn_text: str) -> bool:

@@ -28,6 +28,8 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]  # one per token, of the distribution it was sampled from
     finish_reason: Literal["stop", "length"]
+    # the policy version that sampled each token, where the engine knows it (see async_rl.py)
+    versions: list[int] | None = None
 
 
 class Engine(Protocol):

@@ -24,7 +24,9 @@ own generator (its seed, or the engine's), and inverts the CDF of its top-p-trun
 distribution in descending probability order, so a seeded request gets the same tokens whatever
 it was batched with. A row stops at an end-of-turn token, at a stop string (the decoded tail is
 checked, so a string that ends across token boundaries is found; the token that completes it is
-kept), or at its `max_tokens`. `update_weights` copies new weights in place between steps.
+kept), or at its `max_tokens`. `update_weights` copies new weights in place between steps
+and advances `version`; each token's `Generation.versions` entry says which weights sampled it,
+so a request that spans an update (a partial rollout) is told apart token by token.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class _Request:
     generator: torch.Generator
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
     finish: Literal["stop", "length"] | None = None
 
     @property
@@ -110,6 +113,7 @@ class TransformersEngine:
         self.batch_window_s = batch_window_ms / 1000
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.steps_run = self.prefills_run = 0
+        self.version = 0  # of the weights: update_weights advances it
         self._queue: list[_Request] = []
         self._running: list[_Request] = []
         self._batch: KVBatch | None = None
@@ -167,7 +171,12 @@ class TransformersEngine:
             for request in done:
                 if not request.future.done():
                     request.future.set_result(
-                        Generation(request.out_ids, request.out_logprobs, request.finish or "stop")
+                        Generation(
+                            request.out_ids,
+                            request.out_logprobs,
+                            request.finish or "stop",
+                            request.out_versions,
+                        )
                     )
 
     def _admit(self) -> list[_Request]:
@@ -183,10 +192,13 @@ class TransformersEngine:
             reserved += tokens
         return joining
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy new weights into the model in place (between steps); cached prefixes are
-        dropped (their KV came from the old weights)."""
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
+                       ) -> None:  # fmt: skip
+        """Copy new weights into the model in place (between steps) and set `version` (by
+        default the next one); cached prefixes are dropped (their KV came from the old
+        weights)."""
         with self._weights_lock, torch.no_grad():
+            self.version = self.version + 1 if version is None else version
             self.prefixes.clear()
             targets = self.model.state_dict()  # tied weights appear under each of their names
             for name, tensor in state_dict.items():
@@ -238,6 +250,7 @@ class TransformersEngine:
         for request, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             request.out_ids.append(token)
             request.out_logprobs.append(logprob)
+            request.out_versions.append(self.version)
             request.finish = self._finished(request.out_ids, request.params)
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) < len(rows):

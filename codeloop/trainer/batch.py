@@ -30,6 +30,7 @@ class Sample:
     loss_mask: list[int]  # 1 = a token the loss trains on
     old_logprobs: list[float]  # per token; 0.0 where unused
     advantage: float = 0.0
+    weights: list[float] | None = None  # per token, of the loss (algo.off_policy); None = 1
 
 
 def from_trajectory(trajectory: Trajectory, advantage: float) -> Sample:
@@ -115,8 +116,12 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     mask = torch.tensor([padded(s.loss_mask, 0) for s in samples])[:, 1:]  # [B, T-1]
     old = torch.tensor([padded(s.old_logprobs, 0.0) for s in samples])[:, 1:]  # [B, T-1]
     advantages = torch.tensor([s.advantage for s in samples])  # [B]
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask,
-            "old_logprobs": old, "advantages": advantages}  # fmt: skip
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": mask,
+             "old_logprobs": old, "advantages": advantages}  # fmt: skip
+    if any(s.weights is not None for s in samples):
+        weights = [padded(s.weights or [1.0] * len(s.input_ids), 0.0) for s in samples]
+        batch["weights"] = torch.tensor(weights)[:, 1:]  # [B, T-1]
+    return batch
 
 
 def on_device(batch: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ resumes from.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -55,8 +56,12 @@ class Learner:
         """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
         t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
         pad_id = self.pad_id
-        if t.recompute_old_logprobs:
+        if t.recompute_old_logprobs or algo.off_policy == "decoupled":
+            behaviour = [s.old_logprobs for s in samples]
             self._recompute_old_logprobs(samples, pad_id)
+            if algo.off_policy == "decoupled":  # clip against the proximal policy, weight
+                for sample, engine in zip(samples, behaviour, strict=True):  # by prox/behaviour
+                    sample.weights = behaviour_weights(sample, engine, algo.behaviour_weight_cap)
         sums: dict[str, float] = defaultdict(float)
         self.model.train()
         split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
@@ -76,7 +81,8 @@ class Learner:
                     logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
                 loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                           batch["loss_mask"], max(tokens, 1), algo.clip_low,
-                                          algo.clip_high, algo.dual_clip)  # fmt: skip
+                                          algo.clip_high, algo.dual_clip,
+                                          batch.get("weights"))  # fmt: skip
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
                 for key, value in (("loss", float(loss.detach()) * tokens),
@@ -145,3 +151,12 @@ class Learner:
         """Restore a checkpoint; returns (its step, its extra)."""
         return load_checkpoint(path, self.model, self.optimizer, self.lr_schedule,
                                sharded=self.world.distributed)  # fmt: skip
+
+
+def behaviour_weights(sample: Sample, behaviour: list[float], cap: float) -> list[float]:
+    """Decoupled PPO's weight of each trained token: pi_prox / pi_behaviour (the recomputed
+    `old_logprobs` against the engine's), at most `cap`; 0 where the loss mask is 0."""
+    return [
+        min(math.exp(prox - engine), cap) if m else 0.0
+        for prox, engine, m in zip(sample.old_logprobs, behaviour, sample.loss_mask, strict=True)
+    ]

@@ -40,6 +40,7 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
+from codeloop.trainer.async_rl import AsyncRL
 from codeloop.trainer.batch import Sample, collate, from_trajectory, on_device, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import (
@@ -118,6 +119,8 @@ class RLRun:
         self.step_index = 0
         self.data_position = 0
         self.roc_rng = random.Random(t.seed)
+        self.pending: list[int] = []  # async: data positions drawn, not trained (checkpointed)
+        self.async_loop: AsyncRL | None = None
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -132,10 +135,14 @@ class RLRun:
         clock = _lap(timings, "timing/rollout_and_reward_s", clock)
         losses = self.learner.update(samples)
         clock = _lap(timings, "timing/update_s", clock)
+        self.step_index += 1
         await self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
-        self.step_index += 1
+        timings["timing/step_s"] = sum(timings.values())
         metrics = all_mean(_rollout_metrics(sampled) | timings, self.world) | losses
+        metrics["throughput/trained_tokens_per_s"] = losses["loss/policy_tokens"] / max(
+            metrics["timing/step_s"], 1e-9
+        )
         metrics["rollout/groups_kept"] = all_sum(len(groups), self.world)
         metrics["rollout/groups_dropped"] = all_sum(  # without signal: kept rewards all equal
             sum(not _signal(g) for g in sampled), self.world
@@ -150,7 +157,8 @@ class RLRun:
     async def sync_weights(self) -> None:
         """The engines sample with the trained weights (gathered from the shards); servers are
         then checked to serve them (`rollout.reload_check_tol`)."""
-        await self.sink.publish(self.learner.full_state(everywhere=self.sink.everywhere))
+        state = self.learner.full_state(everywhere=self.sink.everywhere)
+        await self.sink.publish(state, self.step_index)
         if isinstance(self.sink, ServerSink) and self.cfg.rollout.reload_check_tol:
             await self._check_served_weights(self.sink.mine)
 
@@ -185,6 +193,13 @@ class RLRun:
         await asyncio.gather(*(server.close() for server in self.servers))
 
     async def train(self, steps: int) -> list[dict[str, float]]:
+        """`steps` RL steps, synchronous or asynchronous (`trainer.mode`)."""
+        if self.cfg.trainer.mode == "async":
+            self.async_loop = AsyncRL(self)
+            try:
+                return await self.async_loop.train(steps)
+            finally:
+                self.pending = self.async_loop.pending()
         await self.sync_weights()
         return [await self.step() for _ in range(steps)]
 
@@ -225,12 +240,16 @@ class RLRun:
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
         chosen = []
         for _ in range(count):
-            epoch, index = divmod(self.data_position, len(self.problems))
-            order = list(range(len(self.problems)))
-            random.Random(seed_of(self.cfg.trainer.seed, epoch)).shuffle(order)
-            chosen.append((self.data_position, self.problems[order[index]]))
+            chosen.append((self.data_position, self.problem_at(self.data_position)))
             self.data_position += 1
         return chosen
+
+    def problem_at(self, position: int) -> Problem:
+        """The problem at `position` of the data order (an epoch is a seeded shuffle)."""
+        epoch, index = divmod(position, len(self.problems))
+        order = list(range(len(self.problems)))
+        random.Random(seed_of(self.cfg.trainer.seed, epoch)).shuffle(order)
+        return self.problems[order[index]]
 
     async def _rollout(self, problems: list[tuple[int, Problem]]) -> list[Group]:
         algo = self.cfg.algo
@@ -260,6 +279,7 @@ class RLRun:
             "data_position": self.data_position,
             "roc_rng": self.roc_rng.getstate(),
             "problems": problem_digest(self.problems),  # what data_position indexes
+            "pending": self.async_loop.pending() if self.async_loop else self.pending,
         }
         self.learner.save(self.logger.run_dir, self.step_index, extra)
 
@@ -271,6 +291,7 @@ class RLRun:
         self.step_index, extra = self.learner.load(path)
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
+        self.pending = [int(p) for p in extra.get("pending", [])]
         return True
 
 
@@ -331,20 +352,31 @@ def _signal(group: Group) -> bool:
     return has_signal([t.reward or 0.0 for t in group.kept])
 
 
-def _dump(groups: list[Group]) -> list[dict[str, Any]]:
+def _dump(groups: list[Group], trained: set[int] | None = None) -> list[dict[str, Any]]:
     """Every sampled trajectory; `kept` marks those that trained (none of a group without
-    signal)."""
+    signal, nor of a group not in `trained`, the id()s of the groups that trained, when
+    given). `versions`: the oldest and newest policy version of its sampled tokens."""
     records = []
     for group in groups:
-        kept = {id(t) for t in group.kept} if _signal(group) else set()
+        trains = _signal(group) and (trained is None or id(group) in trained)
+        kept = {id(t) for t in group.kept} if trains else set()
         for t in group.sampled:
             p = penalty(t)
             records.append({"prompt_id": t.prompt_id, "sample_index": t.sample_index,
+                            "position": group.position,
                             "problem": group.problem.problem, "gold": group.problem.answer,
                             "status": str(t.status), "reward": t.reward,
                             "final_answer": t.final_answer,
                             "kept": id(t) in kept, "p_err": p.p_err, "p_format": p.p_format,
                             "num_turns": t.num_turns, "response_tokens": len(t.response_ids),
                             "tool_calls": [r.to_dict() for r in t.tool_calls],
+                            "versions": _version_span(t),
                             "text": t.text})  # fmt: skip
     return records
+
+
+def _version_span(trajectory: Trajectory) -> list[int]:
+    """[oldest, newest] policy version of a trajectory's sampled tokens ([] if unknown)."""
+    known = [v for v, m in zip(trajectory.versions, trajectory.loss_mask, strict=False)
+             if m and v >= 0]  # fmt: skip
+    return [min(known), max(known)] if known else []

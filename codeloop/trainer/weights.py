@@ -24,8 +24,9 @@ from codeloop.trainer.distributed import World, barrier
 class WeightSink(Protocol):
     everywhere: bool  # every rank needs the full weights (else rank 0 alone)
 
-    async def publish(self, state: dict[str, torch.Tensor]) -> None:
-        """Make the rollout sample with `state` (empty on ranks that do not need it)."""
+    async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Make the rollout sample with `state` (empty on ranks that do not need it), policy
+        version `version` (the RL step that produced it)."""
         ...
 
 
@@ -35,8 +36,8 @@ class EngineSink:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    async def publish(self, state: dict[str, torch.Tensor]) -> None:
-        self.engine.update_weights(state)
+    async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(state, version)
 
 
 class ServerSink:
@@ -50,7 +51,7 @@ class ServerSink:
         self.model, self.tokenizer, self.world = model, tokenizer, world
         self.read_capacity = read_capacity
 
-    async def publish(self, state: dict[str, torch.Tensor]) -> None:
+    async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self.world.is_main:
             dtype = self.world.compute_dtype
             cast = {name: value.to(dtype) for name, value in state.items()}

@@ -98,7 +98,7 @@ def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_p
             ids = fmt.encode("<answer>\\boxed{4}</answer><|im_end|>")
             return Generation(ids, [-0.1] * len(ids), "stop")
 
-        def update_weights(self, state: object) -> None:
+        def update_weights(self, state: object, version: int = 0) -> None:
             self.weights_updates += 1
 
     cfg = _config(tmp_path)

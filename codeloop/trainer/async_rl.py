@@ -1,0 +1,323 @@
+"""Asynchronous RL (`trainer.mode = "async"`): generation never waits for the optimiser.
+
+A producer keeps groups (oversample x G samples of one problem, in the data order) generating
+through the same `collect` as the synchronous loop, and puts each scored, resampled group on a
+queue the moment it ends. The learner takes the first `prompts_per_step` usable groups off the
+queue, trains on them in a worker thread while the producer goes on, then publishes the weights,
+which become policy version `step_index`.
+
+Staleness is bounded as AReaL bounds it: a group may start at version v only while the groups
+taken for training plus those outstanding (generating or queued) stay below
+(v + max_staleness + 1) x prompts_per_step, so with `max_staleness = 0` nothing generates during
+an update (the synchronous schedule, group by group) and with 1 the next batch generates while
+this one trains. Every sampled token records the version that sampled it
+(`Trajectory.versions`); a group whose oldest token is more than `max_staleness` versions old
+when the learner reaches it is regenerated (its problem sampled again) or dropped
+(`trainer.stale_groups`), and counted. Groups without signal are dropped as in the synchronous
+loop (`algo.drop_zero_signal_groups`), and a new problem takes their place.
+
+Partial rollouts (`trainer.partial_rollout`): `continue` publishes the new weights at once; the
+in-process engine swaps them between two decoding steps, so a request in flight goes on under
+the new weights and its earlier tokens keep their old logprobs and versions. `wait` closes a
+gate in front of the engines, waits until no request is being decoded, publishes, and opens it
+again (servers need this: their reload must not race a request). A trajectory inside a tool call
+is not touched by either: its next turn simply samples with whatever weights are current.
+
+The loss is taken against the engine's logprobs (behaviour), so off-policy tokens keep their
+true importance ratio; `algo.off_policy = "decoupled"` adds decoupled PPO's correction.
+Checkpoints record the data positions drawn but not yet trained (`pending`): a resumed run
+samples them again first, so a stop loses and duplicates no problem (the samples that were in
+flight are lost work, not lost data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from codeloop.config import ConfigError
+from codeloop.data.problems import Problem
+from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.engine import Engine, Generation, SamplingParams
+from codeloop.rollout.scheduler import Scheduler
+from codeloop.trainer.batch import from_trajectory
+
+if TYPE_CHECKING:
+    from codeloop.trainer.rl import Group, RLRun
+
+
+class Gate:
+    """Stands in front of the engines: counts the generate calls inside, and can hold new ones
+    back until those inside are done (`closed()`). Knows the current policy version."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.version = version
+        self.inside = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    @asynccontextmanager
+    async def entered(self) -> AsyncIterator[int]:
+        """Wait while the gate is closed; yields the version current on entry."""
+        await self._open.wait()
+        self.inside += 1
+        self._empty.clear()
+        try:
+            yield self.version
+        finally:
+            self.inside -= 1
+            if not self.inside:
+                self._empty.set()
+
+    @asynccontextmanager
+    async def closed(self) -> AsyncIterator[None]:
+        """No generate call runs inside this block."""
+        self._open.clear()
+        try:
+            await self._empty.wait()
+            yield
+        finally:
+            self._open.set()
+
+
+class GatedEngine:
+    """An engine behind a `Gate`. Tokens of an engine that does not say which weights sampled
+    them get the version current when the call entered (exact when updates wait for the gate)."""
+
+    def __init__(self, engine: Engine, gate: Gate) -> None:
+        self.engine, self.gate = engine, gate
+
+    def __getattr__(self, name: str) -> Any:  # kv_capacity_tokens, refresh_kv, ...
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        async with self.gate.entered() as version:
+            generation = await self.engine.generate(prompt_ids, params)
+        if generation.versions is None:
+            generation = dataclasses.replace(
+                generation, versions=[version] * len(generation.token_ids)
+            )
+        return generation
+
+
+class Activity:
+    """When the producer had something generating: intervals, to measure overlap."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.since = 0.0
+        self.spans: list[tuple[float, float]] = []
+
+    def start(self) -> None:
+        if not self.running:
+            self.since = time.perf_counter()
+        self.running += 1
+
+    def stop(self) -> None:
+        self.running -= 1
+        if not self.running:
+            self.spans.append((self.since, time.perf_counter()))
+
+    def busy_between(self, start: float, end: float) -> float:
+        """Seconds of [start, end] during which something was generating."""
+        spans = self.spans + ([(self.since, end)] if self.running else [])
+        self.spans = [s for s in self.spans if s[1] > start]
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+class AsyncRL:
+    """The asynchronous loop over an `RLRun`'s learner, engines and sink (module docstring)."""
+
+    def __init__(self, run: RLRun) -> None:
+        cfg = run.cfg
+        if run.world.distributed:
+            raise ConfigError("trainer.mode = 'async' runs in one process for now (not under "
+                              "torchrun); use trainer.mode = 'sync' there")  # fmt: skip
+        if run.servers and cfg.trainer.partial_rollout == "continue":
+            raise ConfigError(
+                "trainer.partial_rollout = 'continue' swaps weights mid-request, "
+                "which only the in-process engine can; servers need 'wait'"
+            )
+        self.run, self.cfg = run, cfg
+        self.batch = cfg.trainer.prompts_per_step
+        self.gate = Gate(run.step_index)
+        engines = [GatedEngine(e, self.gate) for e in run.engines]
+        n = cfg.algo.group_size * cfg.algo.oversample
+        scheduler = Scheduler.for_rollout(engines, cfg.rollout, self.batch * n, run.kv_sharing)
+        self.agent = Agent(scheduler, run.tools, run.fmt, cfg.rollout)
+        self.ready: asyncio.Queue[Group] = asyncio.Queue()
+        self.redo: list[int] = sorted(run.pending)  # positions to sample first (resume, stale)
+        self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
+        self.taken = run.step_index * self.batch  # groups taken for training, all steps
+        self.outstanding = 0  # groups generating or queued
+        self.finished: list[Group] = []  # trained or discarded since the last log
+        self.trained: set[int] = set()  # id() of those of `finished` that trained
+        self.counts: Counter[str] = Counter()
+        self.activity = Activity()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+
+    def pending(self) -> list[int]:
+        """Data positions drawn but neither trained nor discarded (a checkpoint's `pending`)."""
+        return sorted({*self.positions, *self.redo})
+
+    # -- the producer ----------------------------------------------------------------------
+
+    def _may_start(self) -> bool:
+        bound = (self.run.step_index + self.cfg.trainer.max_staleness + 1) * self.batch
+        return self.taken + self.outstanding < bound
+
+    async def _produce(self) -> None:
+        while True:
+            while self._may_start():
+                position, problem = self._draw()
+                self.outstanding += 1
+                task = asyncio.create_task(self._group(position, problem))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _draw(self) -> tuple[int, Problem]:
+        if self.redo:
+            position = self.redo.pop(0)
+            problem = self.run.problem_at(position)
+        else:
+            position, problem = self.run._next_problems(1)[0]
+        self.positions[position] = problem
+        return position, problem
+
+    async def _group(self, position: int, problem: Problem) -> None:
+        from codeloop.trainer.rl import make_group
+
+        algo = self.cfg.algo
+        self.activity.start()
+        try:
+            sampled = await collect(self.agent, [problem], algo.group_size * algo.oversample,
+                                    self.run.verifier, self.cfg.trainer.seed,
+                                    keys=[position])  # fmt: skip
+        finally:
+            self.activity.stop()
+        group = make_group(problem, sampled[0], algo, self.run.roc_rng, position)
+        self.ready.put_nowait(group)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+            self.ready.put_nowait(None)  # type: ignore[arg-type]  # wakes the learner
+
+    def _retire(self, group: Group, trained: bool) -> None:
+        """A group leaves the pipeline: trained, or discarded."""
+        self.outstanding -= 1
+        self.positions.pop(group.position, None)
+        self.finished.append(group)
+        if trained:
+            self.trained.add(id(group))
+        self._wake.set()
+
+    # -- the learner -----------------------------------------------------------------------
+
+    async def train(self, steps: int) -> list[dict[str, float]]:
+        await self.run.sync_weights()
+        producer = asyncio.create_task(self._produce())
+        try:
+            return [await self.step() for _ in range(steps)]
+        finally:
+            producer.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(producer, *self._tasks, return_exceptions=True)
+
+    async def _next_batch(self) -> list[Group]:
+        from codeloop.trainer.rl import _signal
+
+        t, version = self.cfg.trainer, self.run.step_index
+        batch: list[Group] = []
+        while len(batch) < self.batch:
+            group = await self.ready.get()
+            if self._failure is not None:
+                raise self._failure
+            oldest = _oldest_version(group, version)
+            if version - oldest > t.max_staleness:
+                self.counts["stale"] += 1
+                self._retire(group, trained=False)
+                if t.stale_groups == "regenerate":
+                    self.redo.append(group.position)
+                    self.positions[group.position] = group.problem
+                    self.counts["regenerated"] += 1
+                continue
+            if self.cfg.algo.drop_zero_signal_groups and not _signal(group):
+                self.counts["no_signal"] += 1
+                self._retire(group, trained=False)
+                continue
+            batch.append(group)
+        return batch
+
+    async def step(self) -> dict[str, float]:
+        from codeloop.trainer.rl import _dump, _rollout_metrics
+
+        run, t = self.run, self.cfg.trainer
+        version, start = run.step_index, time.perf_counter()
+        batch = await self._next_batch()
+        waited = time.perf_counter()
+        self.taken += len(batch)
+        for group in batch:  # out of `outstanding`, into `taken`
+            self._retire(group, trained=True)
+        samples = [from_trajectory(tr, a) for g in batch
+                   for tr, a in zip(g.kept, g.advantages, strict=True)]  # fmt: skip
+        staleness = [version - (tr.oldest_version if tr.oldest_version is not None else version)
+                     for g in batch for tr in g.kept]  # fmt: skip
+        self._wake.set()  # the producer may start the groups the bound now allows
+        losses = await asyncio.to_thread(run.learner.update, samples)
+        updated = time.perf_counter()
+        overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
+        if t.partial_rollout == "wait":
+            async with self.gate.closed():
+                run.step_index += 1
+                await run.sync_weights()
+        else:
+            run.step_index += 1
+            await run.sync_weights()
+        self.gate.version = run.step_index
+        self._wake.set()
+        end = time.perf_counter()
+        finished, trained = self.finished, self.trained
+        self.finished, self.trained = [], set()
+        metrics = (
+            _rollout_metrics(finished)
+            | losses
+            | {
+                "timing/wait_for_groups_s": waited - start,
+                "timing/update_s": updated - waited,
+                "timing/sync_s": end - updated,
+                "timing/step_s": end - start,
+                "throughput/trained_tokens_per_s": losses["loss/policy_tokens"] / (end - start),
+                "async/overlap": overlap,
+                "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
+                "async/staleness_max": float(max(staleness, default=0)),
+                "async/stale_groups": float(self.counts.pop("stale", 0)),
+                "async/regenerated_groups": float(self.counts.pop("regenerated", 0)),
+                "async/outstanding_groups": float(self.outstanding),
+                "rollout/groups_kept": float(len(batch)),
+                "rollout/groups_dropped": float(self.counts.pop("no_signal", 0)),
+            }
+        )
+        run.logger.log(run.step_index, metrics)
+        run.logger.trajectories(run.step_index, _dump(finished, trained))
+        run._maybe_checkpoint()
+        return metrics
+
+
+def _oldest_version(group: Group, current: int) -> int:
+    """The oldest policy version among a group's sampled tokens (`current` if none known)."""
+    known = [v for tr in group.sampled if (v := tr.oldest_version) is not None]
+    return min(known, default=current)

@@ -1,0 +1,218 @@
+import asyncio
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_rl import PAIRS, PROBLEMS, _config
+from trainer_helpers import conversation
+
+from codeloop.algo.loss import policy_loss
+from codeloop.config import SandboxConfig, SFTConfig
+from codeloop.data.problems import Problem
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.async_rl import Gate, GatedEngine
+from codeloop.trainer.batch import Sample
+from codeloop.trainer.learner import behaviour_weights
+from codeloop.trainer.logs import RunLogger, read_metrics
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import RLRun
+from codeloop.trainer.sft import train_sft
+
+MORE = PROBLEMS + [Problem(f"q{i}", f"What is {a} + {b}?", str(a + b))
+                   for i, (a, b) in enumerate([(2, 5), (6, 1), (4, 4), (9, 3)])]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
+    train_sft(model, trainer_fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5,
+                                                  conversations_per_step=4))  # fmt: skip
+    return copy.deepcopy(model.state_dict())
+
+
+def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resume: bool = False,
+               fail_at: int = 0, **trainer: Any) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
+    """An async RL run on MORE; `fail_at` = k: the k-th update raises (a stop mid-step)."""
+
+    async def main() -> tuple[list[dict[str, float]], RLRun]:
+        model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
+        model.load_state_dict(weights)
+        engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
+                                    batch_window_ms=0)  # fmt: skip
+        cfg = _config(run_dir)
+        cfg.trainer.mode, cfg.trainer.max_staleness = "async", 1
+        for key, value in trainer.items():
+            setattr(cfg.trainer, key, value)
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(run_dir, tensorboard=False)
+            run = RLRun(cfg, model, fmt, MORE, sandbox, logger, engine)
+            if resume:
+                assert run.resume()
+            if fail_at:
+                update, calls = run.learner.update, [0]
+
+                def failing(samples: list[Sample]) -> dict[str, float]:
+                    calls[0] += 1
+                    if calls[0] == fail_at:
+                        raise KeyboardInterrupt("stopped mid-step")
+                    return update(samples)
+
+                run.learner.update = failing  # type: ignore[method-assign]
+            try:
+                return await run.train(steps), run
+            finally:
+                logger.close()
+                await run.close()
+
+    return asyncio.run(main())
+
+
+def _trained_positions(run_dir: Path) -> dict[int, list[int]]:
+    """step -> the data positions whose groups trained in it (from the trajectory dumps)."""
+    out = {}
+    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        out[int(path.stem.split("_")[1])] = sorted({r["position"] for r in records if r["kept"]})
+    return out
+
+
+@pytest.mark.slow
+def test_async_steps_train_within_the_staleness_bound(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    metrics, run = _async_run(trainer_fmt, sft_weights, tmp_path, 3)
+    assert [m["rollout/groups_kept"] for m in metrics] == [2, 2, 2]
+    for m in metrics:
+        assert 0 <= m["async/staleness_mean"] <= m["async/staleness_max"] <= 1
+        assert m["loss/policy_tokens"] > 0 and m["throughput/trained_tokens_per_s"] > 0
+        assert 0.0 <= m["async/overlap"] <= 1.0
+    trained = _trained_positions(tmp_path)
+    flat = [p for step in trained.values() for p in step]
+    assert len(flat) == 6 and len(set(flat)) == 6  # every trained problem trained once
+    dumped = [json.loads(line) for path in (tmp_path / "trajectories").glob("*.jsonl")
+              for line in path.read_text().splitlines()]  # fmt: skip
+    for record in dumped:  # tokens of versions 0..2 (the weights of steps 0, 1, 2)
+        assert record["versions"] and 0 <= record["versions"][0] <= record["versions"][1] <= 2
+    assert any(r["versions"][1] > 0 for r in dumped)  # later groups sampled with new weights
+    for name, value in run.model.state_dict().items():  # the engine serves the last weights
+        assert torch.equal(value, run.engine.model.state_dict()[name])
+    assert run.engine.version == 3
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_no_staleness_means_every_trained_token_is_on_policy(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    metrics, _ = _async_run(trainer_fmt, sft_weights, tmp_path, 2, max_staleness=0,
+                            partial_rollout="wait")  # fmt: skip
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 0.0]
+    dumped = [json.loads(line) for path in (tmp_path / "trajectories").glob("*.jsonl")
+              for line in path.read_text().splitlines()]  # fmt: skip
+    for record in dumped:
+        if record["kept"]:  # trained in step s: sampled by the weights of step s - 1 only
+            assert record["versions"][0] == record["versions"][1]
+
+
+@pytest.mark.slow
+def test_a_stop_mid_step_loses_and_duplicates_no_problem(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
+) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        _async_run(trainer_fmt, sft_weights, tmp_path, 4, fail_at=3)
+    before = _trained_positions(tmp_path)
+    assert sorted(before) == [1, 2]  # step 3 died in its update: not logged
+    checkpoint = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt",
+                            weights_only=False)  # fmt: skip
+    pending = checkpoint["extra"]["pending"]
+    drawn = checkpoint["extra"]["data_position"]
+    assert pending, "groups were in flight or queued at the checkpoint"
+    _, run = _async_run(trainer_fmt, sft_weights, tmp_path, 2, resume=True)
+    assert run.step_index == 4
+    after = _trained_positions(tmp_path)
+    flat = [p for step in after.values() for p in step]
+    assert len(flat) == 8 and len(set(flat)) == 8  # four steps of two: none trained twice
+    seen = set()
+    for path in (tmp_path / "trajectories").glob("*.jsonl"):
+        seen |= {json.loads(line)["position"] for line in path.read_text().splitlines()}
+    # every position drawn before the stop was trained or dropped (without signal) afterwards
+    # or before it, or is still pending now
+    assert set(range(drawn)) <= seen | set(run.pending)
+    assert set(pending) <= seen | set(run.pending)
+
+
+def test_the_gate_holds_new_calls_until_those_inside_are_done() -> None:
+    class Slow:
+        def __init__(self) -> None:
+            self.started: list[int] = []
+
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            self.started.append(prompt_ids[0])
+            await asyncio.sleep(0.05)
+            return Generation([1, 2], [-0.5, -0.5], "stop")
+
+    async def main() -> None:
+        gate, slow = Gate(version=3), Slow()
+        engine = GatedEngine(slow, gate)  # type: ignore[arg-type]
+        first = asyncio.create_task(engine.generate([1], SamplingParams(2)))
+        await asyncio.sleep(0.01)
+        order: list[str] = []
+
+        async def update() -> None:
+            async with gate.closed():
+                order.append(f"update with {gate.inside} inside")
+                gate.version = 4
+                second = asyncio.create_task(engine.generate([2], SamplingParams(2)))
+                await asyncio.sleep(0.02)
+                order.append(f"started {slow.started}")
+            await second
+            assert (await second).versions == [4, 4]
+
+        await update()
+        assert (await first).versions == [3, 3]  # entered before the update
+        assert order == ["update with 0 inside", "started [1]"]
+
+    asyncio.run(main())
+
+
+def test_the_engine_stamps_each_token_with_the_weights_that_sampled_it(
+    trainer_fmt: PromptFormat, sft_weights: Any
+) -> None:
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+    engine = TransformersEngine(model, trainer_fmt.tokenizer, [], batch_window_ms=0)
+
+    async def main() -> Generation:
+        task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(40, seed=1)))
+        while engine.steps_run < 5:
+            await asyncio.sleep(0.001)
+        engine.update_weights({}, version=7)
+        return await task
+
+    generation = asyncio.run(main())
+    versions = generation.versions
+    assert versions is not None and len(versions) == 40
+    assert versions[0] == 0 and versions[-1] == 7  # a partial rollout: both weights
+    assert versions == sorted(versions) and set(versions) == {0, 7}
+
+
+def test_decoupled_weights_and_loss_by_hand() -> None:
+    # prox logprobs (recomputed) -0.5, -1.0; behaviour (engine) -1.0, -0.2; cap 1.5
+    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -1.0], 1.0)
+    weights = behaviour_weights(sample, [0.0, -1.0, -0.2], cap=1.5)
+    assert weights == pytest.approx([0.0, min(math.exp(0.5), 1.5), math.exp(-0.8)])
+    assert weights[1] == 1.5  # exp(0.5) = 1.65, truncated
+    # new logprobs -0.4, -1.0 against prox -0.5, -1.0: ratios e^0.1 = 1.105 and 1; A = 1
+    logprobs, old = torch.tensor([[-0.4, -1.0]]), torch.tensor([[-0.5, -1.0]])
+    mask = torch.ones(1, 2)
+    loss, _ = policy_loss(logprobs, old, torch.tensor([1.0]), mask, 2,
+                          weights=torch.tensor([weights[1:]]))  # fmt: skip
+    expected = -(1.5 * math.exp(0.1) + math.exp(-0.8) * 1.0) / 2
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
