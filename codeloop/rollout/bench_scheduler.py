@@ -26,6 +26,17 @@ holds for at least one step (its context x `step_ms`) over the engines' total ca
 the longest trajectory alone (its tokens at one step each, its prefill and its tool calls).
 The bench prints, per policy, the makespan, its ratio to `static` and to the bound, the share
 of engine time spent idle, the overflows (preemptions) and the prefilled tokens.
+
+Then the training loop (`--steps` > 0): `--steps` RL steps of `--prompts` groups on kv_aware
+engines, where an update takes `--train-share` x its batch's generation work at peak rate (a
+trainer on devices of its own, as in disaggregated RL; 0.6 is `bench train`'s 38/62 split).
+`sync` rolls out a batch, trains, repeats; `async` follows `trainer/async_rl.py` for each
+`--max-staleness` (groups start while taken + outstanding < (version + staleness + 1) x batch,
+the first finished groups train, a group whose first token is older than the bound is run
+again). It prints seconds per 1,000 trained tokens in the steady state (from the end of the
+first step to the end of the last: the pipeline is full), against sync and against the bound
+(`training_bound`: the larger of generation at peak rate, KV memory x time, and training, per
+sampled token over the whole workload).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import random
 import selectors
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -90,6 +101,7 @@ class _Prompt:
     key: int
     context: int
     tokens: int
+    on_start: Callable[[], None] | None = None  # called when an engine starts decoding it
 
     def __len__(self) -> int:
         return self.context
@@ -101,6 +113,7 @@ class _Request:
     context: int  # tokens in the KV cache once running
     tokens_left: int
     done: asyncio.Future[None]
+    on_start: Callable[[], None] | None = None
 
 
 class SimEngine:
@@ -121,7 +134,9 @@ class SimEngine:
     async def generate(self, prompt_ids: Any, params: SamplingParams) -> Generation:
         prompt: _Prompt = prompt_ids
         done = asyncio.get_running_loop().create_future()
-        self.waiting.append(_Request(prompt.key, prompt.context, prompt.tokens, done))
+        self.waiting.append(
+            _Request(prompt.key, prompt.context, prompt.tokens, done, prompt.on_start)
+        )
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         await done
@@ -139,6 +154,8 @@ class SimEngine:
                 break
             self.waiting.pop(0)
             self.running.append(request)
+            if request.on_start is not None:
+                request.on_start()
             self.used += request.context
             prefill += request.context - hit
         while self.cached and self.used + sum(self.cached.values()) > self.capacity:
@@ -232,25 +249,39 @@ def lower_bound(trajectories: list[Trajectory], args: argparse.Namespace) -> dic
             "bound_s": max(work, memory, longest), "decode_tokens": decode}  # fmt: skip
 
 
-async def _rollout(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
-                   ) -> dict[str, Any]:  # fmt: skip
-    engines = [SimEngine(args.capacity, args.step_ms, args.saturation, args.prefill_ms)
-               for _ in range(args.engines)]  # fmt: skip
-    scheduler = Scheduler(engines, policy, capacity_tokens=args.capacity,
-                          batch_size=len(trajectories))  # fmt: skip
+def _trajectory_runner(scheduler: Scheduler, args: argparse.Namespace
+                       ) -> Callable[..., Coroutine[Any, Any, None]]:  # fmt: skip
+    """A coroutine function that runs one simulated trajectory through `scheduler`;
+    `on_start` is called when an engine starts decoding its first turn."""
 
-    async def trajectory(key: int, t: Trajectory) -> None:
+    async def trajectory(key: int, t: Trajectory, on_start: Callable[[], None] | None = None
+                         ) -> None:  # fmt: skip
         async with scheduler.lease() as engine:
             context, spent = t.prompt, 0
             for i, tokens in enumerate(t.turns):
                 cap = min(args.turn_cap, args.budget - spent)
-                await engine.generate(_Prompt(key, context, tokens), SamplingParams(cap))  # type: ignore[arg-type]
+                prompt = _Prompt(key, context, tokens, on_start if i == 0 else None)
+                await engine.generate(prompt, SamplingParams(cap))  # type: ignore[arg-type]
                 context, spent = context + tokens, spent + tokens
                 if i < len(t.tools):
                     latency, observation = t.tools[i]
                     await asyncio.sleep(latency)
                     context, spent = context + observation, spent + observation
 
+    return trajectory
+
+
+def _engines(args: argparse.Namespace) -> list[SimEngine]:
+    return [SimEngine(args.capacity, args.step_ms, args.saturation, args.prefill_ms)
+            for _ in range(args.engines)]  # fmt: skip
+
+
+async def _rollout(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
+                   ) -> dict[str, Any]:  # fmt: skip
+    engines = _engines(args)
+    scheduler = Scheduler(engines, policy, capacity_tokens=args.capacity,
+                          batch_size=len(trajectories))  # fmt: skip
+    trajectory = _trajectory_runner(scheduler, args)
     loop = asyncio.get_running_loop()
     start = loop.time()
     await asyncio.gather(*(trajectory(k, t) for k, t in enumerate(trajectories)))
@@ -261,12 +292,129 @@ async def _rollout(policy: str, trajectories: list[Trajectory], args: argparse.N
             "prefill_tokens": sum(e.prefill_tokens for e in engines)}  # fmt: skip
 
 
+def _work_s(groups: list[list[Trajectory]], args: argparse.Namespace) -> float:
+    """The groups' decode and prefill work at the engines' peak rate, spread over them."""
+    decode = sum(sum(t.turns) for g in groups for t in g)
+    prefill = sum(t.prompt + sum(obs for _, obs in t.tools) for g in groups for t in g)
+    step_s, prefill_s = args.step_ms / 1000, args.prefill_ms / 1000
+    work: float = (decode * step_s / args.saturation + prefill * prefill_s) / args.engines
+    return work
+
+
+async def _training(mode: str, max_staleness: int, groups: list[list[Trajectory]],
+                    args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """`args.steps` RL steps of `args.prompts` groups on kv_aware engines, an update taking
+    `train_share` x its groups' generation work (a trainer on devices of its own). sync: roll
+    out a batch, update, repeat. async: the rule of `trainer/async_rl.py` (groups start while
+    taken + outstanding < (version + max_staleness + 1) x batch; the first finished groups
+    train; one whose first token is more than max_staleness versions old is run again)."""
+    engines, batch = _engines(args), args.prompts
+    scheduler = Scheduler(engines, "kv_aware", capacity_tokens=args.capacity,
+                          batch_size=batch * args.group)  # fmt: skip
+    trajectory = _trajectory_runner(scheduler, args)
+
+    version = 0
+    started: dict[int, int] = {}  # group -> the version when its first token was sampled
+
+    async def run_group(index: int) -> int:
+        key = index * args.group
+
+        def first_token() -> None:
+            started.setdefault(index, version)
+
+        await asyncio.gather(*(trajectory(key + j, t, first_token)
+                               for j, t in enumerate(groups[index])))  # fmt: skip
+        return index
+
+    loop = asyncio.get_running_loop()
+    start, regenerated = loop.time(), 0
+    trained: list[list[int]] = []  # the groups of each step
+    ends: list[float] = []  # when each step's update ended
+    if mode == "sync":
+        for step in range(args.steps):
+            chosen: list[int] = list(range(step * batch, (step + 1) * batch))
+            await asyncio.gather(*(run_group(i) for i in chosen))
+            await asyncio.sleep(args.train_share * _work_s([groups[i] for i in chosen], args))
+            trained.append(chosen)
+            ends.append(loop.time())
+    else:
+        taken = outstanding = drawn = 0
+        redo: list[int] = []
+        ready: asyncio.Queue[int] = asyncio.Queue()
+        wake = asyncio.Event()
+        tasks: set[asyncio.Task[Any]] = set()  # referenced until the simulation ends
+
+        def finished(task: asyncio.Task[int]) -> None:
+            if not task.cancelled():
+                ready.put_nowait(task.result())
+
+        async def produce() -> None:
+            nonlocal outstanding, drawn
+            while True:
+                while taken + outstanding < (version + max_staleness + 1) * batch:
+                    if redo:
+                        index = redo.pop(0)
+                    else:
+                        index, drawn = drawn, drawn + 1
+                    outstanding += 1
+                    task = asyncio.create_task(run_group(index))
+                    task.add_done_callback(finished)
+                    tasks.add(task)
+                wake.clear()
+                await wake.wait()
+
+        tasks.add(asyncio.create_task(produce()))
+        for _ in range(args.steps):
+            chosen = []
+            while len(chosen) < batch:
+                index = await ready.get()
+                if version - started.pop(index) > max_staleness:
+                    outstanding, regenerated = outstanding - 1, regenerated + 1
+                    redo.append(index)
+                    wake.set()
+                    continue
+                chosen.append(index)
+            taken, outstanding = taken + batch, outstanding - batch
+            wake.set()
+            await asyncio.sleep(args.train_share * _work_s([groups[i] for i in chosen], args))
+            version += 1
+            wake.set()
+            trained.append(chosen)
+            ends.append(loop.time())
+    tokens = [sum(sum(t.turns) for i in step for t in groups[i]) for step in trained]
+    busy = sum(e.busy_s for e in engines) / len(engines)
+    return {"mode": mode if mode == "sync" else f"async, staleness {max_staleness}",
+            "makespan_s": ends[-1] - start, "trained_tokens": sum(tokens),
+            # steady state: from the end of the first step (the pipeline is full) to the last
+            "s_per_token": (ends[-1] - ends[0]) / max(sum(tokens[1:]), 1),
+            "idle": 1 - busy / (ends[-1] - start), "regenerated": regenerated,
+            "preemptions": sum(e.preemptions for e in engines)}  # fmt: skip
+
+
+def training_bound(groups: list[list[Trajectory]], args: argparse.Namespace) -> float:
+    """Seconds per sampled token at best: the largest of generation at peak rate, the KV
+    memory x time the tokens need, and training (`train_share` x generation), over all."""
+    flat = [t for g in groups for t in g]
+    rollout = lower_bound(flat, args)
+    work = _work_s(groups, args)
+    best: float = max(work, rollout["memory_s"], args.train_share * work)
+    return best / rollout["decode_tokens"]
+
+
 def run_simulated(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` to its end on a fresh loop with the virtual clock."""
     loop = VirtualClockLoop()
     try:
         return loop.run_until_complete(coroutine)
-    finally:
+    finally:  # what is still running (engines, groups in flight) ends with the simulation
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+
+        async def cancelled() -> None:
+            await asyncio.gather(*left, return_exceptions=True)
+
+        loop.run_until_complete(cancelled())
         loop.close()
 
 
@@ -292,6 +440,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--saturation", type=int, default=64, help="batch beyond which steps slow")
     parser.add_argument("--prefill-ms", type=float, default=0.05, help="per prefilled token")
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument(
+        "--steps", type=int, default=6, help="RL steps of the training-loop rows (0: none)"
+    )
+    parser.add_argument(
+        "--train-share",
+        type=float,
+        default=0.6,
+        help="an update's time over its batch's generation work at peak rate",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="the async rows' staleness bounds",
+    )
     parser.add_argument("--out", default="bench-results/scheduler.json")
     args = parser.parse_args(argv)
     rows = []
@@ -317,7 +481,41 @@ def main(argv: list[str]) -> int:
                   f"memory {bound['memory_s']:.1f}, longest trajectory "
                   f"{bound['longest_s']:.1f}); {len(trajectories)} trajectories, mean "
                   f"{bound['decode_tokens'] / len(trajectories):.0f} sampled tokens")  # fmt: skip
+    training = _training_rows(args) if args.steps else []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows,
+                                          "training": training}, indent=2))  # fmt: skip
     print(f"wrote {args.out}")
     return 0
+
+
+def _training_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The training loop, sync against async: seconds per 1,000 trained tokens and its ratio
+    to the bound (`training_bound`)."""
+    rows = []
+    print(f"\ntraining loop: {args.steps} steps of {args.prompts} prompts x {args.group}, "
+          f"an update = {args.train_share} x its generation work")  # fmt: skip
+    print(f"{'mix':5} {'seed':>4} {'mode':20} {'makespan s':>10} {'s/1K tokens':>11} "
+          f"{'vs sync':>7} {'vs bound':>8} {'idle':>6} {'regenerated':>11} "
+          f"{'overflows':>9}")  # fmt: skip
+    for mix in args.mix:
+        for seed in range(args.seeds):
+            extra = max(args.max_staleness) + 2  # batches the producer may run ahead
+            flat = workload(mix, args.prompts * (args.steps + extra), args.group, args.budget,
+                            args.turn_cap, seed)  # fmt: skip
+            groups = [flat[i : i + args.group] for i in range(0, len(flat), args.group)]
+            bound = training_bound(groups, args)
+            sync_rate = 0.0
+            for mode, staleness in [("sync", 0)] + [("async", k) for k in args.max_staleness]:
+                row = run_simulated(_training(mode, staleness, groups, args))
+                rate = row["s_per_token"]
+                sync_rate = sync_rate or rate
+                row |= {"mix": mix, "seed": seed, "s_per_token": rate,
+                        "vs_sync": sync_rate / rate, "vs_bound": rate / bound}  # fmt: skip
+                rows.append(row)
+                print(f"{mix:5} {seed:>4} {row['mode']:20} {row['makespan_s']:>10.1f} "
+                      f"{rate * 1000:>11.3f} {row['vs_sync']:>6.2f}x {row['vs_bound']:>7.2f}x "
+                      f"{row['idle']:>6.1%} {row['regenerated']:>11} "
+                      f"{row['preemptions']:>9}")  # fmt: skip
+            print(f"{'':10} bound {bound * 1000:.3f} s per 1K trained tokens")
+    return rows

@@ -39,7 +39,8 @@ def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
 
 
 def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resume: bool = False,
-               fail_at: int = 0, **trainer: Any) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
+               fail_at: int = 0, **trainer: Any
+               ) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
     """An async RL run on MORE; `fail_at` = k: the k-th update raises (a stop mid-step)."""
 
     async def main() -> tuple[list[dict[str, float]], RLRun]:
