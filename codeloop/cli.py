@@ -341,13 +341,16 @@ def _add_data_commands(data: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if args.ablation:
+    if args.ablation or args.modes:
         import asyncio
         from pathlib import Path
 
-        from codeloop.recipe.demo import run_ablation
+        from codeloop.recipe.demo import run_ablation, run_modes
 
-        asyncio.run(run_ablation(Path(args.run_dir), args.seeds, overrides=args.overrides))
+        if args.ablation:
+            asyncio.run(run_ablation(Path(args.run_dir), args.seeds, overrides=args.overrides))
+        if args.modes:
+            asyncio.run(run_modes(Path(args.run_dir), args.seed, overrides=args.overrides))
         return 0
     from codeloop.recipe.demo import main
 
@@ -468,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT "
                            "policy, over --seeds")  # fmt: skip
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    demo.add_argument("--modes", action="store_true",
+                      help="RL synchronous and asynchronous (trainer.mode) from one SFT policy: "
+                           "trained tokens/s and held-out accuracy of each")  # fmt: skip
     demo.set_defaults(run=_demo)
     _add_model_commands(commands)
     for name, help_text in BENCHES.items():

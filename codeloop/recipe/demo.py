@@ -40,7 +40,7 @@ from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
-from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import resolve_dtype, tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
 
@@ -256,6 +256,77 @@ def _print_ablation(results: dict[str, Any], seeds: list[int]) -> None:
         errors = 100 * mean["tool_error_ratio_correct"]
         print(f"{variant:15} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
               f"{mean['policy_tokens']:>14.1f} {errors:>21.1f}%  (seeds {seeds})")  # fmt: skip
+
+
+MODES = {"sync": [], "async": ["--trainer.mode=async"]}
+
+
+async def run_modes(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
+                    overrides: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The demo's RL synchronous and asynchronous (`trainer.mode`) from one SFT policy, with the
+    same seed and stages: after each stage the held-out point, the tokens trained so far and the
+    seconds the RL steps took (evaluation and refiltering left out); returns them per mode."""
+    shared = run_dir / "sft"
+    if not (shared / "model" / "config.json").is_file():
+        stage0(build_format(0), run_dir, seed, sizes)
+    results: dict[str, Any] = {}
+    for mode, extra in MODES.items():
+        target = run_dir / "modes" / mode
+        if not (target / "sft").exists():
+            shutil.copytree(shared, target / "sft")
+        summary = await run_demo(target, seed, sizes, [*(overrides or []), *extra])
+        tokens = seconds = 0.0
+        for point in summary["points"][1:]:  # stage i's metrics live in rl/<i>-<name>/
+            [stage_dir] = (target / "rl").glob(f"*-{point['stage']}")
+            rows = read_metrics(stage_dir)
+            tokens += sum(r["loss/policy_tokens"] for r in rows)
+            seconds += sum(r["timing/step_s"] for r in rows)
+            point |= {"trained_tokens": tokens, "rl_seconds": seconds}
+        results[mode] = summary
+    (run_dir / "modes" / "summary.json").write_text(json.dumps(results, indent=2))
+    _print_modes(results)
+    _plot_modes(results, run_dir / "modes" / "curves.png")
+    return results
+
+
+def _print_modes(results: dict[str, Any]) -> None:
+    base = 0.0
+    print(f"\n{'mode':6} {'RL s':>7} {'trained tokens':>15} {'tokens/s':>9} {'vs sync':>8}  "
+          "held-out accuracy after SFT, then each stage (trained tokens)")  # fmt: skip
+    for mode, summary in results.items():
+        last = summary["points"][-1]
+        rate = last["trained_tokens"] / max(last["rl_seconds"], 1e-9)
+        base = base or rate
+        curve = ", ".join(
+            f"{100 * p['accuracy']:.1f}%" + (f" ({p['trained_tokens']:.0f})" if i else "")
+            for i, p in enumerate(summary["points"])
+        )
+        print(f"{mode:6} {last['rl_seconds']:>7.0f} {last['trained_tokens']:>15.0f} "
+              f"{rate:>9.1f} {rate / base:>7.2f}x  {curve}")  # fmt: skip
+
+
+def _plot_modes(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for mode, summary in results.items():
+        points = summary["points"]
+        tokens = [p.get("trained_tokens", 0.0) for p in points]
+        seconds = [p.get("rl_seconds", 0.0) for p in points]
+        accuracy = [p["accuracy"] for p in points]
+        axes[0].plot(tokens, accuracy, marker="o", label=mode)
+        axes[1].plot(seconds, accuracy, marker="o", label=mode)
+    axes[0].set_xlabel("trained tokens")
+    axes[1].set_xlabel("seconds of RL steps")
+    for ax in axes:
+        ax.set_ylabel("held-out accuracy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(run_dir: str, seed: int, overrides: list[str]) -> int:

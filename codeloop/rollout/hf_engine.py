@@ -183,6 +183,7 @@ class TransformersEngine:
         """Queued requests that fit beside the running ones, in arrival order."""
         joining: list[_Request] = []
         reserved = self.kv_tokens_used
+        self._queue = [r for r in self._queue if not r.future.cancelled()]
         while self._queue and len(self._running) + len(joining) < self.max_batch:
             tokens = self._queue[0].reserved_tokens
             alone = not self._running and not joining  # one too large for the cap runs alone
@@ -251,7 +252,8 @@ class TransformersEngine:
             request.out_ids.append(token)
             request.out_logprobs.append(logprob)
             request.out_versions.append(self.version)
-            request.finish = self._finished(request.out_ids, request.params)
+            request.finish = ("stop" if request.future.cancelled()  # its caller is gone
+                              else self._finished(request.out_ids, request.params))  # fmt: skip
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) < len(rows):
             if self.prefixes.max_tokens:

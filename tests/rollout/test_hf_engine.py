@@ -344,3 +344,50 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
     assert (
         TransformersEngine(model, fmt.tokenizer, set(), max_kv_tokens=99).kv_capacity_tokens == 99
     )
+
+
+def _free_running(fmt: PromptFormat) -> TransformersEngine:
+    """An engine on a random model that stops only at max_tokens."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024)  # fmt: skip
+    return TransformersEngine(AutoModelForCausalLM.from_config(config), fmt.tokenizer, [],
+                              batch_window_ms=0)  # fmt: skip
+
+
+def test_each_token_records_the_weights_that_sampled_it(fmt: PromptFormat) -> None:
+    engine = _free_running(fmt)
+
+    async def main() -> Generation:
+        task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(40, seed=1)))
+        while engine.steps_run < 5:
+            await asyncio.sleep(0.001)
+        engine.update_weights({}, version=7)  # between two decoding steps
+        return await task
+
+    versions = asyncio.run(main()).versions
+    assert versions is not None and len(versions) == 40
+    assert versions[0] == 0 and versions[-1] == 7  # a partial rollout: both weights
+    assert versions == sorted(versions) and set(versions) == {0, 7}
+
+
+def test_a_cancelled_request_leaves_the_batch(fmt: PromptFormat) -> None:
+    engine = _free_running(fmt)
+
+    async def main() -> tuple[Generation, int]:
+        gone = asyncio.create_task(engine.generate([5, 6], SamplingParams(300, seed=1)))
+        kept = asyncio.create_task(engine.generate([7, 8], SamplingParams(30, seed=2)))
+        queued = asyncio.create_task(engine.generate([9], SamplingParams(30, seed=3)))
+        while engine.steps_run < 3:
+            await asyncio.sleep(0.001)
+        gone.cancel()
+        queued.cancel()
+        result = await kept
+        while engine.running:  # the cancelled one must not decode on to its 300 tokens
+            await asyncio.sleep(0.001)
+        return result, engine.steps_run
+
+    result, steps = asyncio.run(main())
+    assert len(result.token_ids) == 30
+    assert steps < 60  # 29 decoding steps for the kept request, a few more at most

@@ -184,26 +184,6 @@ def test_the_gate_holds_new_calls_until_those_inside_are_done() -> None:
     asyncio.run(main())
 
 
-def test_the_engine_stamps_each_token_with_the_weights_that_sampled_it(
-    trainer_fmt: PromptFormat, sft_weights: Any
-) -> None:
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
-    engine = TransformersEngine(model, trainer_fmt.tokenizer, [], batch_window_ms=0)
-
-    async def main() -> Generation:
-        task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(40, seed=1)))
-        while engine.steps_run < 5:
-            await asyncio.sleep(0.001)
-        engine.update_weights({}, version=7)
-        return await task
-
-    generation = asyncio.run(main())
-    versions = generation.versions
-    assert versions is not None and len(versions) == 40
-    assert versions[0] == 0 and versions[-1] == 7  # a partial rollout: both weights
-    assert versions == sorted(versions) and set(versions) == {0, 7}
-
-
 def test_decoupled_weights_and_loss_by_hand() -> None:
     # prox logprobs (recomputed) -0.5, -1.0; behaviour (engine) -1.0, -0.2; cap 1.5
     sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -1.0], 1.0)
