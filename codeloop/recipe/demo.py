@@ -54,8 +54,13 @@ CALL_HEAD = '{"name": "execute_python_code_with_standard_io", "arguments": {"cod
 class Sizes:
     """How much of everything; the defaults fit the 15-minute budget on 2 CPU cores."""
 
-    sft_clean_max_steps: int = 600  # clean demonstrations first, until the format is mastered
+    sft_clean_steps: int = 600  # clean demonstrations first, until the format is mastered
     sft_mastery: float = 0.95  # ... = this share of held-out demonstrations predicted exactly
+    # The copy (expression into code, output into the answer) is learned suddenly, at a step
+    # that float rounding moves by hundreds: past sft_clean_steps the clean phase goes on while
+    # fewer than sft_copy_share are exact, up to sft_clean_max_steps.
+    sft_copy_share: float = 0.25
+    sft_clean_max_steps: int = 1500
     sft_check_every: int = 25
     sft_mixed_steps: int = 100  # then the imperfect mix: the format, not the task
     sft_batch: int = 64
@@ -171,10 +176,11 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
         share = exact_share(model, check, fmt.tokenizer.pad_token_id or 0)
         logger.log(steps, {"sft/heldout_exact": share})
         tqdm.write(f"sft step {steps}: {100 * share:.0f}% of held-out demonstrations exact")
-        return share >= sizes.sft_mastery
+        learned = steps >= sizes.sft_clean_steps and share >= sizes.sft_copy_share
+        return share >= sizes.sft_mastery or learned
 
-    clean = sizes.sft_clean_max_steps * sizes.sft_batch
-    phases = [(clean, 0.0, 0.0, 0, mastered),
+    clean = sizes.sft_clean_steps * sizes.sft_batch  # the mixed phase's tasks come after these
+    phases = [(sizes.sft_clean_max_steps * sizes.sft_batch, 0.0, 0.0, 0, mastered),
               (sizes.sft_mixed_steps * sizes.sft_batch, sizes.error_share, sizes.no_tool_share,
                clean // 3, None)]  # fmt: skip
     cfg = SFTConfig(epochs=1, lr=sizes.sft_lr, min_lr_ratio=1.0, warmup_steps=10,

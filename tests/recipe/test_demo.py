@@ -9,15 +9,24 @@ import pytest
 
 from codeloop.config import SandboxConfig, SFTConfig
 from codeloop.data.synthetic import Task, demonstration, syntax_error
-from codeloop.recipe.demo import Sizes, build_format, exact_share, run_demo, sft_conversations
+from codeloop.recipe.demo import (
+    Sizes,
+    build_format,
+    exact_share,
+    run_demo,
+    run_modes,
+    sft_conversations,
+)
 from codeloop.rollout.toolcall import format_observation
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
 from codeloop.types import ExecRequest
 
-TINY = Sizes(sft_clean_max_steps=2, sft_check_every=1, sft_mixed_steps=1, sft_batch=6,
-             heldout_per_difficulty=2, rl_per_difficulty=4, eval_samples=1)  # fmt: skip
+TINY = Sizes(sft_clean_steps=1, sft_clean_max_steps=2, sft_check_every=1, sft_mixed_steps=1,
+             sft_batch=6, heldout_per_difficulty=2, rl_per_difficulty=4,
+             eval_samples=1)  # fmt: skip
 OVERRIDES = ["--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1", "--recipe.stages.2.steps=1",
              "--trainer.prompts_per_step=2", "--algo.group_size=2", "--sandbox.workers=1",
              "--recipe.stages.2.refilter_samples=1",
@@ -40,6 +49,25 @@ def test_the_demo_runs_every_stage_and_reports(tmp_path: Path) -> None:
     assert [r["step"] for r in records if "sft/loss" in r] == [1, 2, 3]  # then one mixed step
     assert sorted(p.name for p in (tmp_path / "rl").iterdir()) == [
         "1-stage1-short", "2-stage2-longer", "3-stage3-hard"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_modes_compares_sync_and_async_rl_from_one_sft_policy(tmp_path: Path) -> None:
+    results = asyncio.run(run_modes(tmp_path, 0, TINY, OVERRIDES))
+    assert list(results) == ["sync", "async"]
+    for mode, summary in results.items():
+        points = summary["points"]
+        assert [p["stage"] for p in points] == ["sft", "stage1-short", "stage2-longer",
+                                                "stage3-hard"]  # fmt: skip
+        tokens = [p["trained_tokens"] for p in points[1:]]
+        seconds = [p["rl_seconds"] for p in points[1:]]
+        assert tokens == sorted(tokens) and seconds == sorted(seconds) and seconds[0] > 0
+        rows = read_metrics(tmp_path / "modes" / mode / "rl" / "1-stage1-short")
+        assert tokens[0] == sum(r["loss/policy_tokens"] for r in rows)
+        assert ("async/staleness_mean" in rows[0]) == (mode == "async")
+    # one SFT policy for both: the same point after SFT
+    assert results["sync"]["points"][0] == results["async"]["points"][0]
+    assert (tmp_path / "modes" / "curves.png").stat().st_size > 1000
 
 
 def test_the_demonstrated_syntax_error_is_what_the_sandbox_reports() -> None:

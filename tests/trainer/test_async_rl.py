@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 import torch
-from test_rl import PAIRS, PROBLEMS, _config
+from test_rl import PAIRS, PROBLEMS, _config, _served_policy
 from trainer_helpers import conversation
 
 from codeloop.algo.loss import policy_loss
-from codeloop.config import SandboxConfig, SFTConfig
+from codeloop.config import ConfigError, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
+from codeloop.eval.viewer import render
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
@@ -107,6 +108,10 @@ def test_async_steps_train_within_the_staleness_bound(
         assert torch.equal(value, run.engine.model.state_dict()[name])
     assert run.engine.version == 3
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    page, shown, _ = render(tmp_path)  # `codeloop view` plots the async metrics
+    for name in ("async/staleness_mean", "async/regenerated_groups", "async/overlap"):
+        assert f'data-metric="{name}"' in page
+    assert shown == len(dumped)
 
 
 @pytest.mark.slow
@@ -197,3 +202,36 @@ def test_decoupled_weights_and_loss_by_hand() -> None:
                           weights=torch.tensor([weights[1:]]))  # fmt: skip
     expected = -(1.5 * math.exp(0.1) + math.exp(-0.8) * 1.0) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_async_rl_on_a_server_waits_for_requests_before_each_reload(
+    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    fmt = trainer_fmt
+    model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)
+    cfg.rollout.backend, cfg.trainer.mode, cfg.trainer.max_staleness = "openai", "async", 1
+
+    async def main(url: str) -> list[dict[str, float]]:
+        cfg.rollout.endpoints = [url]
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path / "run", tensorboard=False)
+            run = RLRun(cfg, model, fmt, MORE, sandbox, logger)
+            try:
+                with pytest.raises(ConfigError, match="servers need 'wait'"):
+                    await run.train(1)  # partial_rollout = continue: not with a server
+                cfg.trainer.partial_rollout = "wait"
+                return await run.train(2)  # each reload is checked (rollout.reload_check_tol)
+            finally:
+                logger.close()
+                await run.close()
+
+    with codeloop_serve(served) as url:
+        metrics = asyncio.run(main(url))
+    assert [m["rollout/groups_kept"] for m in metrics] == [2, 2]
+    assert all(m["async/staleness_max"] <= 1 for m in metrics)
+    dumped = [json.loads(line) for path in (tmp_path / "run" / "trajectories").glob("*.jsonl")
+              for line in path.read_text().splitlines()]  # fmt: skip
+    # a server does not say which weights sampled a token: the gate stamps the version current
+    # when the call entered, exact since no reload runs while a call is inside
+    assert {v for r in dumped for v in r["versions"]} <= {0, 1}
