@@ -308,7 +308,7 @@ def _print_modes(results: dict[str, Any]) -> None:
             for i, p in enumerate(summary["points"])
         )
         print(f"{mode:6} {last['rl_seconds']:>7.0f} {last['trained_tokens']:>15.0f} "
-              f"{rate:>9.1f} {rate / base:>7.2f}x  {curve}")  # fmt: skip
+              f"{rate:>9.1f} {rate / base if base else 0.0:>7.2f}x  {curve}")  # fmt: skip
 
 
 def _plot_modes(results: dict[str, Any], path: Path) -> None:

@@ -63,6 +63,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             if carried is not None and carried["problems"] == problem_digest(run.problems):
                 run.data_position = carried["data_position"]  # the same problems: go on
                 run.pending = carried["pending"]  # async: drawn, not trained
+                run.async_next = carried["async_next"]
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index)
@@ -80,6 +81,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         carried = {"optimizer": learner.optimizer.state_dict(),
                    "lr_schedule": learner.lr_schedule.state_dict(),
                    "data_position": run.data_position, "pending": run.pending,
+                   "async_next": run.async_next,
                    "problems": problem_digest(run.problems)}  # fmt: skip
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
@@ -133,7 +135,8 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     extra = state["extra"]  # the checkpoint file keeps the schedule under "scheduler"
     return {"optimizer": state["optimizer"], "lr_schedule": state["scheduler"],
             "data_position": extra["data_position"], "problems": extra.get("problems"),
-            "pending": extra.get("pending", [])}  # fmt: skip
+            "pending": extra.get("pending", []),
+            "async_next": extra.get("async_next", [])}  # fmt: skip
 
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:

@@ -24,7 +24,15 @@ again (servers need this: their reload must not race a request). A trajectory in
 is not touched by either: its next turn simply samples with whatever weights are current.
 
 The loss is taken against the engine's logprobs (behaviour), so off-policy tokens keep their
-true importance ratio; `algo.off_policy = "decoupled"` adds decoupled PPO's correction.
+true importance ratio; `algo.off_policy = "decoupled"` adds decoupled PPO's correction. A step
+passes over at most MAX_REFILL_ROUNDS x its share of groups without signal (the synchronous
+refill's budget), then trains on what it has.
+
+Under torchrun each rank runs its own producer over its own engines and draws the data positions
+r, r + size, r + 2 size, ...; it trains on its share of `prompts_per_step` (the update and the
+weight gather are collective, so the ranks meet there), metrics are averaged or summed over the
+ranks and the dumps gathered. Resuming keeps each rank's draws (`async_next`) when the world size
+is the same.
 Checkpoints record the data positions drawn but not yet trained (`pending`): a resumed run
 samples them again first, so a stop loses and duplicates no problem (the samples that were in
 flight are lost work, not lost data).
@@ -136,24 +144,26 @@ class AsyncRL:
     """The asynchronous loop over an `RLRun`'s learner, engines and sink (module docstring)."""
 
     def __init__(self, run: RLRun) -> None:
-        cfg = run.cfg
-        if run.world.distributed:
-            raise ConfigError("trainer.mode = 'async' runs in one process for now (not under "
-                              "torchrun); use trainer.mode = 'sync' there")  # fmt: skip
+        cfg, world = run.cfg, run.world
         if run.servers and cfg.trainer.partial_rollout == "continue":
             raise ConfigError(
                 "trainer.partial_rollout = 'continue' swaps weights mid-request, "
                 "which only the in-process engine can; servers need 'wait'"
             )
-        self.run, self.cfg = run, cfg
-        self.batch = cfg.trainer.prompts_per_step
+        self.run, self.cfg, self.world = run, cfg, world
+        # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
+        self.batch = len(range(world.rank, cfg.trainer.prompts_per_step, world.size))
+        if len(run.async_next) == world.size:
+            self.next = run.async_next[world.rank]  # draws made, resumed with the same world
+        else:
+            self.next = -(-max(run.data_position - world.rank, 0) // world.size)
         self.gate = Gate(run.step_index)
         engines = [GatedEngine(e, self.gate) for e in run.engines]
         n = cfg.algo.group_size * cfg.algo.oversample
         scheduler = Scheduler.for_rollout(engines, cfg.rollout, self.batch * n, run.kv_sharing)
         self.agent = Agent(scheduler, run.tools, run.fmt, cfg.rollout)
         self.ready: asyncio.Queue[Group] = asyncio.Queue()
-        self.redo: list[int] = sorted(run.pending)  # positions to sample first (resume, stale)
+        self.redo = [p for p in sorted(run.pending) if p % world.size == world.rank]  # first
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
         self.taken = run.step_index * self.batch  # groups taken for training, all steps
         self.outstanding = 0  # groups generating or queued
@@ -166,7 +176,7 @@ class AsyncRL:
         self._failure: BaseException | None = None
 
     def pending(self) -> list[int]:
-        """Data positions drawn but neither trained nor discarded (a checkpoint's `pending`)."""
+        """This rank's data positions drawn but neither trained nor discarded."""
         return sorted({*self.positions, *self.redo})
 
     # -- the producer ----------------------------------------------------------------------
@@ -189,10 +199,11 @@ class AsyncRL:
     def _draw(self) -> tuple[int, Problem]:
         if self.redo:
             position = self.redo.pop(0)
-            problem = self.run.problem_at(position)
         else:
-            position, problem = self.run._next_problems(1)[0]
-        self.positions[position] = problem
+            position = self.next * self.world.size + self.world.rank
+            self.next += 1
+            self.run.data_position = max(self.run.data_position, position + 1)
+        problem = self.positions[position] = self.run.problem_at(position)
         return position, problem
 
     async def _group(self, position: int, problem: Problem) -> None:
@@ -238,11 +249,15 @@ class AsyncRL:
             await asyncio.gather(producer, *self._tasks, return_exceptions=True)
 
     async def _next_batch(self) -> list[Group]:
-        from codeloop.trainer.rl import _signal
+        """This step's groups: the first usable ones to finish. Like the synchronous refill
+        (MAX_REFILL_ROUNDS rounds), at most MAX_REFILL_ROUNDS x batch groups without signal
+        are passed over in a step; then it trains on what it has, possibly nothing."""
+        from codeloop.trainer.rl import MAX_REFILL_ROUNDS, _signal
 
         t, version = self.cfg.trainer, self.run.step_index
         batch: list[Group] = []
-        while len(batch) < self.batch:
+        passed_over = 0
+        while len(batch) < self.batch and passed_over < MAX_REFILL_ROUNDS * self.batch:
             group = await self.ready.get()
             if self._failure is not None:
                 raise self._failure
@@ -257,20 +272,22 @@ class AsyncRL:
                 continue
             if self.cfg.algo.drop_zero_signal_groups and not _signal(group):
                 self.counts["no_signal"] += 1
+                passed_over += 1
                 self._retire(group, trained=False)
                 continue
             batch.append(group)
         return batch
 
     async def step(self) -> dict[str, float]:
+        from codeloop.trainer.distributed import all_gather, all_max, all_mean, all_sum
         from codeloop.trainer.rl import _dump, _rollout_metrics
 
         run, t = self.run, self.cfg.trainer
         version, start = run.step_index, time.perf_counter()
         batch = await self._next_batch()
         waited = time.perf_counter()
-        self.taken += len(batch)
-        for group in batch:  # out of `outstanding`, into `taken`
+        self.taken = run.step_index * self.batch + self.batch  # this step's share, even if short
+        for group in batch:  # out of `outstanding`
             self._retire(group, trained=True)
         samples = [from_trajectory(tr, a) for g in batch
                    for tr, a in zip(g.kept, g.advantages, strict=True)]  # fmt: skip
@@ -292,27 +309,33 @@ class AsyncRL:
         end = time.perf_counter()
         finished, trained = self.finished, self.trained
         self.finished, self.trained = [], set()
-        metrics = (
-            _rollout_metrics(finished)
-            | losses
-            | {
-                "timing/wait_for_groups_s": waited - start,
-                "timing/update_s": updated - waited,
-                "timing/sync_s": end - updated,
-                "timing/step_s": end - start,
-                "throughput/trained_tokens_per_s": losses["loss/policy_tokens"] / (end - start),
-                "async/overlap": overlap,
-                "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
-                "async/staleness_max": float(max(staleness, default=0)),
-                "async/stale_groups": float(self.counts.pop("stale", 0)),
-                "async/regenerated_groups": float(self.counts.pop("regenerated", 0)),
-                "async/outstanding_groups": float(self.outstanding),
-                "rollout/groups_kept": float(len(batch)),
-                "rollout/groups_dropped": float(self.counts.pop("no_signal", 0)),
-            }
+        world = self.world
+        local = _rollout_metrics(finished) | {
+            "timing/wait_for_groups_s": waited - start,
+            "timing/update_s": updated - waited,
+            "timing/sync_s": end - updated,
+            "timing/step_s": end - start,
+            "async/overlap": overlap,
+            "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
+        }
+        metrics = all_mean(local, world) | losses  # the losses are over every rank already
+        metrics["async/staleness_max"] = float(all_max(max(staleness, default=0), world))
+        counts = {
+            "async/stale_groups": self.counts.pop("stale", 0),
+            "async/regenerated_groups": self.counts.pop("regenerated", 0),
+            "async/outstanding_groups": self.outstanding,
+            "rollout/groups_kept": len(batch),
+            "rollout/groups_dropped": self.counts.pop("no_signal", 0),
+        }
+        for key, count in counts.items():
+            metrics[key] = all_sum(float(count), world)
+        metrics["throughput/trained_tokens_per_s"] = metrics["loss/policy_tokens"] / max(
+            metrics["timing/step_s"], 1e-9
         )
-        run.logger.log(run.step_index, metrics)
-        run.logger.trajectories(run.step_index, _dump(finished, trained))
+        dumps = all_gather(_dump(finished, trained), world)
+        if world.is_main:
+            run.logger.log(run.step_index, metrics)
+            run.logger.trajectories(run.step_index, [r for rank in dumps for r in rank])
         run._maybe_checkpoint()
         return metrics
 

@@ -120,6 +120,7 @@ class RLRun:
         self.data_position = 0
         self.roc_rng = random.Random(t.seed)
         self.pending: list[int] = []  # async: data positions drawn, not trained (checkpointed)
+        self.async_next: list[int] = []  # async: each rank's draws so far (checkpointed)
         self.async_loop: AsyncRL | None = None
 
     # -- the loop --------------------------------------------------------------------------
@@ -196,10 +197,7 @@ class RLRun:
         """`steps` RL steps, synchronous or asynchronous (`trainer.mode`)."""
         if self.cfg.trainer.mode == "async":
             self.async_loop = AsyncRL(self)
-            try:
-                return await self.async_loop.train(steps)
-            finally:
-                self.pending = self.async_loop.pending()
+            return await self.async_loop.train(steps)
         await self.sync_weights()
         return [await self.step() for _ in range(steps)]
 
@@ -275,11 +273,18 @@ class RLRun:
             self.save()
 
     def save(self) -> None:
+        """A checkpoint of this step (every rank calls it: the weights are gathered)."""
+        if self.async_loop is not None:  # every rank's positions drawn and not trained
+            mine = self.async_loop.pending()
+            self.pending = sorted(p for part in all_gather(mine, self.world) for p in part)
+            self.async_next = all_gather(self.async_loop.next, self.world)
+            self.data_position = max(all_gather(self.data_position, self.world))
         extra = {
             "data_position": self.data_position,
             "roc_rng": self.roc_rng.getstate(),
             "problems": problem_digest(self.problems),  # what data_position indexes
-            "pending": self.async_loop.pending() if self.async_loop else self.pending,
+            "pending": self.pending,
+            "async_next": self.async_next,
         }
         self.learner.save(self.logger.run_dir, self.step_index, extra)
 
@@ -292,6 +297,7 @@ class RLRun:
         self.data_position = int(extra["data_position"])
         self.roc_rng.setstate(extra["roc_rng"])
         self.pending = [int(p) for p in extra.get("pending", [])]
+        self.async_next = [int(k) for k in extra.get("async_next", [])]
         return True
 
 

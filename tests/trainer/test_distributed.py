@@ -106,6 +106,31 @@ def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_pa
 
 
 @pytest.mark.slow
+def test_async_train_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    run_dir = tmp_path / "rl"
+
+    def torchrun(*args: str) -> str:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", "-m", "codeloop", "train", *args]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    common = [*rl_arguments(base, problems, run_dir, 2), "--trainer.mode", "async"]
+    torchrun(*common, "--trainer.max_steps", "2")
+    assert "resumed from step 2" in torchrun(*common, "--trainer.max_steps", "3")
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3]  # one log, not one per rank
+    assert [m["rollout/groups_kept"] for m in metrics] == [2, 2, 2]  # one group per rank
+    for step in (1, 2, 3):
+        dump = (run_dir / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()
+        positions = {json.loads(line)["position"] for line in dump}
+        # rank r draws positions r, r + 2, ...: both ranks' groups are in every step's dump
+        assert {p % 2 for p in positions} == {0, 1}
+
+
+@pytest.mark.slow
 def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps(
     tmp_path: Path,
 ) -> None:
