@@ -294,6 +294,8 @@ class AsyncRL:
         staleness = [version - (tr.oldest_version if tr.oldest_version is not None else version)
                      for g in batch for tr in g.kept]  # fmt: skip
         self._wake.set()  # the producer may start the groups the bound now allows
+        if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
+            samples = []  # a rank without enough: nobody steps (the update's passes must match)
         losses = await asyncio.to_thread(run.learner.update, samples)
         updated = time.perf_counter()
         overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
