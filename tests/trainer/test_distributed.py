@@ -77,27 +77,29 @@ def test_pad_micro_batches_in_a_world_of_one() -> None:
     assert pad_micro_batches([], World()) == []
 
 
+def _codeloop_torchrun(*args: str) -> str:
+    """`codeloop ARGS` in two processes under torchrun; its stdout."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "-m", "codeloop", *args]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> None:  # noqa: F811
     base, sft_data, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "run"
 
-    def torchrun(*args: str) -> str:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "2", "-m", "codeloop", *args]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
-    torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
+    _codeloop_torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
              "--trainer.output_dir", str(run_dir), "--sft.epochs", "2",
              "--trainer.dtype", "bfloat16")  # FSDP2 mixed precision  # fmt: skip
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]  # one log, not one per rank
     saved = AutoModelForCausalLM.from_pretrained(run_dir / "sft_model", dtype="auto")
     assert {p.dtype for p in saved.parameters()} == {torch.float32}  # trained in float32
     common = rl_arguments(run_dir / "sft_model", problems, run_dir / "rl", 2)
-    torchrun("train", *common, "--trainer.max_steps", "2")
-    assert "resumed from step 2" in torchrun("train", *common, "--trainer.max_steps", "3")
+    _codeloop_torchrun("train", *common, "--trainer.max_steps", "2")
+    assert "resumed from step 2" in _codeloop_torchrun("train", *common, "--trainer.max_steps", "3")
     assert [m["step"] for m in read_metrics(run_dir / "rl")] == [1, 2, 3]
     dump = (run_dir / "rl" / "trajectories" / "step_000003.jsonl").read_text().splitlines()
     assert len(dump) == 2 * 2 * 2  # both ranks' prompts, 2G sampled each
@@ -110,16 +112,9 @@ def test_async_train_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "rl"
 
-    def torchrun(*args: str) -> str:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "2", "-m", "codeloop", "train", *args]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
     common = [*rl_arguments(base, problems, run_dir, 2), "--trainer.mode", "async"]
-    torchrun(*common, "--trainer.max_steps", "2")
-    assert "resumed from step 2" in torchrun(*common, "--trainer.max_steps", "3")
+    _codeloop_torchrun("train", *common, "--trainer.max_steps", "2")
+    assert "resumed from step 2" in _codeloop_torchrun("train", *common, "--trainer.max_steps", "3")
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]  # one log, not one per rank
     assert [m["rollout/groups_kept"] for m in metrics] == [2, 2, 2]  # one group per rank
