@@ -204,10 +204,14 @@ class Trajectory:
             )
 
     @property
+    def policy_versions(self) -> list[int]:
+        """The recorded policy versions of the sampled tokens."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m and v >= 0]
+
+    @property
     def oldest_version(self) -> int | None:
         """The oldest policy version among the sampled tokens (None: none recorded)."""
-        known = [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m and v >= 0]
-        return min(known) if known else None
+        return min(self.policy_versions, default=None)
 
     @property
     def num_policy_tokens(self) -> int:

@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from codeloop.config import ConfigError
 from codeloop.data.problems import Problem
@@ -54,9 +54,8 @@ from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import from_trajectory
-
-if TYPE_CHECKING:
-    from codeloop.trainer.rl import Group, RLRun
+from codeloop.trainer.distributed import all_max
+from codeloop.trainer.rl import MAX_REFILL_ROUNDS, Group, RLRun, make_group
 
 
 class Gate:
@@ -207,8 +206,6 @@ class AsyncRL:
         return position, problem
 
     async def _group(self, position: int, problem: Problem) -> None:
-        from codeloop.trainer.rl import make_group
-
         algo = self.cfg.algo
         self.activity.start()
         try:
@@ -252,8 +249,6 @@ class AsyncRL:
         """This step's groups: the first usable ones to finish. Like the synchronous refill
         (MAX_REFILL_ROUNDS rounds), at most MAX_REFILL_ROUNDS x batch groups without signal
         are passed over in a step; then it trains on what it has, possibly nothing."""
-        from codeloop.trainer.rl import MAX_REFILL_ROUNDS, _signal
-
         t, version = self.cfg.trainer, self.run.step_index
         batch: list[Group] = []
         passed_over = 0
@@ -270,7 +265,7 @@ class AsyncRL:
                     self.positions[group.position] = group.problem
                     self.counts["regenerated"] += 1
                 continue
-            if self.cfg.algo.drop_zero_signal_groups and not _signal(group):
+            if self.cfg.algo.drop_zero_signal_groups and not group.has_signal:
                 self.counts["no_signal"] += 1
                 passed_over += 1
                 self._retire(group, trained=False)
@@ -279,14 +274,11 @@ class AsyncRL:
         return batch
 
     async def step(self) -> dict[str, float]:
-        from codeloop.trainer.distributed import all_gather, all_max, all_mean, all_sum
-        from codeloop.trainer.rl import _dump, _rollout_metrics
-
         run, t = self.run, self.cfg.trainer
         version, start = run.step_index, time.perf_counter()
         batch = await self._next_batch()
         waited = time.perf_counter()
-        self.taken = run.step_index * self.batch + self.batch  # this step's share, even if short
+        self.taken += self.batch  # this step's share, even if it is short
         for group in batch:  # out of `outstanding`
             self._retire(group, trained=True)
         samples = [from_trajectory(tr, a) for g in batch
@@ -311,8 +303,8 @@ class AsyncRL:
         end = time.perf_counter()
         finished, trained = self.finished, self.trained
         self.finished, self.trained = [], set()
-        world = self.world
-        local = _rollout_metrics(finished) | {
+        local = {  # averaged over the ranks (the maximum is the same on every rank)
+            "async/staleness_max": float(all_max(max(staleness, default=0), self.world)),
             "timing/wait_for_groups_s": waited - start,
             "timing/update_s": updated - waited,
             "timing/sync_s": end - updated,
@@ -320,26 +312,14 @@ class AsyncRL:
             "async/overlap": overlap,
             "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
         }
-        metrics = all_mean(local, world) | losses  # the losses are over every rank already
-        metrics["async/staleness_max"] = float(all_max(max(staleness, default=0), world))
-        counts = {
+        counts: dict[str, float] = {
             "async/stale_groups": self.counts.pop("stale", 0),
             "async/regenerated_groups": self.counts.pop("regenerated", 0),
             "async/outstanding_groups": self.outstanding,
             "rollout/groups_kept": len(batch),
             "rollout/groups_dropped": self.counts.pop("no_signal", 0),
         }
-        for key, count in counts.items():
-            metrics[key] = all_sum(float(count), world)
-        metrics["throughput/trained_tokens_per_s"] = metrics["loss/policy_tokens"] / max(
-            metrics["timing/step_s"], 1e-9
-        )
-        dumps = all_gather(_dump(finished, trained), world)
-        if world.is_main:
-            run.logger.log(run.step_index, metrics)
-            run.logger.trajectories(run.step_index, [r for rank in dumps for r in rank])
-        run._maybe_checkpoint()
-        return metrics
+        return run.finish_step(finished, local, losses, counts, trained)
 
 
 def _oldest_version(group: Group, current: int) -> int:

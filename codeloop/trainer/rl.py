@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -40,7 +40,6 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
-from codeloop.trainer.async_rl import AsyncRL
 from codeloop.trainer.batch import Sample, collate, from_trajectory, on_device, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import (
@@ -54,6 +53,9 @@ from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.weights import EngineSink, ServerSink, WeightSink
 from codeloop.types import RolloutStatus, Trajectory
 
+if TYPE_CHECKING:
+    from codeloop.trainer.async_rl import AsyncRL
+
 T = TypeVar("T")
 MAX_REFILL_ROUNDS = 4
 RELOAD_PROBE_TOKENS = 16  # greedy tokens a server is checked on after a reload
@@ -66,6 +68,11 @@ class Group:
     kept: list[Trajectory]
     advantages: list[float]
     position: int = 0  # in the data order: the same on every rank
+
+    @property
+    def has_signal(self) -> bool:
+        """Its kept rewards differ (else its advantages are all 0 and it trains nothing)."""
+        return has_signal([t.reward or 0.0 for t in self.kept])
 
 
 def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
@@ -121,7 +128,7 @@ class RLRun:
         self.roc_rng = random.Random(t.seed)
         self.pending: list[int] = []  # async: data positions drawn, not trained (checkpointed)
         self.async_next: list[int] = []  # async: each rank's draws so far (checkpointed)
-        self.async_loop: AsyncRL | None = None
+        self.async_loop: AsyncRL | None = None  # trainer.mode = "async"
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -140,16 +147,26 @@ class RLRun:
         await self.sync_weights()
         _lap(timings, "timing/sync_s", clock)
         timings["timing/step_s"] = sum(timings.values())
-        metrics = all_mean(_rollout_metrics(sampled) | timings, self.world) | losses
-        metrics["throughput/trained_tokens_per_s"] = losses["loss/policy_tokens"] / max(
+        counts: dict[str, float] = {"rollout/groups_kept": len(groups),
+                  "rollout/groups_dropped": sum(not g.has_signal for g in sampled)}  # fmt: skip
+        return self.finish_step(sampled, timings, losses, counts)
+
+    def finish_step(self, groups: list[Group], local: dict[str, float], losses: dict[str, float],
+                    counts: dict[str, float], trained: set[int] | None = None
+                    ) -> dict[str, float]:  # fmt: skip
+        """Log and checkpoint a step (every rank calls it): the rollout metrics of `groups` and
+        `local` averaged over the ranks, `counts` summed, `losses` as they are (the learner
+        reduced them), trained tokens per second; the groups' trajectories dumped (`trained`:
+        the id()s of those that trained, when not every group with signal did)."""
+        world = self.world
+        metrics = all_mean(_rollout_metrics(groups) | local, world) | losses
+        for key, count in counts.items():
+            metrics[key] = all_sum(float(count), world)
+        metrics["throughput/trained_tokens_per_s"] = metrics["loss/policy_tokens"] / max(
             metrics["timing/step_s"], 1e-9
         )
-        metrics["rollout/groups_kept"] = all_sum(len(groups), self.world)
-        metrics["rollout/groups_dropped"] = all_sum(  # without signal: kept rewards all equal
-            sum(not _signal(g) for g in sampled), self.world
-        )
-        dumps = all_gather(_dump(sampled), self.world)
-        if self.world.is_main:
+        dumps = all_gather(_dump(groups, trained), world)
+        if world.is_main:
             self.logger.log(self.step_index, metrics)
             self.logger.trajectories(self.step_index, [r for rank in dumps for r in rank])
         self._maybe_checkpoint()
@@ -196,6 +213,8 @@ class RLRun:
     async def train(self, steps: int) -> list[dict[str, float]]:
         """`steps` RL steps, synchronous or asynchronous (`trainer.mode`)."""
         if self.cfg.trainer.mode == "async":
+            from codeloop.trainer.async_rl import AsyncRL  # it builds on this module
+
             self.async_loop = AsyncRL(self)
             return await self.async_loop.train(steps)
         await self.sync_weights()
@@ -220,7 +239,7 @@ class RLRun:
             batch = await self._rollout(chosen[world.rank :: world.size])
             sampled += batch
             if refill:
-                batch = [g for g in batch if _signal(g)]
+                batch = [g for g in batch if g.has_signal]
             if refill and world.distributed:  # everyone's, so that every rank decides alike
                 batch = sorted((g for rank in all_gather(batch, world) for g in rank),
                                key=lambda g: g.position)  # fmt: skip
@@ -354,17 +373,13 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     return metrics
 
 
-def _signal(group: Group) -> bool:
-    return has_signal([t.reward or 0.0 for t in group.kept])
-
-
 def _dump(groups: list[Group], trained: set[int] | None = None) -> list[dict[str, Any]]:
     """Every sampled trajectory; `kept` marks those that trained (none of a group without
     signal, nor of a group not in `trained`, the id()s of the groups that trained, when
     given). `versions`: the oldest and newest policy version of its sampled tokens."""
     records = []
     for group in groups:
-        trains = _signal(group) and (trained is None or id(group) in trained)
+        trains = group.has_signal and (trained is None or id(group) in trained)
         kept = {id(t) for t in group.kept} if trains else set()
         for t in group.sampled:
             p = penalty(t)
@@ -383,6 +398,5 @@ def _dump(groups: list[Group], trained: set[int] | None = None) -> list[dict[str
 
 def _version_span(trajectory: Trajectory) -> list[int]:
     """[oldest, newest] policy version of a trajectory's sampled tokens ([] if unknown)."""
-    known = [v for v, m in zip(trajectory.versions, trajectory.loss_mask, strict=False)
-             if m and v >= 0]  # fmt: skip
+    known = trajectory.policy_versions
     return [min(known), max(known)] if known else []
