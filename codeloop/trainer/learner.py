@@ -1,14 +1,15 @@
 """The learner: the trainable policy, its loss, optimiser and checkpoints.
 
 `Learner.update(samples)` takes `trainer.updates_per_step` optimiser steps of the token-level
-clipped loss (`algo/loss.py`) over token-budgeted micro-batches; the loss is the mean over the
-tokens with signal of each optimiser step, across ranks. The model is sharded over the ranks of
-`world` with FSDP2 (nothing is sharded in a world of one); parameters, gradients and AdamW
-state stay float32 and the passes run in `trainer.dtype`. The learning rate warms up linearly
-over `trainer.warmup_steps` RL steps, then stays constant (the report's); `lr_schedule` steps
-once per RL step, whether or not the step had signal. `full_state` gathers the weights for a
-`WeightSink`; `save`/`load` write and read full (unsharded) checkpoints that any world size
-resumes from.
+clipped loss (`algo/loss.py`) over token-budgeted micro-batches (with `algo.off_policy =
+"decoupled"`, against recomputed proximal logprobs, each token weighted by proximal/behaviour);
+the loss is the mean over the tokens with signal of each optimiser step, across ranks. The model
+is sharded over the ranks of `world` with FSDP2 (nothing is sharded in a world of one);
+parameters, gradients and AdamW state stay float32 and the passes run in `trainer.dtype`. The
+learning rate warms up linearly over `trainer.warmup_steps` RL steps, then stays constant (the
+report's); `lr_schedule` steps once per RL step, whether or not the step had signal.
+`full_state` gathers the weights for a `WeightSink`; `save`/`load` write and read full
+(unsharded) checkpoints that any world size resumes from.
 """
 
 from __future__ import annotations

@@ -379,3 +379,33 @@ def test_update_matches_the_clipped_loss_worked_by_hand(
     k3 = [r - 1 - math.log(r) for r in (1.5, 1.0, 0.5, 1.1)]  # approx KL per token
     assert metrics["loss/approx_kl"] == pytest.approx(sum(k3) / 4, abs=1e-5)
     assert metrics["loss/policy_tokens"] == 4
+
+
+def test_decoupled_update_weights_tokens_by_proximal_over_behaviour(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    from codeloop.trainer.batch import Sample, collate, token_logprobs
+
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
+    cfg = _config(tmp_path)
+    cfg.rollout.temperature, cfg.trainer.updates_per_step = 1.0, 1
+    cfg.algo.off_policy, cfg.algo.behaviour_weight_cap = "decoupled", 2.0
+    a = Sample([5, 6, 7], [0, 1, 1], [0.0] * 3, advantage=1.0)
+    b = Sample([8, 9, 10], [0, 1, 1], [0.0] * 3, advantage=-1.0)
+    with torch.no_grad():
+        now = token_logprobs(model, collate([a, b], 0))[0]  # [2, 2]
+    # behaviour (engine) logprobs set so that proximal/behaviour = A: 1.5, 0.5; B: 3.0, 1.0
+    for sample, row, weights in ((a, 0, (1.5, 0.5)), (b, 1, (3.0, 1.0))):
+        sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(w)
+                                       for j, w in enumerate(weights)]  # fmt: skip
+    logger = RunLogger(tmp_path, tensorboard=False)
+    run = RLRun(cfg, model, trainer_fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
+    metrics = run.learner.update([a, b])
+    run.verifier.close()
+    logger.close()
+    assert a.weights == pytest.approx([0.0, 1.5, 0.5], abs=1e-5)
+    assert b.weights == pytest.approx([0.0, 2.0, 1.0], abs=1e-5)  # 3.0 truncated at the cap
+    # the ratio is against the recomputed (proximal) logprobs: 1 before the step, so each token
+    # costs -A x its weight: (-1.5 - 0.5 + 2.0 + 1.0) / 4
+    assert metrics["loss/loss"] == pytest.approx((-1.5 - 0.5 + 2.0 + 1.0) / 4, abs=1e-5)
+    assert metrics["loss/clip_fraction"] == 0.0
