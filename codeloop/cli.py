@@ -69,11 +69,12 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.rollout.server import serve
-    from codeloop.trainer.model import check_source, not_found
+    from codeloop.trainer.model import check_source, not_found, resolve_dtype
 
     check_source(args.model)
     try:
-        serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens)
+        dtype = resolve_dtype(args.dtype)
+        serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens, dtype)
     except OSError as err:
         if err.errno is not None:  # the system's (an address in use): not about the model
             raise
@@ -94,6 +95,9 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     serve.add_argument("--kv-capacity-tokens", type=int, default=65536,
                        help="KV tokens the running requests may reserve (prompt + max_tokens "
                             "each); /metrics reports use against it")  # fmt: skip
+    serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                       help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU "
+                            "(bfloat16 decodes ~1.8x faster on CPUs with AMX-BF16)")  # fmt: skip
     serve.set_defaults(run=_serve)
 
 

@@ -23,7 +23,7 @@ from codeloop.types import Trajectory
 async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
                          tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
                          k: int, seed: int, dtype: Any = None, progress: str = "",
-                         **engine_options: int) -> list[list[Trajectory]]:  # fmt: skip
+                         **engine_options: Any) -> list[list[Trajectory]]:  # fmt: skip
     """`collect` with a copy of `model` (in `dtype`, a torch dtype, when given;
     training may go on with the original) in an in-process engine (`engine_options`:
     `max_batch`, `max_kv_tokens`), and its own verifier."""

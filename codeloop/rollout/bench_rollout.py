@@ -20,7 +20,11 @@ file on first use), a directory given with `--model`, or else a randomly initial
    static engine runs the overlapped loop too.
 3. A physical reference: the model's matmul FLOPs per token (2 x its weights, the output layer
    included; attention over the context left out) against the rate this machine reaches on a
-   large float32 matmul, so each row shows its share of that limit.
+   large matmul in `--dtype`, so each row shows its share of that limit.
+4. `--dtype bfloat16` runs every row with the model in bfloat16 (the baseline too), and scores
+   the tokens the engine sampled in plain generation with the float32 model: the gap between
+   the logprobs the engine returned and the float32 ones is what a float32 trainer would see
+   in its importance ratios (`--dtype float32` reports the same gap, from batching alone).
 Prints tokens/s and the ratios; writes JSON.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import random
 import time
@@ -146,14 +151,40 @@ async def _measure_tools(engine: Engine, fmt: PromptFormat, args: argparse.Names
             "tokens_per_s": sampled / seconds, "tool_calls": len(calls)}  # fmt: skip
 
 
-async def _measure(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, float]:
+TEMPERATURE, TOP_P = 0.6, 0.95  # of plain generation
+
+
+async def _measure(engine: Engine, prompts: list[list[int]], tokens: int,
+                   generations: list[Generation] | None = None) -> dict[str, float]:  # fmt: skip
+    """Plain generation's speed; the generations are appended to `generations` when given."""
     start = time.perf_counter()
-    calls = [engine.generate(p, SamplingParams(tokens, 0.6, 0.95, [], i))
+    calls = [engine.generate(p, SamplingParams(tokens, TEMPERATURE, TOP_P, [], i))
              for i, p in enumerate(prompts)]  # fmt: skip
-    generations = await asyncio.gather(*calls)
+    done = await asyncio.gather(*calls)
     seconds = time.perf_counter() - start
-    sampled = sum(len(g.token_ids) for g in generations)
+    if generations is not None:
+        generations += done
+    sampled = sum(len(g.token_ids) for g in done)
     return {"seconds": seconds, "tokens_per_s": sampled / seconds}
+
+
+@torch.no_grad()
+def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Generation],
+                temperature: float) -> dict[str, float]:  # fmt: skip
+    """How far the logprobs an engine returned are from `reference`'s on the same tokens
+    (each prompt + its generation scored alone, under logits / temperature): the mean and the
+    largest absolute difference, and the share of tokens whose ratio exp(difference) leaves
+    [0.8, 1.28], the report's clip range (a token there carries no gradient)."""
+    gaps = []
+    for prompt, generation in zip(prompts, generations, strict=True):
+        ids = torch.tensor([prompt + generation.token_ids])
+        logits = reference(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+        scored = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        gaps.append(torch.tensor(generation.logprobs) - scored)
+    gap = torch.cat(gaps)
+    clipped = (gap.exp() < 0.8) | (gap.exp() > 1.28)
+    return {"mean_abs": float(gap.abs().mean()), "max_abs": float(gap.abs().max()),
+            "outside_clip": float(clipped.float().mean()), "tokens": gap.numel()}  # fmt: skip
 
 
 def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int
@@ -169,9 +200,9 @@ def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id:
     return {"seconds": seconds, "tokens_per_s": (out.shape[1] - width) * len(prompts) / seconds}
 
 
-def _matmul_gflops() -> float:
-    """This machine's float32 matmul rate on 2048 x 2048 matrices, best of 5."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def _matmul_gflops(dtype: torch.dtype) -> float:
+    """This machine's matmul rate on 2048 x 2048 matrices in `dtype`, best of 5."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
@@ -229,16 +260,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
     parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the model's dtype in every row (bfloat16 pays on CPUs with "
+                             "AMX-BF16 or AVX512-BF16)")  # fmt: skip
     parser.add_argument("--out", default="bench-results/rollout.json")
     args = parser.parse_args(argv)
 
-    model, fmt, name = _load(args)
+    reference, fmt, name = _load(args)
+    dtype = getattr(torch, args.dtype)
+    model = reference if dtype == torch.float32 else copy.deepcopy(reference).to(dtype)
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     flops_per_token = 2 * weights
-    peak = _matmul_gflops()
+    peak = _matmul_gflops(dtype)
     print(
-        f"model: {name}; {flops_per_token / 1e6:.0f} MFLOP per token; "
-        f"float32 matmul rate {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads"
+        f"model: {name} in {args.dtype}; {flops_per_token / 1e6:.0f} MFLOP per token; "
+        f"{args.dtype} matmul rate {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads"
     )
     questions = [f"What is {17 * i + 3} times {i + 11}? Explain." for i in range(args.requests)]
     prompts = [fmt.prompt_ids(q) for q in questions]
@@ -250,13 +286,17 @@ def main(argv: list[str]) -> int:
 
     print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens", flush=True)
     pad_id = fmt.tokenizer.pad_token_id or 0
+    sampled: list[Generation] = []
     with torch.no_grad():
         record("generate", _measure_generate(model, prompts, args.gen_tokens, pad_id))
-        for row, engine in (
-            ("continuous", TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)),
-            ("static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)),
-        ):
-            record(row, asyncio.run(_measure(engine, prompts, args.gen_tokens)))
+        engine: Engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
+        record("continuous", asyncio.run(_measure(engine, prompts, args.gen_tokens, sampled)))
+        engine = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
+        record("static", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
+    gap = logprob_gap(reference, prompts, sampled, TEMPERATURE)
+    print(f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
+          f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
+          f"{100 * gap['outside_clip']:.2f}% outside the clip range", flush=True)  # fmt: skip
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
     for row, engine, serialised in (
@@ -283,6 +323,7 @@ def main(argv: list[str]) -> int:
         print(f"  {ratio_name:31} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "model": name, "flops_per_token": flops_per_token,
-              "matmul_gflops": peak, "rows": rows, "ratios": ratios}  # fmt: skip
+              "matmul_gflops": peak, "rows": rows, "ratios": ratios,
+              "logprob_gap": gap}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -104,8 +104,19 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
                  max_batch: int = 64, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
-                 batch_window_ms: float = 5.0) -> None:  # fmt: skip
+                 batch_window_ms: float = 5.0, step_in_thread: bool | None = None
+                 ) -> None:  # fmt: skip
         self.model = model.eval()
+        # Where a step runs. None: on a GPU a worker thread, so the event loop runs while the
+        # GPU computes; on a CPU the event loop's own thread, blocked for the step (tool calls
+        # run in sandbox processes meanwhile; results and new requests are taken between
+        # steps). torch's CPU kernels run on OpenMP (libgomp) teams, and once the main thread
+        # has one (loading a model starts it), a team started from another thread puts more
+        # threads than cores on the machine, so libgomp sleeps between parallel regions
+        # instead of spinning: a SmolLM2 decoding step of 16 rows took 55 ms on the main thread
+        # and 83 ms on a worker thread here (2 cores, bfloat16; 86 and 111 ms in float32).
+        self.step_in_thread = (next(model.parameters()).device.type != "cpu"
+                               if step_in_thread is None else step_in_thread)  # fmt: skip
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
         self.max_batch = max_batch
@@ -161,7 +172,11 @@ class TransformersEngine:
         while self._queue or self._running:
             joining = self._admit()
             try:
-                done = await asyncio.to_thread(self._step, joining)
+                if self.step_in_thread:
+                    done = await asyncio.to_thread(self._step, joining)
+                else:
+                    done = self._step(joining)
+                    await asyncio.sleep(0)  # callers, tool results and new requests run now
             except Exception as err:
                 for request in [*self._running, *joining]:
                     if not request.future.done():

@@ -112,11 +112,13 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
     return app
 
 
-def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tokens: int) -> None:
+def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tokens: int,
+          dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+    """Serve `model_path` with its weights in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU when there is one
     model.to(device)
     stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))

@@ -1,4 +1,5 @@
 import asyncio
+from typing import Any
 
 import pytest
 import torch
@@ -128,18 +129,24 @@ def test_the_agent_loop_on_the_engine(engine: TransformersEngine, fmt: PromptFor
         assert all(lp < 0 for lp in sampled)
 
 
-def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: object) -> None:
+def _bench_rollout(tmp_path: object, *args: str) -> dict[str, Any]:
+    """`codeloop bench rollout` on a random 1 x 32 Llama; its JSON report."""
     import json
     from pathlib import Path
 
     from codeloop.rollout import bench_rollout
 
     out = Path(str(tmp_path)) / "rollout.json"
-    args = ["--model", "random", "--hidden", "32", "--layers", "1", "--requests", "3",
-            "--gen-tokens", "5", "--trajectories", "4", "--tokens", "6", "--max-batch", "4",
-            "--tool-turns", "2", "--tool-s", "0.1", "--out", str(out)]  # fmt: skip
-    assert bench_rollout.main(args) == 0
-    report = json.loads(out.read_text())
+    common = ["--model", "random", "--hidden", "32", "--layers", "1", "--out", str(out)]
+    assert bench_rollout.main([*common, *args]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: object) -> None:
+    report = _bench_rollout(tmp_path, "--requests", "3", "--gen-tokens", "5", "--trajectories",
+                            "4", "--tokens", "6", "--max-batch", "4", "--tool-turns", "2",
+                            "--tool-s", "0.1")  # fmt: skip
     rows = report["rows"]
     assert set(rows) == {"generate", "continuous", "static", "tools_overlapped",
                          "tools_serialised", "tools_static"}  # fmt: skip
@@ -155,6 +162,35 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     assert set(report["ratios"]) == {"continuous / generate", "continuous / static",
                                      "agent: continuous / static",
                                      "agent: overlapped / serialised"}  # fmt: skip
+    # float32 throughout: the engine's logprobs are the full forward pass's (padding only)
+    assert report["logprob_gap"]["tokens"] == 3 * 5
+    assert report["logprob_gap"]["max_abs"] < 1e-4
+
+
+def test_bench_rollout_in_bfloat16_scores_its_tokens_in_float32(tmp_path: object) -> None:
+    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
+                            "2", "--tokens", "3", "--tool-turns", "1", "--tool-s", "0.05",
+                            "--dtype", "bfloat16")  # fmt: skip
+    gap = report["logprob_gap"]
+    # bfloat16 keeps 8 bits of mantissa: its logprobs differ from float32's, but by little
+    assert gap["tokens"] == 2 * 4 and 0 < gap["mean_abs"] <= gap["max_abs"] < 0.2
+
+
+def test_logprob_gap_by_hand(engine: TransformersEngine, fmt: PromptFormat) -> None:
+    from codeloop.rollout.bench_rollout import logprob_gap
+
+    prompt = fmt.encode("What is 2 + 3?")
+    generation = asyncio.run(engine.generate(prompt, SamplingParams(4, temperature=0.5, seed=3)))
+    exact = _recompute(engine, prompt, generation, 0.5)
+    # off by 0.5 on the first token (ratio e^0.5 = 1.65: outside [0.8, 1.28]) and by -0.1 on
+    # the second (ratio 0.905: inside)
+    off = [exact[0] + 0.5, exact[1] - 0.1, *exact[2:]]
+    moved = Generation(generation.token_ids, off, generation.finish_reason)
+    gap = logprob_gap(engine.model, [prompt], [moved], 0.5)
+    assert gap["tokens"] == 4
+    assert gap["mean_abs"] == pytest.approx(0.6 / 4, abs=1e-4)
+    assert gap["max_abs"] == pytest.approx(0.5, abs=1e-4)
+    assert gap["outside_clip"] == pytest.approx(1 / 4)
 
 
 def test_greedy_decoding_matches_model_generate(engine: TransformersEngine, fmt: PromptFormat
@@ -391,3 +427,32 @@ def test_a_cancelled_request_leaves_the_batch(fmt: PromptFormat) -> None:
     result, steps = asyncio.run(main())
     assert len(result.token_ids) == 30
     assert steps < 60  # 29 decoding steps for the kept request, a few more at most
+
+
+def test_on_a_cpu_steps_run_on_the_event_loops_thread(fmt: PromptFormat) -> None:
+    import threading
+
+    def run(engine: TransformersEngine) -> tuple[list[Generation], set[int]]:
+        threads: set[int] = set()
+        forward = engine._forward
+
+        def spy(*args: object, **kwargs: torch.Tensor) -> torch.Tensor:
+            threads.add(threading.get_ident())
+            return forward(*args, **kwargs)  # type: ignore[arg-type]
+
+        engine._forward = spy  # type: ignore[method-assign]
+        prompts = [[5, 6, 7], [8, 9]]
+        params = [SamplingParams(12, seed=1), SamplingParams(9, seed=2)]
+        return asyncio.run(_many(engine, prompts, params)), threads
+
+    on_loop = _free_running(fmt)
+    assert on_loop.step_in_thread is False  # the default for a model on the CPU
+    gens, threads = run(on_loop)
+    assert threads == {threading.get_ident()}  # asyncio.run's loop runs on this thread
+    in_thread = TransformersEngine(on_loop.model, fmt.tokenizer, [], batch_window_ms=0,
+                                   step_in_thread=True)  # fmt: skip
+    threaded, threads = run(in_thread)
+    assert threading.get_ident() not in threads
+    # where a step runs changes nothing in what it samples
+    assert [g.token_ids for g in threaded] == [g.token_ids for g in gens]
+    assert [len(g.token_ids) for g in gens] == [12, 9]
