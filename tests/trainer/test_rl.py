@@ -350,28 +350,37 @@ def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
     assert make_group(PROBLEMS[0], broken, algo, random.Random(0)).kept == []
 
 
-def test_update_matches_the_clipped_loss_worked_by_hand(
-    trainer_fmt: PromptFormat, tmp_path: Path
-) -> None:
+def _update_two(cfg: Config, fmt: PromptFormat, tmp_path: Path, ratios_a: tuple[float, float],
+                ratios_b: tuple[float, float]) -> tuple[Any, Any, dict[str, float]]:  # fmt: skip
+    """One `Learner.update` of a tiny model on two samples of two policy tokens each (advantages
+    +1 and -1), whose old logprobs are the model's own minus log(ratio) per token; returns the
+    samples and the update's metrics."""
     from codeloop.trainer.batch import Sample, collate, token_logprobs
 
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
-    cfg = _config(tmp_path)
+    model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2)
     cfg.rollout.temperature, cfg.trainer.updates_per_step = 1.0, 1
-    cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip = 0.2, 0.28, 0.0
     a = Sample([5, 6, 7], [0, 1, 1], [0.0] * 3, advantage=1.0)
     b = Sample([8, 9, 10], [0, 1, 1], [0.0] * 3, advantage=-1.0)
     with torch.no_grad():
         now = token_logprobs(model, collate([a, b], 0))[0]  # [2, 2]
-    # old logprobs set so that the ratios are A: 1.5, 1.0 and B: 0.5, 1.1
-    for sample, row, ratios in ((a, 0, (1.5, 1.0)), (b, 1, (0.5, 1.1))):
+    for sample, row, ratios in ((a, 0, ratios_a), (b, 1, ratios_b)):
         sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(r)
                                        for j, r in enumerate(ratios)]  # fmt: skip
     logger = RunLogger(tmp_path, tensorboard=False)
-    run = RLRun(cfg, model, trainer_fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
+    run = RLRun(cfg, model, fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
     metrics = run.learner.update([a, b])
     run.verifier.close()
     logger.close()
+    return a, b, metrics
+
+
+def test_update_matches_the_clipped_loss_worked_by_hand(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    cfg = _config(tmp_path)
+    cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip = 0.2, 0.28, 0.0
+    # old logprobs set so that the ratios are A: 1.5, 1.0 and B: 0.5, 1.1
+    _, _, metrics = _update_two(cfg, trainer_fmt, tmp_path, (1.5, 1.0), (0.5, 1.1))
     # per token -min(r A, clip(r, 0.8, 1.28) A): A1 -1.28 (clipped), A2 -1.0, B1 +0.8
     # (clipped), B2 +1.1; the token mean over the 4 policy tokens
     assert metrics["loss/loss"] == pytest.approx((-1.28 - 1.0 + 0.8 + 1.1) / 4, abs=1e-5)
@@ -384,25 +393,10 @@ def test_update_matches_the_clipped_loss_worked_by_hand(
 def test_decoupled_update_weights_tokens_by_proximal_over_behaviour(
     trainer_fmt: PromptFormat, tmp_path: Path
 ) -> None:
-    from codeloop.trainer.batch import Sample, collate, token_logprobs
-
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
     cfg = _config(tmp_path)
-    cfg.rollout.temperature, cfg.trainer.updates_per_step = 1.0, 1
     cfg.algo.off_policy, cfg.algo.behaviour_weight_cap = "decoupled", 2.0
-    a = Sample([5, 6, 7], [0, 1, 1], [0.0] * 3, advantage=1.0)
-    b = Sample([8, 9, 10], [0, 1, 1], [0.0] * 3, advantage=-1.0)
-    with torch.no_grad():
-        now = token_logprobs(model, collate([a, b], 0))[0]  # [2, 2]
     # behaviour (engine) logprobs set so that proximal/behaviour = A: 1.5, 0.5; B: 3.0, 1.0
-    for sample, row, weights in ((a, 0, (1.5, 0.5)), (b, 1, (3.0, 1.0))):
-        sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(w)
-                                       for j, w in enumerate(weights)]  # fmt: skip
-    logger = RunLogger(tmp_path, tensorboard=False)
-    run = RLRun(cfg, model, trainer_fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
-    metrics = run.learner.update([a, b])
-    run.verifier.close()
-    logger.close()
+    a, b, metrics = _update_two(cfg, trainer_fmt, tmp_path, (1.5, 0.5), (3.0, 1.0))
     assert a.weights == pytest.approx([0.0, 1.5, 0.5], abs=1e-5)
     assert b.weights == pytest.approx([0.0, 2.0, 1.0], abs=1e-5)  # 3.0 truncated at the cap
     # the ratio is against the recomputed (proximal) logprobs: 1 before the step, so each token
