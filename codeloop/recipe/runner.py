@@ -66,7 +66,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                 run.async_next = carried["async_next"]
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
-            history = await run.train(stage.steps - run.step_index)
+            history = await run.train(stage.steps - run.step_index, stage_dir.name)
             run.save()
         finally:
             logger.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -46,10 +46,12 @@ def seed_of(*parts: str | int) -> int:
 
 async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
                   seed: int = 0, keys: Sequence[str | int] | None = None,
-                  progress: str = "") -> list[list[Trajectory]]:  # fmt: skip
+                  progress: str = "", on_trajectory: Callable[[Trajectory], None] | None = None
+                  ) -> list[list[Trajectory]]:  # fmt: skip
     """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
     With a `Scheduler`, each trajectory leases one of its engines. `progress`: the label of a
-    progress bar over the trajectories (none when empty)."""
+    progress bar over the trajectories (none when empty); `on_trajectory` is called with each
+    one as soon as it is scored."""
     engine = agent.engine
     scheduler = engine if isinstance(engine, Scheduler) else Scheduler([engine], "static")
     keys = list(keys) if keys is not None else [p.id for p in problems]
@@ -65,6 +67,8 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
         result = await verifier.score_async(trajectory, problem.answer)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
         bar.update()
+        if on_trajectory is not None:
+            on_trajectory(trajectory)
         return trajectory
 
     with tqdm(total=len(problems) * k, desc=progress, unit="traj", leave=False,

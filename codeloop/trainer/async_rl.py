@@ -3,8 +3,10 @@
 A producer keeps groups (oversample x G samples of one problem, in the data order) generating
 through the same `collect` as the synchronous loop, and puts each scored, resampled group on a
 queue the moment it ends. The learner takes the first `prompts_per_step` usable groups off the
-queue, trains on them in a worker thread while the producer goes on, then publishes the weights,
-which become policy version `step_index`.
+queue, trains on them while the producer goes on (`Learner.update_async`: in a worker thread on
+a GPU; on a CPU on the loop's thread between the engine's steps), then publishes the weights,
+which become policy version `step_index`. Rank 0 shows the step's groups taken on a bar, with
+the trajectories sampled and the groups passed over or stale since the last step.
 
 Staleness is bounded as AReaL bounds it: a group may start at version v only while the groups
 taken for training plus those outstanding (generating or queued) stay below
@@ -44,9 +46,11 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+
+from tqdm import tqdm
 
 from codeloop.config import ConfigError
 from codeloop.data.problems import Problem
@@ -56,6 +60,7 @@ from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import from_trajectory
 from codeloop.trainer.distributed import all_max
 from codeloop.trainer.rl import MAX_REFILL_ROUNDS, Group, RLRun, make_group
+from codeloop.types import Trajectory
 
 
 class Gate:
@@ -173,6 +178,8 @@ class AsyncRL:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
+        self.bar: Any = None  # this step's progress (rank 0): groups taken, trajectories sampled
+        self.sampled = 0  # trajectories scored since the last step
 
     def pending(self) -> list[int]:
         """This rank's data positions drawn but neither trained nor discarded."""
@@ -211,11 +218,23 @@ class AsyncRL:
         try:
             sampled = await collect(self.agent, [problem], algo.group_size * algo.oversample,
                                     self.run.verifier, self.cfg.trainer.seed,
-                                    keys=[position])  # fmt: skip
+                                    keys=[position], on_trajectory=self._scored)  # fmt: skip
         finally:
             self.activity.stop()
         group = make_group(problem, sampled[0], algo, self.run.roc_rng, position)
         self.ready.put_nowait(group)
+
+    def _scored(self, trajectory: Trajectory) -> None:
+        self.sampled += 1
+        self._show()
+
+    def _show(self, taken: int = -1) -> None:
+        if self.bar is not None:
+            if taken >= 0:
+                self.bar.n = taken
+            self.bar.set_postfix(sampled=self.sampled, no_signal=self.counts["no_signal"],
+                                 stale=self.counts["stale"], refresh=False)  # fmt: skip
+            self.bar.refresh()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -234,12 +253,25 @@ class AsyncRL:
 
     # -- the learner -----------------------------------------------------------------------
 
-    async def train(self, steps: int) -> list[dict[str, float]]:
+    async def train(self, steps: int, stepped: Callable[[dict[str, float]], None] | None = None
+                    ) -> list[dict[str, float]]:  # fmt: skip
+        """`steps` steps; `stepped` is called with each step's metrics. Rank 0 shows a bar of
+        the step's groups with signal taken, with the trajectories sampled, groups passed over
+        for want of signal and stale groups since the last step."""
         await self.run.sync_weights()
         producer = asyncio.create_task(self._produce())
+        self.bar = tqdm(total=self.batch, desc="rollout", unit="group", leave=False,
+                        disable=not self.world.is_main)  # fmt: skip
+        history: list[dict[str, float]] = []
         try:
-            return [await self.step() for _ in range(steps)]
+            for _ in range(steps):
+                history.append(await self.step())
+                if stepped is not None:
+                    stepped(history[-1])
+            return history
         finally:
+            self.bar.close()
+            self.bar = None
             producer.cancel()
             for task in list(self._tasks):
                 task.cancel()
@@ -271,6 +303,7 @@ class AsyncRL:
                 self._retire(group, trained=False)
                 continue
             batch.append(group)
+            self._show(len(batch))
         return batch
 
     async def step(self) -> dict[str, float]:
@@ -288,7 +321,7 @@ class AsyncRL:
         self._wake.set()  # the producer may start the groups the bound now allows
         if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
             samples = []  # a rank without enough: nobody steps (the update's passes must match)
-        losses = await asyncio.to_thread(run.learner.update, samples)
+        losses = await run.learner.update_async(samples)
         updated = time.perf_counter()
         overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
         if t.partial_rollout == "wait":
@@ -319,6 +352,8 @@ class AsyncRL:
             "rollout/groups_kept": len(batch),
             "rollout/groups_dropped": self.counts.pop("no_signal", 0),
         }
+        self.sampled = 0
+        self._show(0)
         return run.finish_step(finished, local, losses, counts, trained)
 
 

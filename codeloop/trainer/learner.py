@@ -10,13 +10,21 @@ learning rate warms up linearly over `trainer.warmup_steps` RL steps, then stays
 report's); `lr_schedule` steps once per RL step, whether or not the step had signal.
 `full_state` gathers the weights for a `WeightSink`; `save`/`load` write and read full
 (unsharded) checkpoints that any world size resumes from.
+
+`update_async` is the same update for a loop that generates meanwhile (`trainer.mode =
+"async"`). On a GPU it runs in a worker thread. On a CPU it runs on the event loop's thread and
+yields to the loop after every micro-batch, so the in-process engine (which steps on that
+thread on a CPU, `rollout/hf_engine.py`) takes its decoding steps between them: the two share
+one OpenMP team instead of two teams over-subscribing the cores.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,33 @@ class Learner:
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
+        steps = self._update(samples)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                metrics: dict[str, float] = done.value
+                return metrics
+
+    async def update_async(self, samples: list[Sample], in_thread: bool | None = None
+                           ) -> dict[str, float]:  # fmt: skip
+        """`update` beside other work on the event loop: in a worker thread (`in_thread`;
+        default: on a GPU), else on the loop's thread, yielding after every micro-batch."""
+        if in_thread is None:
+            in_thread = self.world.device.type != "cpu"
+        if in_thread:
+            return await asyncio.to_thread(self.update, samples)
+        steps = self._update(samples)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                metrics: dict[str, float] = done.value
+                return metrics
+            await asyncio.sleep(0)
+
+    def _update(self, samples: list[Sample]) -> Generator[None, None, dict[str, float]]:
+        """`update`, yielding after each micro-batch's backward pass."""
         t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
         pad_id = self.pad_id
         if t.recompute_old_logprobs or algo.off_policy == "decoupled":
@@ -90,6 +125,7 @@ class Learner:
                                    ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
                                    ("entropy", float(entropy))):  # fmt: skip
                     sums[key] += value * weight
+                yield
             sums["tokens"] += tokens
             sums["all_tokens"] += all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from tqdm import tqdm
 
 from codeloop.algo.advantage import group_advantages, has_signal
 from codeloop.algo.resample import penalty, resample
@@ -210,15 +211,27 @@ class RLRun:
         self.verifier.close()
         await asyncio.gather(*(server.close() for server in self.servers))
 
-    async def train(self, steps: int) -> list[dict[str, float]]:
-        """`steps` RL steps, synchronous or asynchronous (`trainer.mode`)."""
-        if self.cfg.trainer.mode == "async":
-            from codeloop.trainer.async_rl import AsyncRL  # it builds on this module
+    async def train(self, steps: int, progress: str = "") -> list[dict[str, float]]:
+        """`steps` RL steps, synchronous or asynchronous (`trainer.mode`). `progress`: the label
+        of a progress bar over the steps (rank 0; none when empty), the last reward beside it."""
+        with tqdm(total=self.step_index + steps, initial=self.step_index, desc=progress,
+                  unit="step", disable=not (progress and self.world.is_main)) as bar:  # fmt: skip
 
-            self.async_loop = AsyncRL(self)
-            return await self.async_loop.train(steps)
-        await self.sync_weights()
-        return [await self.step() for _ in range(steps)]
+            def stepped(metrics: dict[str, float]) -> None:
+                bar.update()
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+
+            if self.cfg.trainer.mode == "async":
+                from codeloop.trainer.async_rl import AsyncRL  # it builds on this module
+
+                self.async_loop = AsyncRL(self)
+                return await self.async_loop.train(steps, stepped)
+            await self.sync_weights()
+            history = []
+            for _ in range(steps):
+                history.append(await self.step())
+                stepped(history[-1])
+            return history
 
     # -- rollout, reward, resampling -------------------------------------------------------
 

@@ -6,8 +6,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
@@ -67,15 +65,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
         try:
             if run.resume():
                 print(f"resumed from step {run.step_index}")
-            await run.sync_weights()
-            total = cfg.trainer.max_steps
-            with tqdm(total=total, initial=run.step_index, desc="rl", unit="step",
-                      disable=not world.is_main) as bar:  # fmt: skip
-                while run.step_index < total:
-                    metrics = await run.step()
-                    history.append(metrics)
-                    bar.update()
-                    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+            history = await run.train(max(cfg.trainer.max_steps - run.step_index, 0), "rl")
             run.save()
         finally:
             logger.close()

@@ -2,6 +2,7 @@ import asyncio
 import copy
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.async_rl import Gate, GatedEngine
 from codeloop.trainer.batch import Sample
-from codeloop.trainer.learner import behaviour_weights
+from codeloop.trainer.distributed import World
+from codeloop.trainer.learner import Learner, behaviour_weights
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun
@@ -59,15 +61,15 @@ def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resum
             if resume:
                 assert run.resume()
             if fail_at:
-                update, calls = run.learner.update, [0]
+                update, calls = run.learner.update_async, [0]
 
-                def failing(samples: list[Sample]) -> dict[str, float]:
+                async def failing(samples: list[Sample]) -> dict[str, float]:
                     calls[0] += 1
                     if calls[0] == fail_at:
                         raise KeyboardInterrupt("stopped mid-step")
-                    return update(samples)
+                    return await update(samples)
 
-                run.learner.update = failing  # type: ignore[method-assign]
+                run.learner.update_async = failing  # type: ignore[method-assign]
             try:
                 return await run.train(steps), run
             finally:
@@ -274,3 +276,45 @@ def test_a_step_without_any_signal_ends_after_the_refill_budget(
     assert [m["rollout/groups_kept"] for m in metrics] == [0, 0]
     assert [m["rollout/groups_dropped"] for m in metrics] == [8, 8]
     assert [m["loss/policy_tokens"] for m in metrics] == [0, 0]
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_update_async_takes_the_same_step_beside_other_work(trainer_fmt: PromptFormat,
+                                                            tmp_path: Path, in_thread: bool
+                                                            ) -> None:  # fmt: skip
+    """On the loop's thread (a CPU's default) the update yields to the loop after each of its
+    four micro-batches, so a task beside it runs in between; in a worker thread it runs there.
+    Either way the step equals `update`'s."""
+    cfg = _config(tmp_path)
+    cfg.trainer.micro_batch_tokens, cfg.trainer.updates_per_step = 3, 1  # one sample each
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
+    samples = [Sample([5 + i, 6 + i, 7 + i], [0, 1, 1], [0.0, -1.0, -2.0 - i],
+                      advantage=1.0 if i % 2 else -1.0) for i in range(4)]  # fmt: skip
+    alone, beside = (Learner(copy.deepcopy(model), cfg, World()) for _ in range(2))
+    expected = alone.update(copy.deepcopy(samples))
+    forwards: list[int] = []  # the thread of each forward pass of `beside`
+    beside.model.register_forward_hook(lambda *_: forwards.append(threading.get_ident()))
+    seen: list[int] = []  # forward passes done each time the task beside ran
+
+    async def main() -> dict[str, float]:
+        async def beside_the_update() -> None:
+            while True:
+                seen.append(len(forwards))
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(beside_the_update())
+        try:
+            return await beside.update_async(samples, in_thread)
+        finally:
+            task.cancel()
+
+    metrics = asyncio.run(main())
+    assert metrics == pytest.approx(expected)
+    for a, b in zip(alone.model.parameters(), beside.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert len(forwards) == 4
+    if in_thread:
+        assert threading.get_ident() not in forwards
+    else:
+        assert set(forwards) == {threading.get_ident()}
+        assert {1, 2, 3, 4} <= set(seen)  # the task ran after each micro-batch

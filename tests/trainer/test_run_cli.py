@@ -34,6 +34,19 @@ def test_sft_then_train_then_resume(trainer_fmt: PromptFormat, tmp_path: Path) -
     assert (run_dir / "rl" / "checkpoints" / "step_000003" / "state.pt").is_file()
 
 
+@pytest.mark.slow
+def test_train_runs_the_asynchronous_loop_when_asked(trainer_fmt: PromptFormat,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    run_dir = tmp_path / "rl"
+    run = _codeloop("train", *rl_arguments(base, problems, run_dir, 1), "--trainer.max_steps", "2",
+                    "--trainer.mode", "async")  # fmt: skip
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all("async/staleness_max" in m and "async/overlap" in m for m in metrics)
+    assert "rl: 100%" in run.stderr and "2/2" in run.stderr  # the steps' bar, to its end
+
+
 def test_config_errors_exit_2(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "codeloop", "train", "--trainer.lr", "-1"],
                          capture_output=True, text=True)  # fmt: skip
