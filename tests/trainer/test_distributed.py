@@ -117,6 +117,7 @@ def test_async_train_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -
     assert "resumed from step 2" in _codeloop_torchrun("train", *common, "--trainer.max_steps", "3")
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]  # one log, not one per rank
+    assert all("async/staleness_max" in m for m in metrics)  # the asynchronous loop's
     assert [m["rollout/groups_kept"] for m in metrics] == [2, 2, 2]  # one group per rank
     for step in (1, 2, 3):
         dump = (run_dir / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()
