@@ -146,22 +146,28 @@ class KVBatch:
                 for layer in _layers(self.cache)]  # fmt: skip
 
     def select(self, rows: list[int]) -> None:
-        """Keep these rows (in this order; one may repeat), and drop the columns none uses."""
+        """Keep these rows (in this order; one may repeat), and drop the columns none uses.
+        Rows kept in their order (requests leaving) move up inside the layers' buffers; only
+        the rows after the first one left are copied, and dropped columns are not copied."""
         index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask, self.lengths = self.mask[index], self.lengths[index]
         used = self.mask.any(0)
         drop = int(used.long().argmax()) if bool(used.any()) else 0
+        in_order = all(b > a for a, b in zip(rows, rows[1:], strict=False))
         for layer in _layers(self.cache):
-            _replace(layer, layer.keys[index, :, drop:], layer.values[index, :, drop:])
+            if not (in_order and layer.compact(rows, drop)):
+                _replace(layer, layer.keys[index, :, drop:], layer.values[index, :, drop:])
         self.mask = self.mask[:, drop:]
 
     def merge(self, other: KVBatch) -> KVBatch:
-        """This batch's rows, then `other`'s, padded on the left to one width."""
+        """This batch's rows, then `other`'s, padded on the left to one width. The joining
+        rows are written into the spare rows of this batch's buffers where they fit."""
         width = max(self.mask.shape[1], other.mask.shape[1])
         for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
-            keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
-            values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
-            _replace(mine, keys, values)
+            if not mine.append_rows(theirs.keys, theirs.values):
+                keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
+                values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
+                _replace(mine, keys, values)
         self.mask = torch.cat([_pad_left(self.mask, width, -1), _pad_left(other.mask, width, -1)])
         self.lengths = torch.cat([self.lengths, other.lengths])
         return self
@@ -208,9 +214,31 @@ def _cache_of(found: list[tuple[int, CachedPrefix | None]], width: int, device: 
 
 
 class _GrowingLayer(DynamicLayer):
-    """A `DynamicLayer` that appends in place: `keys` / `values` are views of buffers with a
-    quarter (at least 64 tokens) of room to spare. When something else replaced them (a row cut
-    out, batches merged), the next update copies them into new buffers once."""
+    """A `DynamicLayer` that appends in place: `keys` / `values` are views of buffers
+    [rows, heads, columns, head_dim] with room to spare: a quarter more columns (at least 64)
+    and a quarter more rows (at least 4), the view starting at column `_start`. Rows leave by
+    moving the later rows up (`compact`), join by filling spare rows (`append_rows`); when
+    something else replaced `keys` (or the room ran out), the next update copies them into new
+    buffers once."""
+
+    _keys_buffer: torch.Tensor | None = None
+    _values_buffer: torch.Tensor | None = None
+    _start = 0
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffers, while `keys` is still the view this layer made of them."""
+        if self._keys_buffer is None or self._values_buffer is None:
+            return None
+        if getattr(self, "_view", None) is not self.keys:
+            return None
+        return self._keys_buffer, self._values_buffer
+
+    def _set_view(self, rows: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._keys_buffer is not None and self._values_buffer is not None
+        keys = self._keys_buffer[:rows, :, start:end]
+        values = self._values_buffer[:rows, :, start:end]
+        self.keys, self.values, self._start, self._view = keys, values, start, keys
+        return keys, values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -219,36 +247,82 @@ class _GrowingLayer(DynamicLayer):
         old_keys, old_values = self.keys, self.values
         assert old_keys is not None and old_values is not None
         length = old_keys.shape[-2] if old_keys.dim() == 4 else 0
-        end = length + key_states.shape[-2]
-        buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = getattr(
-            self, "_buffers", None
-        )
-        if buffers is None or buffers[2] is not old_keys or end > buffers[0].shape[-2]:
-            room = end + max(64, end // 4)
-            keys = _with_room(old_keys if length else key_states, room)
-            values = _with_room(old_values if length else value_states, room)
-        else:
-            keys, values = buffers[0], buffers[1]
-        keys[..., length:end, :] = key_states
-        values[..., length:end, :] = value_states
-        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
-        self._buffers = (keys, values, self.keys)
-        return self.keys, self.values
+        rows, end = key_states.shape[0], length + key_states.shape[-2]
+        buffers = self._buffers() if length else None
+        if buffers is None or self._start + end > buffers[0].shape[-2]:  # new buffers
+            if not length:
+                old_keys, old_values = key_states[:, :, :0], value_states[:, :, :0]
+            buffers = self._rebuffer(old_keys, old_values, end)
+        start = self._start
+        buffers[0][:rows, :, start + length : start + end] = key_states
+        buffers[1][:rows, :, start + length : start + end] = value_states
+        return self._set_view(rows, start, start + end)
+
+    def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, columns: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """New buffers holding `keys` / `values` from column 0, with room for `columns` and
+        more."""
+        rows, length = keys.shape[0], keys.shape[-2]
+        shape = (rows + max(4, rows // 4), keys.shape[1], columns + max(64, columns // 4),
+                 keys.shape[-1])  # fmt: skip
+        buffers = keys.new_empty(shape), values.new_empty(shape)
+        buffers[0][:rows, :, :length] = keys
+        buffers[1][:rows, :, :length] = values
+        self._keys_buffer, self._values_buffer = buffers
+        self._set_view(rows, 0, length)
+        return buffers
+
+    def compact(self, rows: list[int], drop: int) -> bool:
+        """Keep `rows` (increasing) and drop the first `drop` columns, inside the buffers;
+        False when the keys are not a view of them."""
+        buffers = self._buffers()
+        if buffers is None:
+            return False
+        start, end = self._start + drop, self._start + self._width()
+        first = next((i for i, row in enumerate(rows) if row != i), len(rows))
+        if first < len(rows):  # rows first.. move up; the source is gathered before writing
+            source = torch.tensor(rows[first:], device=buffers[0].device)
+            for buffer in buffers:
+                buffer[first : len(rows), :, start:end] = buffer[source, :, start:end]
+        self._set_view(len(rows), start, end)
+        return True
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Add rows after this layer's, left-padded with zeros to its width, in the buffers'
+        spare rows; False when they do not fit (too many rows, or wider than the columns
+        left of the view's end)."""
+        buffers = self._buffers()
+        if buffers is None:
+            return False
+        rows, length = self._rows(), self._width()
+        joining, width = keys.shape[0], keys.shape[-2]
+        start, end = self._start, self._start + length
+        if rows + joining > buffers[0].shape[0] or width > end:
+            return False
+        if width > length:  # wider: the view grows to the left, the old rows padded
+            start = end - width
+            for buffer in buffers:
+                buffer[:rows, :, start : end - length] = 0
+        for buffer, new in zip(buffers, (keys, values), strict=True):
+            buffer[rows : rows + joining, :, start : end - width] = 0
+            buffer[rows : rows + joining, :, end - width : end] = new
+        self._set_view(rows + joining, start, end)
+        return True
+
+    def _rows(self) -> int:
+        assert self.keys is not None
+        return int(self.keys.shape[0])
+
+    def _width(self) -> int:
+        assert self.keys is not None
+        return int(self.keys.shape[-2])
 
 
 def _replace(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
     """New keys and values for a layer, whose spare-room buffers (if any) are let go at once
     rather than held until its next update."""
     layer.keys, layer.values = keys, values
-    if getattr(layer, "_buffers", None) is not None:
-        layer._buffers = None
-
-
-def _with_room(tensor: torch.Tensor, room: int) -> torch.Tensor:
-    """A [B, heads, room, dim] buffer starting with `tensor`'s tokens."""
-    buffer = tensor.new_empty((*tensor.shape[:-2], room, tensor.shape[-1]))
-    buffer[..., : tensor.shape[-2], :] = tensor
-    return buffer
+    layer._keys_buffer = layer._values_buffer = None
 
 
 def new_cache() -> DynamicCache:
