@@ -43,6 +43,7 @@ import torch
 from transformers import DynamicCache
 
 from codeloop.memory import trim_when_above
+from codeloop.rollout.attention import use_decode_attention
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
 
@@ -107,6 +108,7 @@ class TransformersEngine:
                  batch_window_ms: float = 5.0, step_in_thread: bool | None = None
                  ) -> None:  # fmt: skip
         self.model = model.eval()
+        use_decode_attention(model)  # on a CPU: decoding steps without SDPA (attention.py)
         # Where a step runs. None: on a GPU a worker thread, so the event loop runs while the
         # GPU computes; on a CPU the event loop's own thread, blocked for the step (tool calls
         # run in sandbox processes meanwhile; results and new requests are taken between

@@ -1,4 +1,5 @@
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -198,10 +199,13 @@ def test_greedy_decoding_matches_model_generate(engine: TransformersEngine, fmt:
     prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("print(sum(range(10)))"), fmt.encode("x")]
     params = SamplingParams(16, temperature=0)
     gens = asyncio.run(_many(engine, prompts, [params] * 3))  # decoded in one batch
+    reference = copy.deepcopy(engine.model)
+    assert reference.config._attn_implementation == "codeloop_decode"  # the engine's
+    reference.set_attn_implementation("sdpa")  # generate as transformers runs it
     for prompt, gen in zip(prompts, gens, strict=True):
         with torch.no_grad():
-            out = engine.model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                                        min_new_tokens=16, pad_token_id=0)  # fmt: skip
+            out = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                     min_new_tokens=16, pad_token_id=0)  # fmt: skip
         assert gen.token_ids == out[0, len(prompt) :].tolist()
 
 
