@@ -18,9 +18,12 @@ file on first use), a directory given with `--model`, or else a randomly initial
    runs (as a loop that calls its sandbox synchronously does): a call waits for the
    generations in flight to end, and no generation starts until the calls in flight end. The
    static engine runs the overlapped loop too.
-3. A physical reference: the model's matmul FLOPs per token (2 x its weights, the output layer
+3. Physical references: the model's matmul FLOPs per token (2 x its weights, the output layer
    included; attention over the context left out) against the rate this machine reaches on a
-   large matmul in `--dtype`, so each row shows its share of that limit.
+   large matmul in `--dtype`, so each row shows its share of that limit; and, since a decoding
+   step of a few rows is bound by memory rather than FLOPs, the tokens/s plain generation
+   would reach if each step only read the weights and the rows' KV at this machine's memory
+   read rate (`bandwidth_bound`).
 4. `--dtype bfloat16` runs every row with the model in bfloat16 (the baseline too), and scores
    the tokens the engine sampled in plain generation with the float32 model: the gap between
    the logprobs the engine returned and the float32 ones is what a float32 trainer would see
@@ -211,6 +214,38 @@ def _matmul_gflops(dtype: torch.dtype) -> float:
     return 2 * 2048**3 / best / 1e9
 
 
+def _read_gbps() -> float:
+    """This machine's memory read rate: a sum over 256 MB of float32, best of 5."""
+    tensor = torch.ones(64 * 2**20)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        tensor.sum()
+        best = min(best, time.perf_counter() - start)
+    return tensor.numel() * 4 / best / 1e9
+
+
+def bandwidth_bound(model: Any, prompts: list[list[int]], tokens: int, read_gbps: float
+                    ) -> dict[str, float]:  # fmt: skip
+    """The fastest plain generation of `tokens` per prompt could run if every decoding step
+    only read what it must from memory at `read_gbps`: the weights of the linear layers (the
+    output layer included) once a step, and each row's keys and values over the batch's
+    width (the longest prompt plus the tokens so far); prefill and attention FLOPs left out."""
+    config = model.config
+    size = next(model.parameters()).element_size()
+    weight_bytes = sum(m.weight.numel() * size for m in model.modules()
+                       if isinstance(m, torch.nn.Linear))  # fmt: skip
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    kv_bytes = 2 * config.num_hidden_layers * kv_heads * head_dim * size  # a token of a row
+    width = max(len(p) for p in prompts)
+    read = sum(weight_bytes + len(prompts) * (width + step) * kv_bytes for step in range(tokens))
+    seconds = read / (read_gbps * 1e9)
+    return {"weight_mb": weight_bytes / 1e6, "kv_kb_per_token": kv_bytes / 1e3,
+            "read_gbps": read_gbps, "seconds": seconds,
+            "tokens_per_s": len(prompts) * tokens / seconds}  # fmt: skip
+
+
 def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
@@ -293,6 +328,13 @@ def main(argv: list[str]) -> int:
         record("continuous", asyncio.run(_measure(engine, prompts, args.gen_tokens, sampled)))
         engine = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         record("static", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
+    bound = bandwidth_bound(model, prompts, args.gen_tokens, _read_gbps())
+    print(f"  memory-bound limit {bound['tokens_per_s']:8.1f} tokens/s: each step reads the "
+          f"weights ({bound['weight_mb']:.0f} MB) and every row's KV "
+          f"({bound['kv_kb_per_token']:.0f} KB a token) at {bound['read_gbps']:.0f} GB/s; "
+          f"continuous at {100 * rows['continuous']['tokens_per_s'] / bound['tokens_per_s']:.0f}%"
+          f", generate at {100 * rows['generate']['tokens_per_s'] / bound['tokens_per_s']:.0f}%",
+          flush=True)  # fmt: skip
     gap = logprob_gap(reference, prompts, sampled, TEMPERATURE)
     print(f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
           f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
@@ -323,7 +365,7 @@ def main(argv: list[str]) -> int:
         print(f"  {ratio_name:31} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "model": name, "flops_per_token": flops_per_token,
-              "matmul_gflops": peak, "rows": rows, "ratios": ratios,
+              "matmul_gflops": peak, "memory_bound": bound, "rows": rows, "ratios": ratios,
               "logprob_gap": gap}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

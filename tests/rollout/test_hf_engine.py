@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from codeloop.rollout.bench_rollout import bandwidth_bound
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
@@ -160,12 +161,29 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     output_layer = report["flops_per_token"] // 2 - (4 * 32 * 32 + 3 * 32 * 128)
     assert output_layer % 32 == 0 and 256 < output_layer // 32 <= 300
     assert report["matmul_gflops"] > 0
+    assert report["memory_bound"]["read_gbps"] > 0 and report["memory_bound"]["tokens_per_s"] > 0
     assert set(report["ratios"]) == {"continuous / generate", "continuous / static",
                                      "agent: continuous / static",
                                      "agent: overlapped / serialised"}  # fmt: skip
     # float32 throughout: the engine's logprobs are the full forward pass's (padding only)
     assert report["logprob_gap"]["tokens"] == 3 * 5
     assert report["logprob_gap"]["max_abs"] < 1e-4
+
+
+def test_the_memory_bound_by_hand() -> None:
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    # float32 Linears: q, o 32 x 32; k, v 32 x 16 (2 KV heads of 8); MLP 3 x 32 x 128; output
+    # 32 x 50 (tied to the embedding, read once); a token's KV: 2 x 1 layer x 2 heads x 8 x 4 B
+    weights = 4 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 128 + 32 * 50)
+    bound = bandwidth_bound(model, [[1, 2, 3], [1, 2, 3, 4, 5]], 2, read_gbps=1.0)
+    assert bound["weight_mb"] == pytest.approx(weights / 1e6)
+    assert bound["kv_kb_per_token"] == pytest.approx(0.128)
+    # two steps over widths 5 and 6 for 2 rows: 2 x weights + 2 x (5 + 6) x 128 bytes at 1 GB/s
+    assert bound["seconds"] == pytest.approx((2 * weights + 2 * 11 * 128) / 1e9)
+    assert bound["tokens_per_s"] == pytest.approx(4 / bound["seconds"])
 
 
 def test_bench_rollout_in_bfloat16_scores_its_tokens_in_float32(tmp_path: object) -> None:
