@@ -39,7 +39,7 @@ import copy
 import json
 import random
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -206,23 +206,23 @@ def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id:
 def _matmul_gflops(dtype: torch.dtype) -> float:
     """This machine's matmul rate on 2048 x 2048 matrices in `dtype`, best of 5."""
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    return 2 * 2048**3 / _best_of_5(lambda: a @ b) / 1e9
+
+
+def _best_of_5(work: Callable[[], object]) -> float:
+    """The shortest of five timed runs of `work`, in seconds."""
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        a @ b
+        work()
         best = min(best, time.perf_counter() - start)
-    return 2 * 2048**3 / best / 1e9
+    return best
 
 
 def _read_gbps() -> float:
     """This machine's memory read rate: a sum over 256 MB of float32, best of 5."""
     tensor = torch.ones(64 * 2**20)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        tensor.sum()
-        best = min(best, time.perf_counter() - start)
-    return tensor.numel() * 4 / best / 1e9
+    return tensor.numel() * 4 / _best_of_5(tensor.sum) / 1e9
 
 
 def bandwidth_bound(model: Any, prompts: list[list[int]], tokens: int, read_gbps: float

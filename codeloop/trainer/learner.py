@@ -64,12 +64,9 @@ class Learner:
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
         steps = self._update(samples)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                metrics: dict[str, float] = done.value
-                return metrics
+        while (metrics := _advance(steps)) is None:
+            pass
+        return metrics
 
     async def update_async(self, samples: list[Sample], in_thread: bool | None = None
                            ) -> dict[str, float]:  # fmt: skip
@@ -80,13 +77,9 @@ class Learner:
         if in_thread:
             return await asyncio.to_thread(self.update, samples)
         steps = self._update(samples)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                metrics: dict[str, float] = done.value
-                return metrics
+        while (metrics := _advance(steps)) is None:
             await asyncio.sleep(0)
+        return metrics
 
     def _update(self, samples: list[Sample]) -> Generator[None, None, dict[str, float]]:
         """`update`, yielding after each micro-batch's backward pass."""
@@ -197,3 +190,13 @@ def behaviour_weights(sample: Sample, behaviour: list[float], cap: float) -> lis
         min(math.exp(prox - engine), cap) if m else 0.0
         for prox, engine, m in zip(sample.old_logprobs, behaviour, sample.loss_mask, strict=True)
     ]
+
+
+def _advance(steps: Generator[None, None, dict[str, float]]) -> dict[str, float] | None:
+    """Run an update to its next micro-batch: None, or its metrics once it has ended."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        metrics: dict[str, float] = done.value
+        return metrics
+    return None

@@ -39,6 +39,10 @@ def test_one_query_token_per_row_matches_sdpa(dtype: torch.dtype, atol: float) -
     scores = (query[0, 4, 0].float() @ key[0, 1, 5:].float().T) * 0.3
     by_hand = torch.softmax(scores, -1) @ value[0, 1, 5:].float()
     assert torch.allclose(mine[0, 0, 4].float(), by_hand, atol=atol)
+    # no mask (no row padded): transformers then calls torch with enable_gqa
+    unmasked, _ = decode_attention(module, query, key, value, None, scaling=0.3)
+    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3)
+    assert torch.allclose(unmasked.float(), expected.float(), atol=atol)
     float_mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # the additive form
     assert torch.allclose(decode_attention(module, query, key, value, float_mask, scaling=0.3
                                            )[0].float(), mine.float(), atol=atol)  # fmt: skip
@@ -67,17 +71,17 @@ def test_a_model_set_to_it_decodes_as_with_sdpa() -> None:
     reference = _model("sdpa")
     model = copy.deepcopy(reference)
     assert use_decode_attention(model) and model.config._attn_implementation == NAME
-    prompts = torch.tensor([[0, 0, 0, 5, 9, 2], [4, 8, 15, 16, 23, 42]])
-    with torch.no_grad():
-        ours = model.generate(prompts, attention_mask=(prompts > 0).long(), max_new_tokens=12,
-                              do_sample=False, output_scores=True, return_dict_in_generate=True,
-                              pad_token_id=0)  # fmt: skip
-        theirs = reference.generate(prompts, attention_mask=(prompts > 0).long(),
-                                    max_new_tokens=12, do_sample=False, output_scores=True,
-                                    return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
-    assert torch.equal(ours.sequences, theirs.sequences)
-    for mine, expected in zip(ours.scores, theirs.scores, strict=True):
-        assert torch.allclose(mine, expected, atol=1e-5)
+    padded = torch.tensor([[0, 0, 0, 5, 9, 2], [4, 8, 15, 16, 23, 42]])
+    unpadded = torch.tensor([[3, 5, 9, 2], [15, 16, 23, 42]])  # decoded with no mask
+    for prompts in (padded, unpadded):
+        with torch.no_grad():
+            ours, theirs = (m.generate(prompts, attention_mask=(prompts > 0).long(),
+                                       max_new_tokens=12, do_sample=False, output_scores=True,
+                                       return_dict_in_generate=True, pad_token_id=0)
+                            for m in (model, reference))  # fmt: skip
+        assert torch.equal(ours.sequences, theirs.sequences)
+        for mine, expected in zip(ours.scores, theirs.scores, strict=True):
+            assert torch.allclose(mine, expected, atol=1e-5)
 
 
 def test_only_a_cpu_model_with_sdpa_is_switched() -> None:
