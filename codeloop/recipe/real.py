@@ -40,12 +40,13 @@ from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import in_open_call
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import default_device, load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
-from codeloop.types import ExecStatus, Trajectory
+from codeloop.types import ExecStatus, RolloutStatus, Trajectory
 
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
 
@@ -70,12 +71,18 @@ def write_problems(path: Path, problems: list[Problem]) -> None:
 
 
 def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
-    """The share of trajectories that call the tool and of calls that are malformed."""
+    """The share of trajectories that call the tool (a complete call, run in the sandbox), of
+    those that ran out of tokens inside a call they had opened (a cell repeating itself up to
+    the length limit: never run, so not counted as calling the tool), and of calls that are
+    malformed."""
     flat = [t for g in groups for t in g]
     calls = [r for t in flat for r in t.tool_calls]
     malformed = [r for r in calls if r.call is None or r.result.status == ExecStatus.REJECTED]
+    cut_off = [t for t in flat
+               if t.status == RolloutStatus.TRUNCATED_LENGTH and in_open_call(t.text)]  # fmt: skip
     return {
         "tool_use": sum(bool(t.tool_calls) for t in flat) / max(len(flat), 1),
+        "cut_off_in_call": len(cut_off) / max(len(flat), 1),
         "malformed_calls": len(malformed) / len(calls) if calls else 0.0,
     }
 
@@ -179,6 +186,7 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
 def _print_point(point: dict[str, Any]) -> None:
     print(f"[{point['stage']}] dev pass@1 {100 * point['accuracy']:.1f}%, "
           f"tool use {100 * point['tool_use']:.0f}%, "
+          f"cut off inside a call {100 * point.get('cut_off_in_call', 0.0):.0f}%, "
           f"malformed calls {100 * point['malformed_calls']:.1f}%, "
           f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
           f"response {point['response_tokens']:.0f} tokens", flush=True)  # fmt: skip

@@ -34,7 +34,13 @@ TOOL_SCHEMA: dict[str, Any] = {
         },
     },
 }
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(rf"{CALL_OPEN}(.*?){CALL_CLOSE}", re.DOTALL)
+
+
+def in_open_call(text: str) -> bool:
+    """Whether `text` ends inside a tool call: its last `<tool_call>` is not closed."""
+    return text.rfind(CALL_OPEN) > text.rfind(CALL_CLOSE)
 
 
 def parse_tool_call(turn_text: str) -> ToolCall | str:

@@ -146,7 +146,9 @@ def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: floa
     logits = model(**inputs, logits_to_keep=scored).logits
     if logits.dim() == 3:  # a model that ignores logits_to_keep: every position, then select
         logits = logits[:, :-1][keep]
-    logits = logits.float() / (temperature or 1.0)  # [N, V], N = kept positions
+    logits = logits.float()  # [N, V], N = kept positions
+    if temperature not in (0.0, 1.0):  # a division of [N, V] and its backward: ~5% of SFT's step
+        logits = logits / temperature
     targets = batch["input_ids"][:, 1:][keep].unsqueeze(-1)  # [N, 1]
     chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)  # [N]
     logprobs = torch.zeros(keep.shape, device=logits.device).masked_scatter(keep, chosen)

@@ -10,8 +10,17 @@ import pytest
 from codeloop.config import load_config
 from codeloop.data.problems import load_problems
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.recipe.real import Sizes, run_real
+from codeloop.recipe.real import Sizes, run_real, tool_metrics
+from codeloop.rollout.toolcall import TOOL_NAME
 from codeloop.trainer.model import tiny_model
+from codeloop.types import (
+    ExecResult,
+    ExecStatus,
+    RolloutStatus,
+    ToolCall,
+    ToolCallRecord,
+    Trajectory,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gsm8k_smollm2.toml"
 TINY = Sizes(dev=3, eval_problems=2, eval_samples=1, sft_problems=4, rl_problems=4)
@@ -63,3 +72,26 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert (run_dir / "curves.png").stat().st_size > 1000
     again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done: skipped
     assert again["points"] == summary["points"]
+
+
+def _trajectory(status: RolloutStatus, text: str, calls: list[ToolCallRecord]) -> Trajectory:
+    return Trajectory("p", 0, [1], [2], [1], [0.0], status, calls, text=text)
+
+
+def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> None:
+    ran = ToolCallRecord(ToolCall(TOOL_NAME, {"code": "print(1)"}, ""), ExecResult(ExecStatus.OK))
+    bad = ToolCallRecord(None, ExecResult(ExecStatus.REJECTED), "bad JSON")
+    called = '<tool_call>\n{"name": ...}\n</tool_call>'
+    looping = "<tool_call>\nx1 = 1\nx1 = 1"
+    groups = [[
+        _trajectory(RolloutStatus.ANSWERED, f"{called}\n<answer>1</answer>", [ran]),
+        _trajectory(RolloutStatus.TRUNCATED_LENGTH, f"{called}\n{looping}", [ran]),
+        _trajectory(RolloutStatus.TRUNCATED_LENGTH, '<tool_call>\n{"code": "x = 1\\nx = 1', []),
+        _trajectory(RolloutStatus.TRUNCATED_LENGTH, "I think I think I think", []),
+        _trajectory(RolloutStatus.ANSWERED, "<tool_call>{</tool_call><answer>2</answer>", [bad]),
+    ]]  # fmt: skip
+    metrics = tool_metrics(groups)
+    # a call that ran: 1st, 2nd (its second call was cut off), 5th (malformed, but answered)
+    assert metrics["tool_use"] == pytest.approx(3 / 5)
+    assert metrics["cut_off_in_call"] == pytest.approx(2 / 5)  # the 2nd and 3rd
+    assert metrics["malformed_calls"] == pytest.approx(1 / 3)

@@ -1,6 +1,6 @@
 import pytest
 
-from codeloop.rollout.toolcall import TOOL_NAME, format_observation, parse_tool_call
+from codeloop.rollout.toolcall import TOOL_NAME, format_observation, in_open_call, parse_tool_call
 from codeloop.types import ExecResult, ExecStatus, ToolCall
 
 
@@ -66,3 +66,17 @@ def test_long_output_keeps_head_and_tail() -> None:
     shown = format_observation(ExecResult(ExecStatus.OK, stdout=text), 200)
     assert shown.startswith("line 0\nline 1\n") and shown.endswith("line 998\nline 999")
     assert "characters omitted" in shown and len(shown) < 260
+
+
+@pytest.mark.parametrize(
+    ("text", "open_call"),
+    [
+        ('<reason>r</reason>\n<tool_call>\n{"name": "x", "arguments": {"code": "1', True),
+        ("<tool_call>{}</tool_call>\n<tool_call>{", True),  # the second call is still open
+        ("<tool_call>{}</tool_call>", False),
+        ("<tool_call>{}</tool_call> then <answer>1</answer>", False),
+        ("no call at all", False),
+    ],
+)
+def test_in_open_call(text: str, open_call: bool) -> None:
+    assert in_open_call(text) is open_call
