@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import random
 import time
 import zlib
@@ -128,8 +127,6 @@ class RLRun:
         self.step_index = 0
         self.data_position = 0
         self.roc_rng = random.Random(t.seed)
-        self.signal_rate = 1.0  # the share of the last step's groups with signal (its window)
-        self.overdrawn = 0  # groups the last step started beyond its last drawn position
         self.pending: list[int] = []  # async: data positions drawn, not trained (checkpointed)
         self.async_next: list[int] = []  # async: each rank's draws so far (checkpointed)
         self.async_loop: AsyncRL | None = None  # trainer.mode = "async"
@@ -152,8 +149,7 @@ class RLRun:
         _lap(timings, "timing/sync_s", clock)
         timings["timing/step_s"] = sum(timings.values())
         counts: dict[str, float] = {"rollout/groups_kept": len(groups),
-                  "rollout/groups_dropped": sum(not g.has_signal for g in sampled),
-                  "rollout/groups_overdrawn": self.overdrawn}  # fmt: skip
+                  "rollout/groups_dropped": sum(not g.has_signal for g in sampled)}  # fmt: skip
         return self.finish_step(sampled, timings, losses, counts)
 
     def finish_step(self, groups: list[Group], local: dict[str, float], losses: dict[str, float],
@@ -240,74 +236,14 @@ class RLRun:
     # -- rollout, reward, resampling -------------------------------------------------------
 
     async def _groups(self, count: int) -> tuple[list[Group], list[Group]]:
-        """(the groups this rank trains on, every group this rank sampled this step). A group
-        whose kept rewards are all equal has no signal (advantages 0). With
-        `algo.drop_zero_signal_groups` (the report's choice) such groups are dropped and more
-        problems drawn until `count` groups with signal remain: in one process as a stream
-        (`_streamed_groups`), with several ranks in rounds (`_groups_in_rounds`); without it they
-        stay in the batch, where `update` leaves their tokens out of the loss's denominator."""
-        self.overdrawn = 0
-        if self.cfg.algo.drop_zero_signal_groups and not self.world.distributed:
-            return await self._streamed_groups(count)
-        return await self._groups_in_rounds(count)
-
-    async def _streamed_groups(self, count: int) -> tuple[list[Group], list[Group]]:
-        """The first `count` groups with signal in the data order, drawing at most
-        MAX_REFILL_ROUNDS x `count` problems: the groups generate side by side, a new problem
-        starting as soon as one ends, so the engine never waits for a round's slowest group.
-        How many generate at once follows the share of groups with signal so far (an estimate
-        that changes only the speed): enough that those still needed are likely among them.
-        Which groups train, and how far the data position moves, depend on the groups' samples
-        alone, never on which finished first: the step ends when the groups finished without a
-        gap from its first position hold `count` with signal (or the budget is spent); groups
-        started beyond that point are cancelled and drawn again next step (counted as
-        `rollout/groups_overdrawn`). Each group's Resample-on-Correct draws from a generator
-        seeded by the step's draw from `roc_rng` and the group's data position."""
-        n = self.cfg.algo.group_size * self.cfg.algo.oversample
-        agent = self._agent(count * n)
-        base, start = self.roc_rng.getrandbits(31), self.data_position
-        budget = start + MAX_REFILL_ROUNDS * count
-        done: dict[int, Group] = {}
-        running: dict[asyncio.Task[list[Group]], int] = {}
-        drawn, with_signal = start, 0
-        kept: list[Group] = []
-        end = start
-        bar = tqdm(total=count, desc="rollout", unit="group", leave=False,
-                   disable=not self.world.is_main)  # fmt: skip
-        try:
-            while True:
-                kept, end = _signal_prefix(done, start, drawn, count)
-                if len(kept) == count or end == budget:
-                    break
-                rate = (with_signal + self.signal_rate) / (len(done) + 1)
-                wanted = math.ceil((count - with_signal) / max(rate, 1 / MAX_REFILL_ROUNDS))
-                while drawn < budget and len(running) < wanted:
-                    chosen = [(drawn, self.problem_at(drawn))]
-                    rng = random.Random(seed_of(base, drawn))
-                    running[asyncio.create_task(self._rollout(chosen, agent, rng))] = drawn
-                    drawn += 1
-                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
-                    group = done[running.pop(task)] = task.result()[0]
-                    with_signal += group.has_signal
-                bar.n = min(with_signal, count)
-                bar.set_postfix(sampled=len(done), generating=len(running), refresh=False)
-                bar.refresh()
-        finally:
-            bar.close()
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-        self.data_position = end
-        self.signal_rate = len(kept) / max(end - start, 1)
-        self.overdrawn = drawn - end
-        return kept, [done[p] for p in range(start, end)]
-
-    async def _groups_in_rounds(self, count: int) -> tuple[list[Group], list[Group]]:
-        """Every rank takes its share of the same problems, round after round (at most
-        MAX_REFILL_ROUNDS) while fewer than `count` groups with signal remain over all ranks;
-        the kept groups are then gathered in data order and dealt out again, so that the step
-        trains on the groups one process would."""
+        """(the groups this rank trains on, every group this rank sampled this step). Every rank
+        takes its share of the same problems. A group whose kept rewards are all equal has no
+        signal (advantages 0). With `algo.drop_zero_signal_groups` (the report's choice) such
+        groups are dropped and more problems drawn until `count` groups with signal remain
+        over all ranks (at most MAX_REFILL_ROUNDS rounds); without it they stay in the batch,
+        where `update` leaves their tokens out of the loss's denominator;
+        with several ranks the kept groups are then gathered in data order and dealt out again,
+        so that the step trains on the groups one process would."""
         refill, world = self.cfg.algo.drop_zero_signal_groups, self.world
         groups: list[Group] = []
         sampled: list[Group] = []
@@ -345,23 +281,17 @@ class RLRun:
         random.Random(seed_of(self.cfg.trainer.seed, epoch)).shuffle(order)
         return self.problems[order[index]]
 
-    async def _rollout(self, problems: list[tuple[int, Problem]], agent: Agent | None = None,
-                       rng: random.Random | None = None) -> list[Group]:  # fmt: skip
-        """The problems' groups, sampled through `agent` (one for this batch when None) and
-        resampled with `rng` (the run's `roc_rng` when None)."""
+    async def _rollout(self, problems: list[tuple[int, Problem]]) -> list[Group]:
         algo = self.cfg.algo
         n = algo.group_size * algo.oversample
-        agent = agent or self._agent(len(problems) * n)
+        scheduler = self.rollout_scheduler(batch_size=len(problems) * n)
+        agent = Agent(scheduler, self.tools, self.fmt, self.cfg.rollout)
         positions = [position for position, _ in problems]  # seeds follow the data order
-        progress = "rollout" if self.world.is_main and len(problems) > 1 else ""
         scored = await collect(agent, [p for _, p in problems], n, self.verifier,
                                self.cfg.trainer.seed, keys=positions,
-                               progress=progress)  # fmt: skip
-        return [make_group(problem, sampled, algo, rng or self.roc_rng, position)
+                               progress="rollout" if self.world.is_main else "")  # fmt: skip
+        return [make_group(problem, sampled, algo, self.roc_rng, position)
                 for (position, problem), sampled in zip(problems, scored, strict=True)]  # fmt: skip
-
-    def _agent(self, batch_size: int) -> Agent:
-        return Agent(self.rollout_scheduler(batch_size), self.tools, self.fmt, self.cfg.rollout)
 
     def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
         """A scheduler over this rank's engines, with its share of each server's KV capacity."""
@@ -421,19 +351,6 @@ def _servers(cfg: Config) -> list[OpenAIEngine]:
     if not r.endpoints:
         raise ValueError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
     return servers(r.endpoints, r, r.served_model or cfg.trainer.model)
-
-
-def _signal_prefix(done: dict[int, Group], start: int, drawn: int, count: int
-                   ) -> tuple[list[Group], int]:  # fmt: skip
-    """(the first `count` groups with signal among those finished without a gap from data
-    position `start`, the position after the last group looked at)."""
-    kept: list[Group] = []
-    position = start
-    while position < drawn and position in done and len(kept) < count:
-        if done[position].has_signal:
-            kept.append(done[position])
-        position += 1
-    return kept, position
 
 
 def _lap(timings: dict[str, float], key: str, since: float) -> float:

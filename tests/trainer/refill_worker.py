@@ -1,11 +1,9 @@
 """Run by torchrun (see test_distributed.py): `RLRun._groups` with zero-signal groups dropped
-and refilled (in rounds over two ranks, streamed in one process), over synthetic rollouts in
-which the group of data position p has signal when p is odd. Writes each rank's group positions
-and data position to OUT/rank<r>.json."""
+and refilled, over synthetic rollouts in which the group of data position p has signal when p
+is odd. Writes each rank's group positions and data position to OUT/rank<r>.json."""
 
 import asyncio
 import json
-import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +14,7 @@ from codeloop.trainer import distributed
 from codeloop.trainer.rl import Group, RLRun
 
 
-async def synthetic_rollout(problems: list[tuple[int, Problem]], agent: object = None,
-                            rng: object = None) -> list[Group]:  # fmt: skip
+async def synthetic_rollout(problems: list[tuple[int, Problem]]) -> list[Group]:
     groups = []
     for position, problem in problems:
         rewards = [1.0, 0.0] if position % 2 else [0.0, 0.0]
@@ -34,8 +31,6 @@ def main() -> None:
     run.cfg.algo.drop_zero_signal_groups = True
     run.problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
     run._rollout = synthetic_rollout  # type: ignore[method-assign]
-    run._agent = lambda batch_size: None  # type: ignore[method-assign,assignment,return-value]
-    run.roc_rng, run.signal_rate = random.Random(0), 1.0  # one process streams its groups
     groups, _ = asyncio.run(run._groups(4))
     record = {"positions": [g.position for g in groups], "data_position": run.data_position}
     (out / f"rank{world.rank}.json").write_text(json.dumps(record))
