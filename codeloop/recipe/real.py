@@ -111,7 +111,7 @@ def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], li
 
 
 async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem], tools: Any,
-               run_dir: Path, sizes: Sizes) -> Any:  # fmt: skip
+               run_dir: Path, sizes: Sizes, world: World) -> Any:  # fmt: skip
     """Stage 0; the SFT policy, loaded when `sft_model/` exists."""
     saved = run_dir / "sft_model"
     if (saved / "config.json").is_file():
@@ -128,7 +128,6 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
         data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
     logger = RunLogger(run_dir / "sft")
     try:
-        world = World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
         train_sft(model.to(world.device), fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
                   cfg.trainer.grad_clip, world)  # fmt: skip
     finally:
@@ -155,6 +154,9 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
         json.loads(points_file.read_text()) if points_file.is_file() else []
     )
     held_out = dev[: sizes.eval_problems]
+    # SFT and RL train (and RL's engine samples) in trainer.dtype on the default device; the
+    # RL stages ran in float32 on the CPU until session 15 (a World() left at its defaults)
+    world = World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
     async with LocalSandbox(cfg.sandbox) as tools:
 
         async def measure(stage: str) -> None:
@@ -165,13 +167,13 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
             points_file.write_text(json.dumps(points, indent=2))
             _print_point(points[-1])
 
-        model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes)
+        model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
         await measure("sft")
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
         for index, stage in enumerate(cfg.recipe.stages):
             one = copy.deepcopy(cfg)
             one.recipe.stages = cfg.recipe.stages[: index + 1]
-            await run_recipe(one, model, fmt, rl_problems, tools)
+            await run_recipe(one, model, fmt, rl_problems, tools, world)
             await measure(stage.name)
     final = run_dir / "final_model"
     model.save_pretrained(final)

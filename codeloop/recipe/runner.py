@@ -32,14 +32,16 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier
 from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.model import default_device, resolve_dtype
 from codeloop.trainer.rl import RLRun, problem_digest
 
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
                      tools: ToolExecutor, world: World | None = None
                      ) -> list[dict[str, Any]]:  # fmt: skip
-    """Run every stage; return one summary per stage (also written to its `stage.json`)."""
-    world = world or World()
+    """Run every stage; return one summary per stage (also written to its `stage.json`).
+    Without a `world`: one process on the default device, computing in `trainer.dtype`."""
+    world = world or World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
     if not cfg.recipe.stages:
         raise ValueError("recipe.stages is empty: nothing to run")
     summaries: list[dict[str, Any]] = []

@@ -8,14 +8,16 @@ from codeloop.config import Config, SandboxConfig, StageConfig
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.passrate import pass_rates
+from codeloop.recipe import runner
 from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
+from codeloop.trainer.model import default_device, tiny_model
 from codeloop.trainer.rl import RLRun
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
@@ -115,3 +117,26 @@ def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_p
         logger.close()
     assert engine.weights_updates == 1  # the current policy is what the refilter samples
     assert [p.id for p in kept] == ["p0", "p1", "p3"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dtype: str
+) -> None:
+    """`make real` runs its stages without a world: they ran in float32 while its config asked
+    for bfloat16 (sampling and updates half as fast on this CPU)."""
+    seen: list[World] = []
+
+    class Built(Exception):
+        pass
+
+    def built(*args: object, world: World) -> None:
+        seen.append(world)
+        raise Built
+
+    monkeypatch.setattr(runner, "RLRun", built)
+    cfg = _config(tmp_path)
+    cfg.trainer.dtype = dtype
+    with pytest.raises(Built):
+        asyncio.run(run_recipe(cfg, None, None, PROBLEMS, None))  # type: ignore[arg-type]
+    assert seen[0].compute_dtype == getattr(torch, dtype) and seen[0].device == default_device()
