@@ -42,9 +42,9 @@ from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import in_open_call
 from codeloop.sandbox.pool import LocalSandbox
-from codeloop.trainer.distributed import World
+from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import default_device, load_policy, resolve_dtype
+from codeloop.trainer.model import load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
 from codeloop.types import ExecStatus, RolloutStatus, Trajectory
 
@@ -154,9 +154,7 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
         json.loads(points_file.read_text()) if points_file.is_file() else []
     )
     held_out = dev[: sizes.eval_problems]
-    # SFT and RL train (and RL's engine samples) in trainer.dtype on the default device; the
-    # RL stages ran in float32 on the CPU until session 15 (a World() left at its defaults)
-    world = World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
+    world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
     async with LocalSandbox(cfg.sandbox) as tools:
 
         async def measure(stage: str) -> None:
@@ -186,10 +184,11 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
 
 
 def _print_point(point: dict[str, Any]) -> None:
+    cut_off = point.get("cut_off_in_call")  # not in the points of runs before session 15
     print(f"[{point['stage']}] dev pass@1 {100 * point['accuracy']:.1f}%, "
           f"tool use {100 * point['tool_use']:.0f}%, "
-          f"cut off inside a call {100 * point.get('cut_off_in_call', 0.0):.0f}%, "
-          f"malformed calls {100 * point['malformed_calls']:.1f}%, "
+          + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")
+          + f"malformed calls {100 * point['malformed_calls']:.1f}%, "
           f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
           f"response {point['response_tokens']:.0f} tokens", flush=True)  # fmt: skip
 

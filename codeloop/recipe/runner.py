@@ -30,9 +30,8 @@ from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
-from codeloop.trainer.distributed import World, all_gather, barrier
+from codeloop.trainer.distributed import World, all_gather, barrier, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import default_device, resolve_dtype
 from codeloop.trainer.rl import RLRun, problem_digest
 
 
@@ -41,7 +40,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                      ) -> list[dict[str, Any]]:  # fmt: skip
     """Run every stage; return one summary per stage (also written to its `stage.json`).
     Without a `world`: one process on the default device, computing in `trainer.dtype`."""
-    world = world or World(device=default_device(), compute_dtype=resolve_dtype(cfg.trainer.dtype))
+    world = world or one_process(cfg.trainer.dtype)
     if not cfg.recipe.stages:
         raise ValueError("recipe.stages is empty: nothing to run")
     summaries: list[dict[str, Any]] = []

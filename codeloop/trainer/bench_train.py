@@ -30,9 +30,9 @@ from codeloop.data.tokenizer import train_tokenizer
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
-from codeloop.trainer.distributed import World
+from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import default_device, resolve_dtype, tiny_model
+from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results/train.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    world = World(device=default_device(), compute_dtype=resolve_dtype("auto"))  # GPU: bf16
+    world = one_process("auto")  # GPU: bf16
     fmt = _fmt()
     vocab = len(fmt.tokenizer)
     samples = _samples(args.sequences, args.length, vocab, 0)

@@ -68,12 +68,18 @@ def _leave() -> None:
         dist.destroy_process_group()
 
 
+def one_process(dtype: str = "float32") -> World:
+    """A world of one on the default device (the GPU when there is one), computing in `dtype`
+    (`trainer.dtype`)."""
+    return World(device=default_device(), compute_dtype=resolve_dtype(dtype))
+
+
 def init(dtype: str = "float32") -> World:
     """Join torchrun's process group (idempotent); a world of one without torchrun, on the GPU
     when there is one. `dtype`: the compute dtype (`trainer.dtype`)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
-        return World(device=default_device(), compute_dtype=resolve_dtype(dtype))
+        return one_process(dtype)
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
