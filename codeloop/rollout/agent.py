@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from codeloop.config import RolloutConfig
 from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
-from codeloop.rollout.toolcall import format_observation, parse_tool_call
+from codeloop.rollout.toolcall import CALL_CLOSE, format_observation, parse_tool_call
 from codeloop.types import (
     ExecRequest,
     ExecResult,
@@ -81,7 +81,7 @@ async def run_trajectory(
             status = RolloutStatus.TRUNCATED_LENGTH
             break
         ended = bool(generation.token_ids) and generation.token_ids[-1] in fmt.end_of_turn_ids
-        if ended or "</tool_call>" not in turn_text:  # the turn ended: final answer or not
+        if ended or CALL_CLOSE not in turn_text:  # the turn ended: final answer or not
             status = RolloutStatus.ANSWERED if _has_answer(turn_text) else RolloutStatus.NO_ANSWER
             break
         if turns == cfg.max_turns:  # no turn left to read its output: the call is not run

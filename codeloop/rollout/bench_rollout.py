@@ -51,6 +51,7 @@ from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExec
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.static_engine import StaticBatchEngine
+from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -91,15 +92,15 @@ class _ToolCalling:
                  gate: _Gate) -> None:  # fmt: skip
         self.engine, self.fmt, self.tool_turns, self.tool_s, self.gate = (
             engine, fmt, tool_turns, tool_s, gate)  # fmt: skip
-        self.tag_ids = set(fmt.encode("<tool_call>") + fmt.encode("</tool_call>"))
+        self.tag_ids = set(fmt.encode(CALL_OPEN) + fmt.encode(CALL_CLOSE))
 
     def call_ids(self, seed: int) -> list[int]:
         """A call that sleeps uniformly 0 to 2 x `tool_s` (seeded by trajectory and turn)."""
         seconds = random.Random(seed).uniform(0, 2 * self.tool_s)
         code = f"import time\ntime.sleep({seconds:.3f})\nprint('done')"
         return self.fmt.encode(
-            '<tool_call>{"name": "execute_python_code_with_standard_io", '
-            '"arguments": {"code": ' + json.dumps(code) + "}}</tool_call>"
+            CALL_OPEN + '{"name": "execute_python_code_with_standard_io", '
+            '"arguments": {"code": ' + json.dumps(code) + "}}" + CALL_CLOSE
         )
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from codeloop.rollout.toolcall import TOOL_SCHEMA
+from codeloop.rollout.toolcall import CALL_CLOSE, TOOL_SCHEMA
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
 SYSTEM_PROMPT = (
@@ -29,7 +29,7 @@ USER_INSTRUCTION = (
     "Solve the following problem. Put the final answer inside <answer> </answer>, with the "
     "number in \\boxed{{}}.\n\n{problem}"
 )
-STOP_STRINGS = ["</tool_call>"]
+STOP_STRINGS = [CALL_CLOSE]
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 

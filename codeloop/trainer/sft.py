@@ -26,6 +26,7 @@ from codeloop.config import SFTConfig
 from codeloop.errors import CodeloopError
 from codeloop.memory import trim_when_above
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.trainer.batch import (
     Sample,
     collate,
@@ -98,8 +99,8 @@ def encode_conversation(fmt: PromptFormat, messages: Conversation) -> Sample:
 
 def _trim(turn: str, content: str, fmt: PromptFormat) -> str:
     """What the policy samples: up to `</tool_call>`, or up to the end-of-turn token."""
-    if content.rstrip().endswith("</tool_call>"):
-        return turn[: turn.rindex("</tool_call>") + len("</tool_call>")]
+    if content.rstrip().endswith(CALL_CLOSE):
+        return turn[: turn.rindex(CALL_CLOSE) + len(CALL_CLOSE)]
     for end in fmt.tokenizer.convert_ids_to_tokens(sorted(fmt.end_of_turn_ids)):
         if end in turn:
             return turn[: turn.rindex(end) + len(end)]
