@@ -1,7 +1,8 @@
 """Checkpoints for exact resume: model, optimiser, LR schedule, RNG states, data position, step.
 
-`checkpoints/step_NNNNNN/` holds `model/` (save_pretrained: loadable by `codeloop serve` and
-`from_pretrained`) and `state.pt` (everything else). A checkpoint is written to a temporary
+`checkpoints/step_NNNNNN/` holds `model/` (save_pretrained, with the tokenizer when given: a
+transformers directory that `codeloop eval --model`, `codeloop serve` and `from_pretrained` load)
+and `state.pt` (everything else). A checkpoint is written to a temporary
 directory and renamed, so a crash never leaves a half-written one; the oldest beyond `keep`
 are removed.
 """
@@ -33,13 +34,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any,
                     extra: dict[str, Any], keep: int, model_state: dict[str, Any] | None = None,
-                    optimizer_state: dict[str, Any] | None = None) -> Path:  # fmt: skip
+                    optimizer_state: dict[str, Any] | None = None,
+                    tokenizer: Any = None) -> Path:  # fmt: skip
     """`model_state`/`optimizer_state`: full (unsharded) states gathered by an FSDP run."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     partial = root / f".partial_step_{step:06d}"
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial / "model", state_dict=model_state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(partial / "model")
     state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "rng": _rng_state(), "extra": extra}  # fmt: skip
     torch.save(state, partial / "state.pt")

@@ -167,14 +167,16 @@ class Learner:
         """The full (unsharded) weights: on every rank, or on rank 0 only (empty elsewhere)."""
         return full_state_dict(self.model, self.world, everywhere=everywhere)
 
-    def save(self, run_dir: str | Path, step: int, extra: dict[str, Any]) -> None:
-        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra`."""
+    def save(self, run_dir: str | Path, step: int, extra: dict[str, Any],
+             tokenizer: Any = None) -> None:  # fmt: skip
+        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and the
+        tokenizer beside the weights, so that the checkpoint's model loads on its own)."""
         model_state = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:
             save_checkpoint(run_dir, step, self.model, self.optimizer, self.lr_schedule, extra,
                             self.cfg.trainer.keep_checkpoints, model_state,
-                            optimizer_state)  # fmt: skip
+                            optimizer_state, tokenizer)  # fmt: skip
         barrier(self.world)
 
     def load(self, path: str | Path) -> tuple[int, dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from trainer_helpers import conversation
 
 from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
@@ -97,7 +98,11 @@ def test_two_rl_steps_end_to_end(
     for name, value in run.model.state_dict().items():  # the engine got the new weights
         assert torch.equal(value, run.engine.model.state_dict()[name])
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-    assert (tmp_path / "checkpoints" / "step_000002" / "model").is_dir()
+    saved = tmp_path / "checkpoints" / "step_000002" / "model"  # weights and tokenizer: loads alone
+    vocab = transformers.AutoTokenizer.from_pretrained(saved).get_vocab()
+    assert vocab == trainer_fmt.tokenizer.get_vocab()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(saved).state_dict()
+    assert loaded.keys() == run.model.state_dict().keys()
 
 
 @pytest.mark.slow
