@@ -507,14 +507,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Split at the first dotted option: `[..., FILE, --algo.clip_high, 0.3]` -> (head, tail).
-
-    Override values may look like options (`-1`) or positionals, so argparse never sees them.
+    """Take out each dotted option with its value: `[FILE, --algo.clip_high, 0.3, --k, 4]` ->
+    `([FILE, --k, 4], [--algo.clip_high, 0.3])`, so overrides and the command's own options mix
+    in any order. A value may look like an option (`-1`) or a positional: argparse never sees it.
     """
-    for i, arg in enumerate(argv):
-        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
-            return list(argv[:i]), list(argv[i:])
-    return list(argv), []
+    head: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not (arg.startswith("--") and "." in arg.split("=", 1)[0]):
+            head.append(arg)
+            i += 1
+            continue
+        width = 1 if "=" in arg else 2  # `--key=VALUE` or `--key VALUE`
+        overrides += argv[i : i + width]  # a missing value is parse_overrides' error
+        i += width
+    return head, overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,6 +43,17 @@ def test_split_overrides_keeps_negative_values_away_from_argparse() -> None:
     )  # fmt: skip
 
 
+def test_overrides_and_the_command_options_mix_in_any_order() -> None:
+    """An override before `--data` used to swallow it (and `--k`, `--out`) as overrides."""
+    argv = ["eval", "--model", "m", "--eval.max_response_tokens", "512", "--data", "d.jsonl",
+            "--trainer.seed=3", "--k", "4", "--algo.clip_low", "-0.5"]  # fmt: skip
+    assert split_overrides(argv) == (
+        ["eval", "--model", "m", "--data", "d.jsonl", "--k", "4"],
+        ["--eval.max_response_tokens", "512", "--trainer.seed=3", "--algo.clip_low", "-0.5"],
+    )  # fmt: skip
+    assert split_overrides(["train", "--algo.clip_high"]) == (["train"], ["--algo.clip_high"])
+
+
 def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "codeloop"
     assert script.exists(), "run `pip install -e .` (make test does)"
