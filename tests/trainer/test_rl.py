@@ -103,6 +103,7 @@ def test_two_rl_steps_end_to_end(
     assert vocab == trainer_fmt.tokenizer.get_vocab()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(saved).state_dict()
     assert loaded.keys() == run.model.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in run.model.state_dict().items())
 
 
 @pytest.mark.slow
