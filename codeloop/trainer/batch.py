@@ -14,6 +14,7 @@ implementation the mask is left out and the position ids mark the samples.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,16 @@ def on_device(batch: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Ten
 ENTROPY_CHUNK = 1024  # positions whose entropy is computed at once
 
 
+@functools.cache
+def keeps_by_mask() -> bool:
+    """Whether transformers' models take a boolean [B, T] `logits_to_keep` (from 5.2x, with
+    `slice_logits_to_keep`); older ones index the sequence axis with a 1-D tensor alone and
+    fail on the mask ("too many indices for tensor of dimension 3")."""
+    from transformers import modeling_utils
+
+    return hasattr(modeling_utils, "slice_logits_to_keep")
+
+
 def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0,
                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(logprobs of each next token [B, T-1], their entropies [B, T-1] when `entropy`, else
@@ -143,7 +154,13 @@ def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: floa
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
     keep = batch["loss_mask"] > 0  # [B, T-1]: position j - 1 scores token j
     scored = torch.cat([keep, torch.zeros_like(keep[:, :1])], dim=1)  # [B, T]
-    logits = model(**inputs, logits_to_keep=scored).logits
+    if keeps_by_mask():
+        logits = model(**inputs, logits_to_keep=scored).logits  # [N, V]
+    else:  # the positions any row scores, the same for every row: [B, P, V]
+        columns = scored.any(dim=0).nonzero().squeeze(-1)
+        logits = model(**inputs, logits_to_keep=columns).logits
+        if logits.shape[1] == len(columns):
+            logits = logits[scored[:, columns]]
     if logits.dim() == 3:  # a model that ignores logits_to_keep: every position, then select
         logits = logits[:, :-1][keep]
     logits = logits.float()  # [N, V], N = kept positions

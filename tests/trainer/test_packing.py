@@ -9,6 +9,7 @@ from trainer_helpers import conversation
 
 from codeloop.config import SFTConfig
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer import batch as batch_module
 from codeloop.trainer.batch import Sample, collate, collate_packed, pack, token_logprobs
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.sft import train_sft
@@ -72,7 +73,14 @@ def test_sft_with_and_without_packing_takes_the_same_steps(trainer_fmt: PromptFo
         assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-4)
 
 
-def test_logprobs_scored_only_where_the_loss_mask_is_set() -> None:
+@pytest.mark.parametrize("by_mask", [True, False])
+def test_logprobs_scored_only_where_the_loss_mask_is_set(
+    by_mask: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways of asking for the scored positions alone: a boolean [B, T] mask (transformers
+    from 5.2x) and, before it, the positions any row scores as a 1-D tensor (transformers 5.17
+    on the GPU machine failed on the mask: "too many indices for tensor of dimension 3")."""
+    monkeypatch.setattr(batch_module, "keeps_by_mask", lambda: by_mask)
     torch.manual_seed(0)
     model = tiny_model(100, hidden_size=32, layers=2).eval()
     samples = [Sample([4, 8, 15, 16, 23, 42], [0, 0, 1, 1, 0, 1], [0.0] * 6),
