@@ -61,5 +61,7 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
     assert metrics[0]["loss/policy_tokens"] > 0 and metrics[0]["rollout/tool_calls"] > 0
     after = run.model.state_dict()
     assert all(not torch.equal(after[k], v) for k, v in before.items())  # every parameter moved
-    for name, value in after.items():  # the engine samples with the trained weights
-        assert torch.equal(value, run.engine.model.state_dict()[name])
+    served = run.engine.model.state_dict()
+    for name, value in after.items():  # the engine samples with the trained weights, in bf16
+        assert served[name].dtype == torch.bfloat16
+        assert torch.equal(value.to(torch.bfloat16), served[name])
