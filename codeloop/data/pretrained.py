@@ -71,6 +71,7 @@ def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
     if not quiet:
         print(f"importing {gguf.name} into {out} (dequantising; about 30 s)", flush=True)
     start = time.perf_counter()
+    bars = logging.is_progress_bar_enabled()  # off already under HF_HUB_DISABLE_PROGRESS_BARS
     logging.disable_progress_bar()  # transformers' per-tensor bars would flood the console
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -92,8 +93,9 @@ def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
             os.replace(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        logging.enable_progress_bar()
+    finally:  # as they were: turning them on here lit transformers' loading and saving bars
+        if bars:  # for the rest of `codeloop real` (and warned under the variable)
+            logging.enable_progress_bar()
     if not quiet:
         print(f"imported in {time.perf_counter() - start:.0f} s", flush=True)
     return out
