@@ -93,11 +93,14 @@ def test_async_steps_train_within_the_staleness_bound(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
 ) -> None:
     metrics, run = _async_run(trainer_fmt, sft_weights, tmp_path, 3)
-    kept = [m["rollout/groups_kept"] for m in metrics]  # 2, or fewer after 8 without signal
-    assert all(0 < k <= 2 for k in kept)
-    for m in metrics:
+    # 2 groups a step, or fewer (even none) after 8 without signal in a row: the tiny policy
+    # answers most of MORE right, so a step without a group to train on happens by chance
+    kept = [m["rollout/groups_kept"] for m in metrics]
+    assert all(0 <= k <= 2 for k in kept) and sum(kept) > 0
+    for m, k in zip(metrics, kept, strict=True):
         assert 0 <= m["async/staleness_mean"] <= m["async/staleness_max"] <= 1
-        assert m["loss/policy_tokens"] > 0 and m["throughput/trained_tokens_per_s"] > 0
+        assert (m["loss/policy_tokens"] > 0) == (k > 0)
+        assert (m["throughput/trained_tokens_per_s"] > 0) == (k > 0)
         assert 0.0 <= m["async/overlap"] <= 1.0
     trained = _trained_positions(tmp_path)
     flat = [p for step in trained.values() for p in step]
