@@ -180,50 +180,89 @@ def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Gene
     largest absolute difference, and the share of tokens whose ratio exp(difference) leaves
     [0.8, 1.28], the report's clip range (a token there carries no gradient)."""
     gaps = []
+    device = next(reference.parameters()).device
     for prompt, generation in zip(prompts, generations, strict=True):
-        ids = torch.tensor([prompt + generation.token_ids])
+        ids = torch.tensor([prompt + generation.token_ids], device=device)
         logits = reference(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
         scored = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-        gaps.append(torch.tensor(generation.logprobs) - scored)
+        gaps.append(torch.tensor(generation.logprobs) - scored.cpu())
     gap = torch.cat(gaps)
     clipped = (gap.exp() < 0.8) | (gap.exp() > 1.28)
     return {"mean_abs": float(gap.abs().mean()), "max_abs": float(gap.abs().max()),
             "outside_clip": float(clipped.float().mean()), "tokens": gap.numel()}  # fmt: skip
 
 
+def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
+                       device: torch.device) -> str:  # fmt: skip
+    """Plain generation under torch.profiler: a summary line (wall time, and on a GPU the time
+    its kernels ran: when that is a small share, the host sets the pace), then the ops that
+    took the most of it (self time on the GPU, or on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        measured = asyncio.run(_measure(engine, prompts, tokens))
+        _sync(device)
+    events = prof.key_averages()
+    summary = (
+        f"  profiled: {measured['seconds']:.1f} s wall, {measured['tokens_per_s']:.1f} tokens/s"
+    )
+    if cuda:
+        kernels = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+        summary += (f"; GPU kernels {kernels:.1f} s "
+                    f"({100 * kernels / measured['seconds']:.0f}% of the wall time)")  # fmt: skip
+    order = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    table: str = events.table(sort_by=order, row_limit=30)
+    return summary + "\n\n" + table
+
+
 def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int
                       ) -> dict[str, float]:  # fmt: skip
     width = max(len(p) for p in prompts)
+    device = next(model.parameters()).device
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [B, T] left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
-                         min_new_tokens=tokens, do_sample=True, temperature=0.6, top_p=0.95,
-                         top_k=0, pad_token_id=pad_id)  # fmt: skip
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                         temperature=0.6, top_p=0.95, top_k=0, pad_token_id=pad_id)  # fmt: skip
+    _sync(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens_per_s": (out.shape[1] - width) * len(prompts) / seconds}
 
 
-def _matmul_gflops(dtype: torch.dtype) -> float:
-    """This machine's matmul rate on 2048 x 2048 matrices in `dtype`, best of 5."""
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-    return 2 * 2048**3 / _best_of_5(lambda: a @ b) / 1e9
+def _sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that a timer measures it (nothing on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def _best_of_5(work: Callable[[], object]) -> float:
-    """The shortest of five timed runs of `work`, in seconds."""
+def _matmul_gflops(dtype: torch.dtype, device: torch.device) -> float:
+    """The device's matmul rate on 2048 x 2048 matrices in `dtype` (4096 on a GPU), best of 5."""
+    n = 4096 if device.type == "cuda" else 2048
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n**3 / _best_of_5(lambda: a @ b, device) / 1e9
+
+
+def _best_of_5(work: Callable[[], object], device: torch.device) -> float:
+    """The shortest of five timed runs of `work` (after one untimed), in seconds."""
+    work()
     best = float("inf")
     for _ in range(5):
+        _sync(device)
         start = time.perf_counter()
         work()
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return best
 
 
-def _read_gbps() -> float:
-    """This machine's memory read rate: a sum over 256 MB of float32, best of 5."""
-    tensor = torch.ones(64 * 2**20)
-    return tensor.numel() * 4 / _best_of_5(tensor.sum) / 1e9
+def _read_gbps(device: torch.device) -> float:
+    """The device's memory read rate: a sum over 256 MB of float32 (1 GB on a GPU), best of 5."""
+    tensor = torch.ones((256 if device.type == "cuda" else 64) * 2**20, device=device)
+    return tensor.numel() * 4 / _best_of_5(tensor.sum, device) / 1e9
 
 
 def bandwidth_bound(model: Any, prompts: list[list[int]], tokens: int, read_gbps: float
@@ -299,18 +338,33 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="the model's dtype in every row (bfloat16 pays on CPUs with "
                              "AMX-BF16 or AVX512-BF16)")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the model runs (auto: the GPU when there is one)",
+    )
+    parser.add_argument("--profile", action="store_true",
+                        help="also run plain generation once more under torch.profiler: the "
+                             "ops that take the host's and the GPU's time, and the GPU's busy "
+                             "share (written beside --out)")  # fmt: skip
     parser.add_argument("--out", default="bench-results/rollout.json")
     args = parser.parse_args(argv)
 
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)  # fmt: skip
     reference, fmt, name = _load(args)
+    reference.to(device)
     dtype = getattr(torch, args.dtype)
     model = reference if dtype == torch.float32 else copy.deepcopy(reference).to(dtype)
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     flops_per_token = 2 * weights
-    peak = _matmul_gflops(dtype)
+    peak = _matmul_gflops(dtype, device)
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} CPU threads")  # fmt: skip
     print(
         f"model: {name} in {args.dtype}; {flops_per_token / 1e6:.0f} MFLOP per token; "
-        f"{args.dtype} matmul rate {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads"
+        f"{args.dtype} matmul rate {peak:.0f} GFLOP/s on {where}"
     )
     questions = [f"What is {17 * i + 3} times {i + 11}? Explain." for i in range(args.requests)]
     prompts = [fmt.prompt_ids(q) for q in questions]
@@ -329,7 +383,15 @@ def main(argv: list[str]) -> int:
         record("continuous", asyncio.run(_measure(engine, prompts, args.gen_tokens, sampled)))
         engine = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         record("static", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
-    bound = bandwidth_bound(model, prompts, args.gen_tokens, _read_gbps())
+    if args.profile:
+        engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
+        with torch.no_grad():
+            profiled = profile_generation(engine, prompts, args.gen_tokens, device)
+        text = Path(args.out).with_suffix(".profile.txt")
+        text.parent.mkdir(parents=True, exist_ok=True)
+        text.write_text(profiled)
+        print(profiled.split("\n\n")[0] + f" (the ops: {text})", flush=True)
+    bound = bandwidth_bound(model, prompts, args.gen_tokens, _read_gbps(device))
     print(f"  memory-bound limit {bound['tokens_per_s']:8.1f} tokens/s: each step reads the "
           f"weights ({bound['weight_mb']:.0f} MB) and every row's KV "
           f"({bound['kv_kb_per_token']:.0f} KB a token) at {bound['read_gbps']:.0f} GB/s; "
@@ -365,8 +427,8 @@ def main(argv: list[str]) -> int:
     for ratio_name, ratio in ratios.items():
         print(f"  {ratio_name:31} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"args": vars(args), "model": name, "flops_per_token": flops_per_token,
-              "matmul_gflops": peak, "memory_bound": bound, "rows": rows, "ratios": ratios,
-              "logprob_gap": gap}  # fmt: skip
+    report = {"args": vars(args), "model": name, "device": where,
+              "flops_per_token": flops_per_token, "matmul_gflops": peak, "memory_bound": bound,
+              "rows": rows, "ratios": ratios, "logprob_gap": gap}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -170,6 +170,19 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     assert report["logprob_gap"]["max_abs"] < 1e-4
 
 
+def test_bench_rollout_profiles_plain_generation_on_request(tmp_path: object) -> None:
+    from pathlib import Path
+
+    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
+                            "1", "--tokens", "2", "--tool-turns", "1", "--tool-s", "0.01",
+                            "--device", "cpu", "--profile")  # fmt: skip
+    assert report["device"].endswith("CPU threads")
+    profiled = (Path(str(tmp_path)) / "rollout.profile.txt").read_text()
+    summary, table = profiled.split("\n\n", 1)
+    assert summary.startswith("  profiled:") and "tokens/s" in summary
+    assert "Self CPU" in table and "aten::" in table  # torch's ops, by the host's time
+
+
 def test_the_memory_bound_by_hand() -> None:
     config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=128,
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
