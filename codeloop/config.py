@@ -314,11 +314,16 @@ class StageConfig:
     name: str = knob("", "Stage name, used for its run sub-directory.")
     steps: int = knob(0, "RL steps in this stage.", ge=0)
     overrides: dict[str, Any] = knob({}, "Dotted config keys set for this stage only.")
-    refilter: bool = knob(False, "Before the stage keep only problems the policy finds hard.")
+    refilter: bool = knob(False, "Before the stage keep only the problems whose pass rate "
+                          "under the policy is within the refilter_*_pass_rate band.")  # fmt: skip
     refilter_samples: int = knob(8, "Samples per problem when refiltering.", ge=1)
     refilter_max_pass_rate: float = knob(
         0.99, "Keep problems whose pass rate is at most this.", ge=0, le=1
     )
+    refilter_min_pass_rate: float = knob(
+        0.0, "Keep problems whose pass rate is at least this (above 0: drop the problems the "
+        "policy never solves, whose groups carry no signal).", ge=0, le=1,
+    )  # fmt: skip
     reset_optimizer: bool = knob(False, "Start the stage with a fresh optimiser state.")
 
 
@@ -537,6 +542,10 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
 
 def _check_stage_overrides(cfg: Config, source: str) -> None:
     for i, stage in enumerate(cfg.recipe.stages):
+        if stage.refilter_min_pass_rate > stage.refilter_max_pass_rate:
+            raise ConfigError(f"{source}: recipe.stages[{i}]: refilter_min_pass_rate "
+                              f"{stage.refilter_min_pass_rate} > refilter_max_pass_rate "
+                              f"{stage.refilter_max_pass_rate} keeps no problem")  # fmt: skip
         trial = copy.deepcopy(cfg)
         for key, value in _flatten(stage.overrides):
             if key.startswith("recipe."):

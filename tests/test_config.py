@@ -179,6 +179,18 @@ def test_bad_stage_override_is_caught_at_load_time(tmp_path: Path) -> None:
         load_config(_write(tmp_path, text))
 
 
+def test_a_refilter_band_that_keeps_nothing_is_refused_at_load_time(tmp_path: Path) -> None:
+    text = ('[[recipe.stages]]\nname = "s1"\nrefilter = true\nrefilter_min_pass_rate = 0.8\n'
+            "refilter_max_pass_rate = 0.5\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"exp.toml: recipe.stages\[0\]: refilter_min_pass_rate "
+                       r"0.8 > refilter_max_pass_rate 0.5 keeps no problem"):  # fmt: skip
+        load_config(_write(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"recipe.stages\[0\]: refilter_min_pass_rate 0.6 >"):
+        load_config(_write(tmp_path, '[[recipe.stages]]\nname = "s1"\n'),
+                    ["--recipe.stages.0.refilter_min_pass_rate", "0.6",
+                     "--recipe.stages.0.refilter_max_pass_rate", "0.5"])  # fmt: skip
+
+
 def test_to_toml_reads_back_to_an_equal_config(tmp_path: Path) -> None:
     cfg = load_config(REPO / "configs" / "rstar2_agent.toml", ["--algo.dual_clip", "3"])
     text = to_toml(cfg)

@@ -52,9 +52,10 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
 
 
 async def pass_rates(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                     seed: int = 0) -> dict[str, float]:  # fmt: skip
-    """{problem id: fraction of its k samples that are correct}."""
-    groups = await collect(agent, problems, k, verifier, seed)
+                     seed: int = 0, progress: str = "") -> dict[str, float]:  # fmt: skip
+    """{problem id: fraction of its k samples that are correct}; a progress bar labelled
+    `progress` when given."""
+    groups = await collect(agent, problems, k, verifier, seed, progress=progress)
     return {
         p.id: sum(t.reward or 0.0 for t in g) / k for p, g in zip(problems, groups, strict=True)
     }

@@ -1,11 +1,15 @@
 """Run a multi-stage recipe: each stage continues from the previous policy.
 
 For stage i (`recipe.stages[i]`, its `overrides` applied to the config), in
-`<output_dir>/<i>-<name>/`: optionally refilter the problems to those the current policy does
-not solve reliably (`refilter_samples` samples each, pass rate <= `refilter_max_pass_rate`),
-then run `steps` GRPO-RoC steps. The optimiser and its schedule carry over from the previous
-stage unless `reset_optimizer`. A stage that finished (`stage.json` written) is skipped on a
-rerun, with its final weights loaded; an unfinished one resumes from its latest checkpoint.
+`<output_dir>/<i>-<name>/`: optionally refilter the problems to those whose pass rate under the
+current policy lies in [`refilter_min_pass_rate`, `refilter_max_pass_rate`] (`refilter_samples`
+samples each: up to a maximum, the problems it does not solve reliably; from a minimum above 0,
+only problems it solves at all), then run `steps` GRPO-RoC steps. A stage trains on the problems
+of the stage before it (the refiltered ones, if it refiltered); a refilter's choice is kept in
+the stage's `problems.json`, so a resumed or skipped stage reuses it instead of sampling anew.
+The optimiser and its schedule carry over from the previous stage unless `reset_optimizer`.
+A stage that finished (`stage.json` written) is skipped on a rerun, with its final weights
+loaded; an unfinished one resumes from its latest checkpoint.
 A stage that trains on the same problems as the one before continues its data order where it
 stopped (a refiltered stage starts its own list from the beginning); warm-up runs once, in the
 first stage, unless a stage resets the optimiser.
@@ -45,6 +49,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         raise ValueError("recipe.stages is empty: nothing to run")
     summaries: list[dict[str, Any]] = []
     carried: dict[str, Any] | None = None  # optimiser and schedule state of the previous stage
+    current = list(problems)  # what the stage before trained on
     for index, stage in enumerate(cfg.recipe.stages):
         scfg = stage_config(cfg, index)
         stage_dir = Path(cfg.trainer.output_dir) / f"{index + 1}-{stage.name or 'stage'}"
@@ -52,12 +57,17 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         if done.is_file():
             carried = _load_final_state(stage_dir, model)
             summaries.append(json.loads(done.read_text()))
+            current = _refiltered(stage_dir, problems) or current
             continue
         logger = RunLogger(stage_dir, tensorboard=world.is_main)
-        run = RLRun(scfg, model, fmt, problems, tools, logger, world=world)
+        run = RLRun(scfg, model, fmt, current, tools, logger, world=world)
         try:
-            kept = await _stage_problems(run, stage, problems, scfg)
-            run.problems = list(kept)
+            kept = _refiltered(stage_dir, problems) if stage.refilter else None
+            if kept is None:
+                kept = list(await _stage_problems(run, stage, current, scfg))
+                if stage.refilter and world.is_main:
+                    (stage_dir / PROBLEMS_FILE).write_text(json.dumps([p.id for p in kept]))
+            current = run.problems = kept
             if carried is not None and not stage.reset_optimizer:
                 run.learner.optimizer.load_state_dict(carried["optimizer"])
                 run.learner.lr_schedule.load_state_dict(carried["lr_schedule"])
@@ -97,17 +107,41 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     world = run.world
     mine = list(problems)[world.rank :: world.size]
     agent = Agent(run.rollout_scheduler(), run.tools, run.fmt, cfg.rollout)
-    rates = await pass_rates(agent, mine, stage.refilter_samples, run.verifier, cfg.trainer.seed)
+    samples = stage.refilter_samples
+    low, high = stage.refilter_min_pass_rate, stage.refilter_max_pass_rate
+    progress = f"{stage.name or 'stage'} refilter" if world.is_main else ""
+    rates = await pass_rates(agent, mine, samples, run.verifier, cfg.trainer.seed, progress)
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
-    kept = [p for p in problems if rates[p.id] <= stage.refilter_max_pass_rate]
-    limit, samples = stage.refilter_max_pass_rate, stage.refilter_samples
+    kept = [p for p in problems if low <= rates[p.id] <= high]
+    band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"
     if world.is_main:
         print(f"refilter: kept {len(kept)} of {len(problems)} problems "
-              f"(pass rate <= {limit} over {samples} samples)")  # fmt: skip
+              f"(pass rate {band} over {samples} samples)")  # fmt: skip
     if not kept:
-        raise RuntimeError("refilter kept no problems: the policy solves them all; raise "
-                           "refilter_max_pass_rate or add harder problems")  # fmt: skip
+        too_easy = sum(rates[p.id] > high for p in problems)
+        raise RuntimeError(f"refilter kept no problems ({too_easy} of {len(problems)} solved "
+                           f"more often than {high}, the rest less often than {low}): widen "
+                           "refilter_min_pass_rate and refilter_max_pass_rate, or add "
+                           "problems")  # fmt: skip
     return kept
+
+
+PROBLEMS_FILE = "problems.json"  # a refiltered stage's problem ids, in training order
+
+
+def _refiltered(stage_dir: Path, problems: Sequence[Problem]) -> list[Problem] | None:
+    """The problems a stage's refilter kept (`problems.json`), or None when it wrote none."""
+    path = stage_dir / PROBLEMS_FILE
+    if not path.is_file():
+        return None
+    by_id = {p.id: p for p in problems}
+    ids = json.loads(path.read_text())
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise ValueError(f"{path}: problems {missing[:3]} are not in the recipe's problems "
+                         "(the data changed since the refilter: remove the file to "
+                         "refilter)")  # fmt: skip
+    return [by_id[i] for i in ids]
 
 
 def _final_checkpoint(stage_dir: Path) -> Path:

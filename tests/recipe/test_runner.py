@@ -1,4 +1,6 @@
 import asyncio
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,40 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
     assert _recipe(fmt, cfg) == summaries  # everything finished: nothing runs again
 
 
+@pytest.mark.slow
+def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
+    fmt: PromptFormat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 1 keeps the problems solved at least half the time (p2 alone, as the pass rates
+    below say); stage 2 trains on those, not on all four; a rerun samples no pass rates again."""
+    sampled: list[list[str]] = []
+
+    async def rates(agent: object, problems: list[Problem], *args: object) -> dict[str, float]:
+        sampled.append([p.id for p in problems])
+        return {p.id: 1.0 if p.id == "p2" else 0.0 for p in problems}
+
+    monkeypatch.setattr(runner, "pass_rates", rates)
+    cfg = _config(tmp_path)
+    cfg.recipe.stages = [
+        StageConfig(name="screen", steps=1, refilter=True, refilter_samples=2,
+                    refilter_min_pass_rate=0.5, refilter_max_pass_rate=1.0),
+        StageConfig(name="more", steps=1),
+    ]  # fmt: skip
+    summaries = _recipe(fmt, cfg)
+    assert sampled == [["p0", "p1", "p2", "p3"]]
+    assert [s["problems"] for s in summaries] == [1, 1]  # stage 2 trains on stage 1's choice
+    assert (tmp_path / "1-screen" / "problems.json").read_text() == '["p2"]'
+    trained = {json.loads(line)["prompt_id"] for d in ("1-screen", "2-more")
+               for f in (tmp_path / d / "trajectories").glob("*.jsonl")
+               for line in f.read_text().splitlines()}  # fmt: skip
+    assert trained == {"p2"}
+    for name in ("1-screen", "2-more"):  # both unfinished again: stage 1 resumes, 2 reruns
+        (tmp_path / name / "stage.json").unlink()
+    shutil.rmtree(tmp_path / "2-more")
+    assert [s["problems"] for s in _recipe(fmt, cfg)] == [1, 1]
+    assert len(sampled) == 1  # the refilter's choice was read back, not sampled anew
+
+
 def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
     class Answers:  # answers "4" to everything: right for p2 only
         async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -91,7 +127,15 @@ def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
     assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
 
 
-def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("low", "high", "want"), [(0.0, 0.5, ["p0", "p1", "p3"]),
+                                                  (0.5, 1.0, ["p2"])])  # fmt: skip
+def test_refilter_keeps_the_problems_within_the_pass_rate_band(
+    fmt: PromptFormat, tmp_path: Path, low: float, high: float, want: list[str]
+) -> None:
+    """The policy masters p2 and never solves the others: a band up to 0.5 keeps what it finds
+    hard (stage 3 of the recipes), one from 0.5 what it solves at all (the real recipe's first
+    stage: a problem it never solves gives no signal)."""
+
     class Answers:  # an engine answering "4" to everything: it masters p2 (2 + 2) only
         def __init__(self) -> None:
             self.weights_updates = 0
@@ -105,7 +149,7 @@ def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_p
 
     cfg = _config(tmp_path)
     stage = StageConfig(name="hard", steps=1, refilter=True, refilter_samples=3,
-                        refilter_max_pass_rate=0.5)  # fmt: skip
+                        refilter_min_pass_rate=low, refilter_max_pass_rate=high)  # fmt: skip
     engine = Answers()
     logger = RunLogger(tmp_path, tensorboard=False)
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)
@@ -116,7 +160,7 @@ def test_refilter_drops_the_problems_the_policy_masters(fmt: PromptFormat, tmp_p
         run.verifier.close()
         logger.close()
     assert engine.weights_updates == 1  # the current policy is what the refilter samples
-    assert [p.id for p in kept] == ["p0", "p1", "p3"]
+    assert [p.id for p in kept] == want
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
