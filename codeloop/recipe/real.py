@@ -9,8 +9,9 @@
    of the first `Sizes.sft_problems` training problems, the code run in the real sandbox
    (`sft.jsonl`); the policy is saved to `sft_model/` (a transformers directory).
 4. The RL stages of `recipe.stages` (GRPO-RoC, the real sandbox and verifier) on the next
-   `Sizes.rl_problems` training problems, which the SFT did not use (stage 3 refilters them to
-   those the policy still fails); the final policy goes to `final_model/`.
+   `Sizes.rl_problems` training problems, which the SFT did not use: stage 1 screens them to
+   those the SFT policy solves at all but not always, and stage 3 refilters those to the ones
+   the policy still fails; the final policy goes to `final_model/`.
 5. After SFT and after each stage: `Sizes.eval_problems` of the development split,
    `Sizes.eval_samples` samples each at the `[eval]` settings: pass@1 (avg@k), the share of
    trajectories that call the tool, the share of calls that are malformed, the tool-error ratio
@@ -59,7 +60,7 @@ class Sizes:
     eval_problems: int = 100  # of the development split, scored after SFT and each stage
     eval_samples: int = 2
     sft_problems: int = 1200  # training problems whose solutions become SFT conversations
-    rl_problems: int = 64  # training problems after those that the RL stages draw from
+    rl_problems: int = 160  # training problems after those, screened by stage 1 for RL
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
 

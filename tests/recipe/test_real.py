@@ -48,6 +48,9 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
                  "--algo.group_size=2", "--sft.epochs=1", "--sft.conversations_per_step=2",
                  "--eval.max_response_tokens=64", "--rollout.max_response_tokens=64",
                  "--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1",
+                 "--recipe.stages.0.refilter_samples=1",
+                 "--recipe.stages.0.refilter_min_pass_rate=0",
+                 "--recipe.stages.0.refilter_max_pass_rate=1.0",
                  "--recipe.stages.2.steps=1", "--recipe.stages.2.refilter_samples=1",
                  "--recipe.stages.2.refilter_max_pass_rate=1.0",
                  "--recipe.stages.0.overrides={}", "--recipe.stages.1.overrides={}"]  # fmt: skip
