@@ -394,7 +394,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         ("eval-problems", 100, "development problems scored after SFT and after each stage"),
         ("eval-samples", 2, "samples per scored problem"),
         ("sft-problems", 1200, "training problems whose solutions become SFT conversations"),
-        ("rl-problems", 160, "training problems after the SFT ones: stage 1 screens them for RL"),
+        ("rl-problems", 120, "training problems after the SFT ones: stage 1 screens them for RL"),
     ):
         real.add_argument(f"--{name}", type=int, default=default, help=help_text)
     real.set_defaults(run=_real)

@@ -60,7 +60,7 @@ class Sizes:
     eval_problems: int = 100  # of the development split, scored after SFT and each stage
     eval_samples: int = 2
     sft_problems: int = 1200  # training problems whose solutions become SFT conversations
-    rl_problems: int = 160  # training problems after those, screened by stage 1 for RL
+    rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
 

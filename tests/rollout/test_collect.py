@@ -60,3 +60,34 @@ def test_a_finished_trajectory_is_scored_while_others_generate(fmt: PromptFormat
     # sample j of the problem with key K is seeded from (7, K, j)
     wanted = {seed_of(7, key, j) for key in (10, 11) for j in (0, 1)}
     assert set(engine.seeds) == wanted and len(wanted) == 4
+
+
+class _Counting:
+    """An in-process engine of `max_batch` rows that counts the generations in flight."""
+
+    def __init__(self, fmt: PromptFormat, max_batch: int | None) -> None:
+        self.fmt, self.now, self.most = fmt, 0, 0
+        if max_batch is not None:
+            self.max_batch = max_batch
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await asyncio.sleep(0.01)
+        self.now -= 1
+        ids = self.fmt.encode("<answer>\\boxed{4}</answer><|im_end|>")
+        return Generation(ids, [-0.1] * len(ids), "stop")
+
+
+def test_trajectories_in_flight_are_bounded_by_the_engines_rows(fmt: PromptFormat) -> None:
+    """Twice an in-process engine's rows at once (3 -> 6 of 40); none without `max_batch` (a
+    server) or with concurrency 0; a given bound otherwise."""
+    problems = [Problem(f"p{i}", "What is 2 + 2?", "4") for i in range(10)]
+    rollout = RolloutConfig(max_turns=1)
+    for max_batch, concurrency, most in ((3, None, 6), (None, None, 40), (3, 0, 40), (3, 5, 5)):
+        engine = _Counting(fmt, max_batch)
+        with Verifier() as verifier:
+            agent = Agent(engine, None, fmt, rollout)  # type: ignore[arg-type]
+            groups = asyncio.run(collect(agent, problems, 4, verifier, concurrency=concurrency))
+        assert engine.most == most
+        assert all(t.reward == 1.0 for g in groups for t in g)
