@@ -12,6 +12,7 @@ problem's position in its data order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,17 +71,11 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
     if len(keys) != len(problems):
         raise ValueError(f"collect: {len(keys)} keys for {len(problems)} problems")
     limit = in_flight_limit(scheduler) if concurrency is None else concurrency
-    gate = asyncio.Semaphore(limit) if limit else None
+    gate = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
 
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
-        if gate is None:
-            return await _sample(problem, key, index)
-        async with gate:
-            return await _sample(problem, key, index)
-
-    async def _sample(problem: Problem, key: str | int, index: int) -> Trajectory:
         prompt = agent.fmt.prompt_ids(problem.problem)
-        async with scheduler.lease() as leased:
+        async with gate, scheduler.lease() as leased:
             trajectory = await run_trajectory(leased, agent.tools, agent.fmt, agent.rollout,
                                               problem.id, index, prompt,
                                               seed_of(seed, key, index))  # fmt: skip
