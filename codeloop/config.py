@@ -120,8 +120,9 @@ class RolloutConfig:
     )
     kv_capacity_tokens: int = knob(
         0,
-        "KV-cache tokens per engine for the kv_aware scheduler; 0 = what each engine reports "
-        "(no limit where it reports nothing).",
+        "KV-cache tokens per engine: the kv_aware scheduler's budget of each server (0 = what "
+        "each reports; no limit where it reports nothing), and the cap of an in-process engine "
+        "(RL's own, codeloop eval --model; 0 = what a quarter of the free memory holds).",
         ge=0,
     )
     reload_check_tol: float = knob(

@@ -142,6 +142,11 @@ class ToolCallRecord:
         return self.parse_error is not None or not (self.result.ok or self.infra_fault)
 
     @property
+    def malformed(self) -> bool:
+        """The call could not be parsed, or the sandbox refused it (missing code, bad JSON)."""
+        return self.call is None or self.result.status == ExecStatus.REJECTED
+
+    @property
     def infra_fault(self) -> bool:
         """The environment failed the call (sandbox unreachable, overloaded, crashed)."""
         return self.result.status == ExecStatus.SANDBOX_ERROR

@@ -9,7 +9,9 @@ The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up 
 - `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
   problem and gold answer; `codeloop view` and `codeloop entropy` read it.
 - `summary.json`: avg@k (pass@1), unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean
-  response tokens and turns, tool calls per trajectory, tool-error ratio, statuses.
+  response tokens and turns, tool calls per trajectory, tool-error ratio, statuses, the share
+  of trajectories that call the tool (`tool_use`, a complete call) and of those cut off inside
+  a call (`cut_off_in_call`), and the share of calls that are malformed.
 
 Samples are seeded by (seed, problem id, sample index), so a resumed run samples what the
 uninterrupted one would have.
@@ -35,7 +37,8 @@ from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
-from codeloop.types import Trajectory
+from codeloop.rollout.toolcall import in_open_call
+from codeloop.types import RolloutStatus, Trajectory
 
 
 def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = "",
@@ -68,7 +71,9 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     policy, loaded = load_policy(model, cfg.trainer.dtype)
     policy.to(default_device())
     fmt = PromptFormat.from_config(loaded, cfg.rollout)
-    return TransformersEngine(policy, loaded, fmt.end_of_turn_ids), fmt
+    engine = TransformersEngine(policy, loaded, fmt.end_of_turn_ids,
+                                max_kv_tokens=cfg.rollout.kv_capacity_tokens)  # fmt: skip
+    return engine, fmt
 
 
 def eval_rollout_config(cfg: Config) -> RolloutConfig:
@@ -77,6 +82,12 @@ def eval_rollout_config(cfg: Config) -> RolloutConfig:
     return dataclasses.replace(cfg.rollout, temperature=e.temperature, top_p=e.top_p,
                                max_turns=e.max_turns,
                                max_response_tokens=e.max_response_tokens)  # fmt: skip
+
+
+def cut_off_in_call(trajectory: Trajectory) -> bool:
+    """It ran out of tokens inside a tool call it had opened (a cell repeating itself up to the
+    length limit): the call never ran."""
+    return trajectory.status == RolloutStatus.TRUNCATED_LENGTH and in_open_call(trajectory.text)
 
 
 def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:
@@ -92,6 +103,9 @@ def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str,
         "turns": [t.num_turns for t in samples],
         "tool_calls": len(calls),
         "tool_errors": sum(r.failed for r in calls),
+        "malformed_calls": sum(r.malformed for r in calls),
+        "calls": [len(t.tool_calls) for t in samples],
+        "cut_off_in_call": [cut_off_in_call(t) for t in samples],
     }
 
 
@@ -114,7 +128,21 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tool_calls_per_trajectory": calls / n,
         "tool_error_ratio": sum(r["tool_errors"] for r in results) / calls if calls else 0.0,
         "statuses": {s: statuses[s] / n for s in sorted(statuses)},
+        **_tool_use(results, n, calls),
     }  # fmt: skip
+
+
+def _tool_use(results: Sequence[dict[str, Any]], n: int, calls: int) -> dict[str, float]:
+    """The share of trajectories with a complete call, of those cut off inside one, and of
+    malformed calls; none of them when some results come from a version that did not record
+    them (a resumed older evaluation), rather than shares of the wrong totals."""
+    if not all("calls" in r for r in results):
+        return {}
+    return {
+        "tool_use": sum(c > 0 for r in results for c in r["calls"]) / n,
+        "cut_off_in_call": sum(sum(r["cut_off_in_call"]) for r in results) / n,
+        "malformed_calls": sum(r["malformed_calls"] for r in results) / calls if calls else 0.0,
+    }
 
 
 def _complete_lines(path: Path) -> list[str]:

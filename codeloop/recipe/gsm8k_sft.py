@@ -2,12 +2,12 @@
 
 As in the report, SFT teaches the format and the tool, not reasoning. A solution's calculator
 annotations (`48/2 = <<48/2=24>>24`) become one code cell, a line per computation (`x1 = 48/2`),
-and the cell prints the last variable whose annotated result is the `####` answer. Each
-line of the solution with a computation also becomes a comment (its sentence, results taken
-out), and a number that is an earlier result becomes that result's variable: without them (bare
-`x2 = 48+24`), SmolLM2 solved nothing. The cell runs in the real sandbox, and the tool response is what the rollout would show (`format_observation`);
-a conversation is kept only when the printed value equals the answer, so every demonstration is
-right by construction.
+and the cell prints the last variable whose annotated result is the `####` answer. Each line of
+the solution with a computation also becomes a comment (its sentence, results taken out), and a
+number that is an earlier result becomes that result's variable: without them (bare
+`x2 = 48+24`), SmolLM2 solved nothing. The cell runs in the real sandbox, and the tool response
+is what the rollout would show (`format_observation`); a conversation is kept only when the
+printed value equals the answer, so every demonstration is right by construction.
 A share (`error_share`) first calls the cell printing a name that does not exist, gets the
 sandbox's real NameError traceback, and then calls the fixed cell: SFT shows an error and its
 repair, and Resample-on-Correct has tool errors to act on. The last turn is the answer:

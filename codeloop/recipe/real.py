@@ -34,20 +34,19 @@ import torch
 
 from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
-from codeloop.eval.evaluate import eval_rollout_config
+from codeloop.eval.evaluate import cut_off_in_call, eval_rollout_config
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import in_open_call
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
-from codeloop.types import ExecStatus, RolloutStatus, Trajectory
+from codeloop.types import Trajectory
 
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
 
@@ -78,13 +77,10 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     malformed."""
     flat = [t for g in groups for t in g]
     calls = [r for t in flat for r in t.tool_calls]
-    malformed = [r for r in calls if r.call is None or r.result.status == ExecStatus.REJECTED]
-    cut_off = [t for t in flat
-               if t.status == RolloutStatus.TRUNCATED_LENGTH and in_open_call(t.text)]  # fmt: skip
     return {
         "tool_use": sum(bool(t.tool_calls) for t in flat) / max(len(flat), 1),
-        "cut_off_in_call": len(cut_off) / max(len(flat), 1),
-        "malformed_calls": len(malformed) / len(calls) if calls else 0.0,
+        "cut_off_in_call": sum(map(cut_off_in_call, flat)) / max(len(flat), 1),
+        "malformed_calls": sum(r.malformed for r in calls) / len(calls) if calls else 0.0,
     }
 
 

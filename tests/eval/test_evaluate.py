@@ -34,6 +34,9 @@ def test_metrics_match_hand_computed_values(scripted_run: tuple[Path, dict]) -> 
     assert summary["tool_calls_per_trajectory"] == pytest.approx(13 / 20)
     assert summary["tool_error_ratio"] == pytest.approx(3 / 13)
     assert summary["statuses"] == {"answered": 1.0}
+    # the 10 right samples call the tool, the wrong ones do not; none is cut off or malformed
+    assert summary["tool_use"] == pytest.approx(10 / 20)
+    assert summary["cut_off_in_call"] == 0.0 and summary["malformed_calls"] == 0.0
 
 
 def test_outputs_are_consistent(scripted_run: tuple[Path, dict]) -> None:
@@ -71,6 +74,23 @@ def test_a_killed_evaluation_resumes_where_it_stopped(
     trajectories = read_jsonl(out / "trajectories.jsonl")
     keys = Counter((t["prompt_id"], t["sample_index"]) for t in trajectories)
     assert len(keys) == 5 * K and set(keys.values()) == {1}
+
+
+def test_results_without_the_tool_use_record_give_no_tool_use_shares(
+    fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    full_dir, full_summary = scripted_run
+    out = tmp_path / "older"
+    shutil.copytree(full_dir, out)
+    results = read_jsonl(out / "results.jsonl")
+    newer = ("calls", "cut_off_in_call", "malformed_calls")
+    older = [{k: v for k, v in r.items() if k not in newer} for r in results[:2]]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older + results[2:]))
+    policy = ScriptedPolicy(fmt)
+    summary = run_eval(fmt, out, policy)  # every problem has its line: nothing is sampled
+    assert not policy.first_turns
+    assert not set(newer) & set(summary) and "tool_use" not in summary
+    assert summary == {k: v for k, v in full_summary.items() if k not in (*newer, "tool_use")}
 
 
 def test_another_k_in_the_same_directory_is_an_error(

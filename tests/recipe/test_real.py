@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from codeloop.config import load_config
-from codeloop.data.problems import load_problems
+from codeloop.data.problems import Problem, load_problems
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.eval.evaluate import problem_result
+from codeloop.eval.evaluate import summary as eval_summary
 from codeloop.recipe.real import Sizes, run_real, tool_metrics
 from codeloop.rollout.toolcall import TOOL_NAME
 from codeloop.trainer.model import tiny_model
@@ -98,3 +100,6 @@ def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> 
     assert metrics["tool_use"] == pytest.approx(3 / 5)
     assert metrics["cut_off_in_call"] == pytest.approx(2 / 5)  # the 2nd and 3rd
     assert metrics["malformed_calls"] == pytest.approx(1 / 3)
+    # codeloop eval's summary counts the same from its per-problem results
+    shares = eval_summary([problem_result(Problem("p", "q", "1"), groups[0])])
+    assert {k: shares[k] for k in metrics} == pytest.approx(metrics)
