@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +63,23 @@ class Sizes:
     sft_problems: int = 1200  # training problems whose solutions become SFT conversations
     rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
+
+
+def disk_needed(parameters: int, stages: int, keep: int) -> int:
+    """Bytes a run directory grows to: `keep` checkpoints a stage (float32 weights and AdamW's
+    two moments: 12 bytes a parameter) and the SFT and final policies (4 bytes a parameter)."""
+    return stages * keep * 12 * parameters + 2 * 4 * parameters
+
+
+def disk_warning(run_dir: Path, needed: int) -> str | None:
+    """A warning when the file system of `run_dir` has less than `needed` bytes free."""
+    existing = next(p for p in (run_dir, *run_dir.resolve().parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free >= needed:
+        return None
+    return (f"codeloop real: {free / 1e9:.1f} GB free under {existing}, and a run takes up to "
+            f"{needed / 1e9:.1f} GB (checkpoints with the optimiser's state, the two policies): "
+            f"it may stop with 'No space left on device'")  # fmt: skip
 
 
 def write_problems(path: Path, problems: list[Problem]) -> None:
@@ -146,6 +165,10 @@ async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
     train, dev = _splits(cfg, run_dir, sizes)
     model, tokenizer = load_policy(cfg.trainer.model, "float32")
     fmt = PromptFormat.from_config(tokenizer, cfg.rollout)
+    parameters = sum(p.numel() for p in model.parameters())
+    needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
+    if warning := disk_warning(run_dir, needed):
+        print(warning, file=sys.stderr, flush=True)
     points_file = run_dir / "points.json"
     points: list[dict[str, Any]] = (
         json.loads(points_file.read_text()) if points_file.is_file() else []

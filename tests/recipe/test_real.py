@@ -3,6 +3,7 @@ full run is `make real`), GSM8K-format problems written here, every stage and th
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from codeloop.data.problems import Problem, load_problems
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
-from codeloop.recipe.real import Sizes, run_real, tool_metrics
+from codeloop.recipe.real import Sizes, disk_needed, disk_warning, run_real, tool_metrics
 from codeloop.rollout.toolcall import TOOL_NAME
 from codeloop.trainer.model import tiny_model
 from codeloop.types import (
@@ -103,3 +104,16 @@ def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> 
     # codeloop eval's summary counts the same from its per-problem results
     shares = eval_summary([problem_result(Problem("p", "q", "1"), groups[0])])
     assert {k: shares[k] for k in metrics} == pytest.approx(metrics)
+
+
+def test_a_run_warns_when_the_disk_cannot_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SmolLM2-135M: 134,515,008 parameters; three stages, one checkpoint each
+    assert disk_needed(134_515_008, 3, 1) == 36 * 134_515_008 + 8 * 134_515_008  # ~5.9 GB
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=3_200_000_000))
+    warning = disk_warning(tmp_path / "runs" / "real", 5_918_660_352)  # not created yet
+    assert warning is not None and "3.2 GB free" in warning and "5.9 GB" in warning
+    assert str(tmp_path) in warning  # the nearest existing directory
+    assert disk_warning(tmp_path, 3_000_000_000) is None
