@@ -90,9 +90,33 @@ def cut_off_in_call(trajectory: Trajectory) -> bool:
     return trajectory.status == RolloutStatus.TRUNCATED_LENGTH and in_open_call(trajectory.text)
 
 
+def tool_record(samples: Sequence[Trajectory]) -> dict[str, Any]:
+    """What `tool_shares` needs of some trajectories: their calls, tool errors, malformed calls,
+    calls per sample and whether each was cut off inside a call."""
+    calls = [r for t in samples for r in t.tool_calls]
+    return {
+        "tool_calls": len(calls),
+        "tool_errors": sum(r.failed for r in calls),
+        "malformed_calls": sum(r.malformed for r in calls),
+        "calls": [len(t.tool_calls) for t in samples],
+        "cut_off_in_call": [cut_off_in_call(t) for t in samples],
+    }
+
+
+def tool_shares(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Over `tool_record`s: the share of trajectories with a complete call (`tool_use`), of those
+    cut off inside one, and of calls that are malformed."""
+    n = max(sum(len(r["calls"]) for r in records), 1)
+    calls = sum(r["tool_calls"] for r in records)
+    return {
+        "tool_use": sum(c > 0 for r in records for c in r["calls"]) / n,
+        "cut_off_in_call": sum(sum(r["cut_off_in_call"]) for r in records) / n,
+        "malformed_calls": sum(r["malformed_calls"] for r in records) / calls if calls else 0.0,
+    }
+
+
 def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:
     """The per-problem line of `results.jsonl`."""
-    calls = [r for t in samples for r in t.tool_calls]
     return {
         "id": problem.id,
         "gold": problem.answer,
@@ -101,11 +125,7 @@ def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str,
         "statuses": [str(t.status) for t in samples],
         "response_tokens": [len(t.response_ids) for t in samples],
         "turns": [t.num_turns for t in samples],
-        "tool_calls": len(calls),
-        "tool_errors": sum(r.failed for r in calls),
-        "malformed_calls": sum(r.malformed for r in calls),
-        "calls": [len(t.tool_calls) for t in samples],
-        "cut_off_in_call": [cut_off_in_call(t) for t in samples],
+        **tool_record(samples),
     }
 
 
@@ -128,21 +148,10 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tool_calls_per_trajectory": calls / n,
         "tool_error_ratio": sum(r["tool_errors"] for r in results) / calls if calls else 0.0,
         "statuses": {s: statuses[s] / n for s in sorted(statuses)},
-        **_tool_use(results, n, calls),
+        # none of them when some lines come from a version that did not record them (a
+        # resumed older evaluation), rather than shares of the wrong totals
+        **(tool_shares(results) if all("calls" in r for r in results) else {}),
     }  # fmt: skip
-
-
-def _tool_use(results: Sequence[dict[str, Any]], n: int, calls: int) -> dict[str, float]:
-    """The share of trajectories with a complete call, of those cut off inside one, and of
-    malformed calls; none of them when some results come from a version that did not record
-    them (a resumed older evaluation), rather than shares of the wrong totals."""
-    if not all("calls" in r for r in results):
-        return {}
-    return {
-        "tool_use": sum(c > 0 for r in results for c in r["calls"]) / n,
-        "cut_off_in_call": sum(sum(r["cut_off_in_call"]) for r in results) / n,
-        "malformed_calls": sum(r["malformed_calls"] for r in results) / calls if calls else 0.0,
-    }
 
 
 def _complete_lines(path: Path) -> list[str]:

@@ -36,7 +36,7 @@ import torch
 
 from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
-from codeloop.eval.evaluate import cut_off_in_call, eval_rollout_config
+from codeloop.eval.evaluate import eval_rollout_config, tool_record, tool_shares
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
@@ -94,13 +94,7 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     those that ran out of tokens inside a call they had opened (a cell repeating itself up to
     the length limit: never run, so not counted as calling the tool), and of calls that are
     malformed."""
-    flat = [t for g in groups for t in g]
-    calls = [r for t in flat for r in t.tool_calls]
-    return {
-        "tool_use": sum(bool(t.tool_calls) for t in flat) / max(len(flat), 1),
-        "cut_off_in_call": sum(map(cut_off_in_call, flat)) / max(len(flat), 1),
-        "malformed_calls": sum(r.malformed for r in calls) / len(calls) if calls else 0.0,
-    }
+    return tool_shares([tool_record(g) for g in groups])
 
 
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
