@@ -7,8 +7,11 @@ file on first use), a directory given with `--model`, or else a randomly initial
 
 1. Plain generation: `--requests` requests of exactly `--gen-tokens` sampled tokens
    (temperature 0.6, top-p 0.95, no stop), by transformers' `model.generate` on the whole batch
-   (the baseline), by the continuous-batching engine, and by the static-batch engine it
-   replaced (`static_engine.py`).
+   (the baseline; `generate_static` with its static cache too, and `generate_batch`, its
+   continuous-batching manager, where the installed version has it), by the continuous-batching
+   engine (`continuous`: on its slot cache with captured decoding steps on a GPU, on its
+   DynamicCache on a CPU, each its default; `slot_cache` on a CPU runs the slots eagerly), and
+   by the static-batch engine it replaced (`static_engine.py`).
 2. The agent workload: `--trajectories` trajectories of `--tool-turns` + 1 turns, each of 1 to
    2 x `--tokens` - 1 sampled tokens (uniform, seeded), every turn but the last ending in a tool
    call (its tokens appended to the sampled ones) that the real local sandbox runs: a
@@ -28,7 +31,9 @@ file on first use), a directory given with `--model`, or else a randomly initial
    the tokens the engine sampled in plain generation with the float32 model: the gap between
    the logprobs the engine returned and the float32 ones is what a float32 trainer would see
    in its importance ratios (`--dtype float32` reports the same gap, from batching alone).
-Prints tokens/s and the ratios; writes JSON.
+`--model DIR --random-weights` measures a model's shape (its config and tokenizer) with random
+weights: the speed of a step does not depend on the weights' values, and a shape travels where
+its weights cannot (a GPU machine without the hub). Prints tokens/s and the ratios; writes JSON.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import argparse
 import asyncio
 import copy
 import json
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -217,8 +223,10 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
     return summary + "\n\n" + table
 
 
-def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int
-                      ) -> dict[str, float]:  # fmt: skip
+def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int,
+                      **options: Any) -> dict[str, float]:  # fmt: skip
+    """transformers' `generate` on the whole batch, left-padded; `options` go to it (the
+    static cache: `cache_implementation="static"`)."""
     width = max(len(p) for p in prompts)
     device = next(model.parameters()).device
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [B, T] left-padded
@@ -226,10 +234,39 @@ def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id:
     start = time.perf_counter()
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                          max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
-                         temperature=0.6, top_p=0.95, top_k=0, pad_token_id=pad_id)  # fmt: skip
+                         temperature=TEMPERATURE, top_p=TOP_P, top_k=0, pad_token_id=pad_id,
+                         **options)  # fmt: skip
     _sync(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens_per_s": (out.shape[1] - width) * len(prompts) / seconds}
+
+
+def _measure_generate_batch(model: Any, prompts: list[list[int]], tokens: int
+                            ) -> dict[str, float]:  # fmt: skip
+    """transformers' continuous-batching manager (`generate_batch`), sampling as the others;
+    its own paged cache and, on a GPU, its captured steps. It may stop a row at the model's
+    end-of-sequence token: the tokens it returned are counted."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=tokens, do_sample=True, temperature=TEMPERATURE,
+                              top_p=TOP_P, top_k=0)  # fmt: skip
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    outputs = model.generate_batch(inputs=prompts, generation_config=config)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    sampled = sum(len(out.generated_tokens) for out in outputs.values())
+    return {"seconds": seconds, "tokens_per_s": sampled / seconds}
+
+
+def _baseline(name: str, measure: Callable[[], dict[str, float]]) -> dict[str, float] | None:
+    """A transformers baseline, or None (and a line saying why) where the installed version
+    lacks it or it fails: the engine's rows are still measured."""
+    try:
+        return measure()
+    except Exception as err:  # a baseline of another package: report it, measure the rest
+        print(f"  {name:17} not measured: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        return None
 
 
 def _sync(device: torch.device) -> None:
@@ -298,6 +335,13 @@ def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
         except PretrainedError as err:
             print(f"{err}; measuring a random model instead")
             path = ""
+    if path and args.random_weights:
+        from transformers import AutoConfig
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        shaped = f"{path} (its shape, random weights)"
+        return model.float().eval(), PromptFormat(AutoTokenizer.from_pretrained(path)), shaped
     if path:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         return model.eval(), PromptFormat(AutoTokenizer.from_pretrained(path)), path
@@ -326,6 +370,14 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--model", default="smollm2", help="a model directory, smollm2 (if "
                         "installed) or random (--hidden x --layers)")  # fmt: skip
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="with a model directory: its config and tokenizer, random weights",
+    )
+    parser.add_argument("--baselines", default="generate_static,generate_batch",
+                        help="transformers' baselines beside generate, comma-separated "
+                             "(generate_batch runs on a GPU only)")  # fmt: skip
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
@@ -377,10 +429,28 @@ def main(argv: list[str]) -> int:
     print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens", flush=True)
     pad_id = fmt.tokenizer.pad_token_id or 0
     sampled: list[Generation] = []
+    cpu = device.type == "cpu"
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)  # its notices
     with torch.no_grad():
         record("generate", _measure_generate(model, prompts, args.gen_tokens, pad_id))
+        for baseline, measure in (
+            ("generate_static", lambda: _measure_generate(model, prompts, args.gen_tokens, pad_id,
+                                                          cache_implementation="static")),
+            ("generate_batch", lambda: _measure_generate_batch(model, prompts, args.gen_tokens)),
+        ):  # fmt: skip
+            if baseline not in args.baselines.split(","):
+                continue
+            if cpu and baseline == "generate_batch":  # 8.8 s for 8 x 32 tokens of a tiny model,
+                continue  # 23x slower than generate on a 2-core EPYC: a GPU's baseline
+            measured = _baseline(baseline, measure)
+            if measured is not None:
+                record(baseline, measured)
         engine: Engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
         record("continuous", asyncio.run(_measure(engine, prompts, args.gen_tokens, sampled)))
+        if cpu:
+            engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch,
+                                        slot_cache=True)  # fmt: skip
+            record("slot_cache", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
         engine = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         record("static", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
     if args.profile:
@@ -415,9 +485,13 @@ def main(argv: list[str]) -> int:
     ):
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
+    best = max((r for r in ("generate", "generate_static", "generate_batch") if r in rows),
+               key=lambda r: rows[r]["tokens_per_s"])  # fmt: skip
     ratios = {
         "continuous / generate": rows["continuous"]["tokens_per_s"]
         / rows["generate"]["tokens_per_s"],
+        f"continuous / best of transformers ({best})": rows["continuous"]["tokens_per_s"]
+        / rows[best]["tokens_per_s"],
         "continuous / static": rows["continuous"]["tokens_per_s"] / rows["static"]["tokens_per_s"],
         "agent: continuous / static": rows["tools_overlapped"]["tokens_per_s"]
         / rows["tools_static"]["tokens_per_s"],
@@ -425,7 +499,7 @@ def main(argv: list[str]) -> int:
         / rows["tools_serialised"]["tokens_per_s"],
     }
     for ratio_name, ratio in ratios.items():
-        print(f"  {ratio_name:31} {ratio:5.2f}x")
+        print(f"  {ratio_name:52} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "model": name, "device": where,
               "flops_per_token": flops_per_token, "matmul_gflops": peak, "memory_bound": bound,

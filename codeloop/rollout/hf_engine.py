@@ -46,6 +46,7 @@ from codeloop.memory import trim_when_above
 from codeloop.rollout.attention import use_decode_attention
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
+from codeloop.rollout.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
 
 STOP_TAIL_TOKENS = 16  # a stop string must fit in the decoded last tokens
 
@@ -105,9 +106,16 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
                  max_batch: int = 64, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
-                 batch_window_ms: float = 5.0, step_in_thread: bool | None = None
-                 ) -> None:  # fmt: skip
+                 batch_window_ms: float = 5.0, step_in_thread: bool | None = None,
+                 slot_cache: bool | None = None) -> None:  # fmt: skip
         self.model = model.eval()
+        # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
+        # or transformers' DynamicCache (kv_batch.py). None: slots on a GPU where the model's
+        # family is supported; on a CPU the DynamicCache path measured faster.
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        if slot_cache is None:
+            slot_cache = on_gpu and unsupported_reason(model) is None
+        self.slots = SlotDecoder(model, max_batch) if slot_cache else None
         use_decode_attention(model)  # on a CPU: decoding steps without SDPA (attention.py)
         # Where a step runs. None: on a GPU a worker thread, so the event loop runs while the
         # GPU computes; on a CPU the event loop's own thread, blocked for the step (tool calls
@@ -129,7 +137,7 @@ class TransformersEngine:
         self.version = 0  # of the weights: update_weights advances it
         self._queue: list[_Request] = []
         self._running: list[_Request] = []
-        self._batch: KVBatch | None = None
+        self._batch: KVBatch | SlotBatch | None = None
         self.prefixes = PrefixCache(prefix_cache_tokens)
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
@@ -230,17 +238,15 @@ class TransformersEngine:
         the requests that finished (already removed from the batch)."""
         with self._weights_lock:
             device = next(self.model.parameters()).device
+            finished: list[_Request] = []
             if joining:
                 self.prefills_run += 1
-                prompts = [r.prompt_ids for r in joining]
-                batch, logits = KVBatch.prefill(self._forward, prompts, self.prefixes,
-                                                self.pad_id, device)  # fmt: skip
-                finished = self._sample_and_retire(joining, batch, logits)
-                if len(finished) < len(joining):
-                    self._batch = batch if self._batch is None else self._batch.merge(batch)
-                    self._running += [r for r in joining if r.finish is None]
-            else:
-                finished = []
+                batch, logits = self._prefill(joining, device)
+                done, joined = self._sample_and_retire(joining, batch, logits)
+                finished += done
+                if joined:
+                    self._batch = batch if self._batch is None else self._batch.merge(batch)  # type: ignore[arg-type]
+                    self._running += joined
             if self._running:
                 assert self._batch is not None
                 self.steps_run += 1
@@ -248,11 +254,22 @@ class TransformersEngine:
                     trim_when_above()  # KV buffers of changing sizes pile up in glibc otherwise
                 tokens = torch.tensor([r.out_ids[-1] for r in self._running], device=device)
                 logits = self._batch.decode(self._forward, tokens)
-                finished += self._sample_and_retire(self._running, self._batch, logits)
-                self._running = [r for r in self._running if r.finish is None]
+                done, self._running = self._sample_and_retire(self._running, self._batch, logits)
+                finished += done
             if not self._running:
                 self._batch = None
             return finished
+
+    def _prefill(self, joining: list[_Request], device: torch.device
+                 ) -> tuple[KVBatch | SlotBatch, torch.Tensor]:  # fmt: skip
+        """The joining requests' batch (in the slots after the running rows, or a KVBatch to
+        merge) and their next-token logits [n, V]."""
+        prompts = [r.prompt_ids for r in joining]
+        if self.slots is None:
+            return KVBatch.prefill(self._forward, prompts, self.prefixes, self.pad_id, device)
+        columns = max(r.reserved_tokens for r in [*self._running, *joining])
+        return SlotBatch.prefill(self.slots, prompts, self.prefixes, self.pad_id,
+                                 len(self._running), columns)  # fmt: skip
 
     def _forward(self, cache: DynamicCache, **inputs: torch.Tensor) -> torch.Tensor:
         """The model's last-position logits [B, V] (float32), extending `cache`."""
@@ -260,10 +277,12 @@ class TransformersEngine:
         logits: torch.Tensor = output.logits[:, -1, :].float()
         return logits
 
-    def _sample_and_retire(self, rows: list[_Request], batch: KVBatch, logits: torch.Tensor
-                           ) -> list[_Request]:  # fmt: skip
+    def _sample_and_retire(self, rows: list[_Request], batch: KVBatch | SlotBatch,
+                           logits: torch.Tensor
+                           ) -> tuple[list[_Request], list[_Request]]:  # fmt: skip
         """Sample a token for each row of `batch`, record it, and cut finished rows out (their
-        KV goes to the prefix cache: the prompt and every sampled token but the last)."""
+        KV goes to the prefix cache: the prompt and every sampled token but the last); returns
+        the finished requests and the others in the batch's new row order."""
         tokens, logprobs = sample(logits, [r.params for r in rows], [r.generator for r in rows])
         for request, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             request.out_ids.append(token)
@@ -272,14 +291,15 @@ class TransformersEngine:
             request.finish = ("stop" if request.future.cancelled()  # its caller is gone
                               else self._finished(request.out_ids, request.params))  # fmt: skip
         keep = [i for i, r in enumerate(rows) if r.finish is None]
-        if len(keep) < len(rows):
-            if self.prefixes.max_tokens:
-                for i, request in enumerate(rows):
-                    if request.finish is not None:
-                        ids = (*request.prompt_ids, *request.out_ids[:-1])
-                        self.prefixes.store(ids, batch.row_kv(i))
-            batch.select(keep)
-        return [r for r in rows if r.finish is not None]
+        if len(keep) == len(rows):
+            return [], rows
+        if self.prefixes.max_tokens:
+            for i, request in enumerate(rows):
+                if request.finish is not None:
+                    ids = (*request.prompt_ids, *request.out_ids[:-1])
+                    self.prefixes.store(ids, batch.row_kv(i))
+        order = batch.select(keep)
+        return [r for r in rows if r.finish is not None], [rows[i] for i in order]
 
     def _finished(
         self, generated: list[int], params: SamplingParams

@@ -146,10 +146,11 @@ class KVBatch:
         return [(layer.keys[row].index_select(1, real), layer.values[row].index_select(1, real))
                 for layer in _layers(self.cache)]  # fmt: skip
 
-    def select(self, rows: list[int]) -> None:
-        """Keep these rows (in this order; one may repeat), and drop the columns none uses.
-        Rows kept in their order (requests leaving) move up inside the layers' buffers; only
-        the rows after the first one left are copied, and dropped columns are not copied."""
+    def select(self, rows: list[int]) -> list[int]:
+        """Keep these rows (in this order; one may repeat), and drop the columns none uses;
+        returns `rows` (the kept rows in their new order). Rows kept in their order (requests
+        leaving) move up inside the layers' buffers; only the rows after the first one left are
+        copied, and dropped columns are not copied."""
         index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask, self.lengths = self.mask[index], self.lengths[index]
         used = self.mask.any(0)
@@ -159,6 +160,7 @@ class KVBatch:
             if not (in_order and layer.compact(rows, drop)):
                 _replace(layer, layer.keys[index, :, drop:], layer.values[index, :, drop:])
         self.mask = self.mask[:, drop:]
+        return rows
 
     def merge(self, other: KVBatch) -> KVBatch:
         """This batch's rows, then `other`'s, padded on the left to one width. The joining

@@ -112,20 +112,21 @@ def test_the_prompt_renders_the_tools_and_opens_the_reasoning(real: PromptFormat
     assert text.endswith("How many clips?<|im_end|>\n<|im_start|>assistant\n<reason>")
 
 
+@pytest.mark.parametrize("slots", [False, True], ids=["dynamic_cache", "slot_cache"])
 def test_engine_greedy_matches_model_generate_on_the_real_model(
-    model: Any, real: PromptFormat
+    model: Any, real: PromptFormat, slots: bool
 ) -> None:
-    engine = TransformersEngine(model, real.tokenizer, real.end_of_turn_ids)
+    engine = TransformersEngine(model, real.tokenizer, real.end_of_turn_ids, slot_cache=slots)
     prompts = [real.prompt_ids("What is 2 + 3?"), real.prompt_ids("Natalia sold 48 clips.")]
-    params = SamplingParams(12, temperature=0)
+    params = SamplingParams(24, temperature=0)
 
     async def both() -> list[Generation]:
         return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
 
     for prompt, generation in zip(prompts, asyncio.run(both()), strict=True):
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                  pad_token_id=real.tokenizer.pad_token_id)  # fmt: skip
         expected = out[0, len(prompt) :].tolist()
         assert generation.token_ids == expected[: len(generation.token_ids)]
-        assert len(generation.token_ids) == 12 or generation.token_ids[-1] in real.end_of_turn_ids
+        assert len(generation.token_ids) == 24 or generation.token_ids[-1] in real.end_of_turn_ids

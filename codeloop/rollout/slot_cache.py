@@ -1,0 +1,362 @@
+"""A KV cache of fixed slots and a decoding step of static shapes, for the in-process engine.
+
+transformers' forward, driven from Python one decoding step at a time, is a few hundred kernel
+launches a step: on a GPU the host sets the pace and the card waits (SmolLM2-135M decoded about
+400 tokens/s on an H200 that way). This module runs the model's own layers over a cache
+allocated once, so that a decoding step has the same shapes and addresses every time and can be
+captured as a CUDA graph and replayed in one launch:
+
+- `SlotDecoder` holds the cache, one tensor [layers, 2 (keys, values), rows, KV heads, columns,
+  head size]; row r of a batch lives in slot r. A token at position p is written to column p of
+  its slot and attends to the columns 0..p of it, so no slot needs a length of its own: what
+  lies beyond a row's tokens (another request's leftovers, a padded prefill's writes) weighs
+  nothing until the row writes it (the cache is zeroed when made, and what it holds after is
+  the model's own finite output). Columns grow (doubling, from `MIN_COLUMNS`) when a request
+  needs more; the graphs are captured again after.
+- The forward uses the model's own modules (embedding, norms, projections, MLP, output layer)
+  and its rotary tables, so new weights copied in place (`update_weights`) are what the next
+  step, replayed graphs included, computes with. Attention packs the query heads of each KV
+  head together ([rows, KV heads, group x queries, head size]) and calls SDPA with a mask
+  (`column <= position`), reading the first `width` columns: the smallest power of two (at
+  least `MIN_WIDTH`) past every row's position.
+- On CUDA a decoding step of `b` rows and `width` columns is captured once, lazily, for `b` on a
+  ladder (1, 2, 4, 8, then multiples of 16) and replayed for any batch up to `b` (the extra rows
+  decode a token 0 at position 0 in free slots). Prefill runs eagerly, right-padded, in chunks
+  whose attention scores stay under `PREFILL_SCORES` elements.
+- `SlotBatch` is `KVBatch`'s counterpart for the engine: rows, their lengths, the prefix cache's
+  copies, and rows leaving (the last rows move into the holes, one copy each).
+
+Supported: decoder-only models of the Llama family (`llama`, `mistral` without a sliding
+window, `qwen2`, `qwen3`) whose rotary embedding does not change with the sequence's length;
+`unsupported_reason` says why another model is not, and the engine then keeps its
+`DynamicCache` path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more
+MIN_WIDTH = 128  # the fewest columns a decoding step reads
+PREFILL_SCORES = 2**26  # attention-score elements of one prefill chunk (rows x heads x q x k)
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why `model` cannot run on slots, or None when it can."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model type {kind!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(config, "use_sliding_window", False) or (
+        kind == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention"
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None:
+        return "no rotary embedding module"
+    if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
+        return f"rotary embedding {rotary.rope_type!r} depends on the sequence's length"
+    return None
+
+
+def ladder(rows: int) -> list[int]:
+    """The batch sizes a decoding step is captured for: 1, 2, 4, 8, then multiples of 16, and
+    `rows`."""
+    sizes = [b for b in (1, 2, 4, 8) if b < rows] + list(range(16, rows, 16))
+    return [*sizes, rows]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class SlotDecoder:
+    """The model's forward over a slot cache of `rows` slots; see the module docstring."""
+
+    def __init__(self, model: Any, rows: int, graphs: bool | None = None) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"the slot cache cannot run this model: {reason}")
+        config, inner = model.config, model.model
+        self.model, self.rows = model, rows
+        self.layers = list(inner.layers)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(self.layers[0].self_attn.head_dim)
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self.graphs_on = self.device.type == "cuda" if graphs is None else graphs
+        self.columns = 0
+        self.kv = torch.empty(0, device=self.device, dtype=self.dtype)
+        self.cos = self.sin = self.kv  # [columns, head_dim] rotary tables
+        # a decoding step's inputs, where the captured graphs read them
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows]
+        self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows]
+        self.slots = torch.arange(rows, device=self.device)  # [rows]
+        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._pool: Any = None
+        self.ladder = ladder(rows)
+        self.ensure_columns(MIN_COLUMNS)
+
+    def ensure_columns(self, needed: int) -> None:
+        """Room for positions 0..needed-1 in every slot (the cache grows by doubling; the
+        captured graphs are dropped, as they read the old cache)."""
+        if needed <= self.columns:
+            return
+        columns = max(self.columns, MIN_COLUMNS)
+        while columns < needed:
+            columns *= 2
+        shape = (len(self.layers), 2, self.rows, self.kv_heads, columns, self.head_dim)
+        kv = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        if self.columns:
+            kv[..., : self.columns, :] = self.kv
+        self.kv, self.columns = kv, columns
+        positions = torch.arange(columns, device=self.device).unsqueeze(0)  # [1, columns]
+        probe = torch.empty(1, device=self.device, dtype=self.dtype)
+        cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, columns, head_dim]
+        self.cos, self.sin = cos[0], sin[0]
+        self._graphs.clear()
+
+    def width(self, longest: int) -> int:
+        """The columns a step reads when its rows hold at most `longest` tokens (this step's
+        included)."""
+        width = MIN_WIDTH
+        while width < longest:
+            width *= 2
+        return min(width, self.columns)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None,
+                width: int, last: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Feed `tokens` [n, T] at `positions` [n, T] into `slots` [n] (None: the first n,
+        read in place rather than gathered) and return the logits [n, V] (float32) at each
+        row's query `last` [n] (default the last one). Each row's KV is written to its slot;
+        every query attends to its slot's columns up to its position (within the first
+        `width`)."""
+        n, t = tokens.shape
+        read: slice | torch.Tensor = slice(0, n) if slots is None else slots
+        slots = self.slots[:n] if slots is None else slots
+        group = self.heads // self.kv_heads
+        x = self.model.model.embed_tokens(tokens)  # [n, T, hidden]
+        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        columns = torch.arange(width, device=tokens.device)
+        attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
+        mask = attend[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
+        where = slots.unsqueeze(1).expand(n, t)  # [n, T]
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
+            k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
+            v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
+            keys[where, :, positions] = k
+            values[where, :, positions] = v
+            packed = (q.view(n, t, self.kv_heads, group, self.head_dim)
+                      .permute(0, 2, 3, 1, 4).reshape(n, self.kv_heads, group * t, -1))  # fmt: skip
+            out = torch.nn.functional.scaled_dot_product_attention(
+                packed,
+                keys[read, :, :width],
+                values[read, :, :width],
+                attn_mask=mask,
+                scale=attn.scaling,
+            )  # [n, KVH, G * T, D]
+            out = out.view(n, self.kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        rows = torch.arange(n, device=tokens.device)
+        x = x[rows, last] if last is not None else x[:, -1]  # [n, hidden]
+        logits: torch.Tensor = self.model.lm_head(self.model.model.norm(x)).float()
+        return logits
+
+    def decode(self, tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        """One token for each of the first n slots ([n] tokens at these positions); the
+        next-token logits [n, V]. On CUDA a captured graph's replay."""
+        n = len(positions)
+        width = self.width(max(positions) + 1)
+        where = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+        if not self.graphs_on:
+            return self.forward(tokens.unsqueeze(1), where.unsqueeze(1), None, width)
+        b = next(size for size in self.ladder if size >= n)
+        self.tokens[:n].copy_(tokens)
+        self.positions[:n].copy_(where)
+        self.tokens[n:b].zero_()
+        self.positions[n:b].zero_()
+        graph, out = self._graph(b, width)
+        graph.replay()
+        return out[:n]
+
+    def _graph(self, rows: int, width: int) -> tuple[Any, torch.Tensor]:
+        """The captured decoding step of `rows` slots reading `width` columns."""
+        key = (rows, width)
+        if key not in self._graphs:
+            args = (self.tokens[:rows, None], self.positions[:rows, None], None)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # a first run picks kernels and makes workspaces
+                self.forward(*args, width)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = self.forward(*args, width)
+            self._graphs[key] = (graph, out)
+        return self._graphs[key]
+
+    @property
+    def graphs_captured(self) -> int:
+        return len(self._graphs)
+
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: list[int],
+                cached: list[int], pad_id: int) -> torch.Tensor:  # fmt: skip
+        """Feed each prompt past its first `cached` tokens (already in its slot) into its slot;
+        the logits [n, V] after each prompt's last token. Chunked so that a chunk's attention
+        scores stay under `PREFILL_SCORES` elements."""
+        logits: list[torch.Tensor] = []
+        start = 0
+        while start < len(prompts):
+            end = start + 1
+            while end < len(prompts) and self._scores(prompts[start : end + 1]) <= PREFILL_SCORES:
+                end += 1
+            logits.append(self._prefill_chunk(prompts[start:end], slots[start:end],
+                                              cached[start:end], pad_id))  # fmt: skip
+            start = end
+        return torch.cat(logits)
+
+    def _scores(self, prompts: Sequence[Sequence[int]]) -> int:
+        longest = max(len(p) for p in prompts)
+        return len(prompts) * self.heads * longest * self.width(longest)
+
+    def _prefill_chunk(self, prompts: Sequence[Sequence[int]], slots: list[int],
+                       cached: list[int], pad_id: int) -> torch.Tensor:  # fmt: skip
+        new = [len(p) - c for p, c in zip(prompts, cached, strict=True)]
+        t = max(new)
+        tokens = torch.full((len(prompts), t), pad_id, dtype=torch.long)  # [n, T] right-padded
+        positions = torch.empty((len(prompts), t), dtype=torch.long)  # [n, T]
+        for row, (prompt, c) in enumerate(zip(prompts, cached, strict=True)):
+            tokens[row, : len(prompt) - c] = torch.tensor(prompt[c:])
+            positions[row] = torch.arange(c, c + t)  # the padding's writes are never read
+        positions.clamp_(max=self.columns - 1)
+        width = self.width(int(positions.max()) + 1)
+        last = torch.tensor(new) - 1
+        return self.forward(tokens.to(self.device), positions.to(self.device),
+                            torch.tensor(slots, device=self.device), width,
+                            last.to(self.device))  # fmt: skip
+
+    def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of a slot's first `length` columns: per layer (keys, values), each [KV
+        heads, length, head size] (the prefix cache's layout)."""
+        copy = self.kv[:, :, slot, :, :length].clone()  # [layers, 2, KVH, length, D]
+        return [(copy[i, 0], copy[i, 1]) for i in range(copy.shape[0])]
+
+    def load_kv(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
+                ) -> None:  # fmt: skip
+        """Write the first `length` columns of a prefix-cache entry into a slot."""
+        for index, (keys, values) in enumerate(kv):
+            self.kv[index, 0, slot, :, :length] = keys[:, :length]
+            self.kv[index, 1, slot, :, :length] = values[:, :length]
+
+    def move(self, source: int, target: int, length: int) -> None:
+        """Copy a slot's first `length` columns to another slot."""
+        self.kv[:, :, target, :, :length] = self.kv[:, :, source, :, :length]
+
+
+class SlotBatch:
+    """The engine's running rows over a `SlotDecoder`: row i of the batch is slot `offset + i`
+    and holds `lengths[i]` tokens. The same methods as `KVBatch`."""
+
+    def __init__(self, decoder: SlotDecoder, offset: int, lengths: list[int]) -> None:
+        self.decoder, self.offset, self.lengths = decoder, offset, lengths
+
+    @classmethod
+    def prefill(cls, decoder: SlotDecoder, prompts: list[list[int]], prefixes: PrefixCache,
+                pad_id: int, offset: int, columns: int
+                ) -> tuple[SlotBatch, torch.Tensor]:  # fmt: skip
+        """The prompts in slots `offset`.., each prefilled past its cached prefix (identical
+        prompts once, then copied), and the next-token logits [n, V]; every slot has room for
+        `columns` tokens."""
+        decoder.ensure_columns(columns)
+        first: dict[tuple[int, ...], int] = {}
+        for row, prompt in enumerate(prompts):
+            first.setdefault(tuple(prompt), row)
+        unique = list(first)
+        _share_common_prefix(decoder, unique, prefixes, pad_id, offset)
+        cached = []
+        for key in unique:
+            n, entry = prefixes.lookup(key)
+            if entry is not None and n:
+                decoder.load_kv(offset + first[key], entry.kv, n)
+            cached.append(n)
+        slots = [offset + first[p] for p in unique]
+        logits = decoder.prefill(unique, slots, cached, pad_id)  # [U, V]
+        position = {prompt: i for i, prompt in enumerate(unique)}
+        for row, ids in enumerate(prompts):
+            if first[tuple(ids)] != row:
+                decoder.move(offset + first[tuple(ids)], offset + row, len(ids))
+        index = [position[tuple(p)] for p in prompts]
+        picked = logits[torch.tensor(index, device=logits.device)]
+        return cls(decoder, offset, [len(p) for p in prompts]), picked
+
+    def decode(self, _forward: Any, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row ([n]); the next-token logits [n, V]."""
+        assert self.offset == 0, "a joining batch decodes once merged"
+        logits = self.decoder.decode(tokens, self.lengths)
+        self.lengths = [length + 1 for length in self.lengths]
+        return logits
+
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of one row's KV: per layer [KV heads, len, head size]."""
+        return self.decoder.slot_kv(self.offset + row, self.lengths[row])
+
+    def select(self, keep: list[int]) -> list[int]:
+        """Keep these rows (increasing): each row that leaves a hole below the kept count is
+        filled by the last kept row; returns the kept rows in their new order."""
+        count, kept = len(keep), set(keep)
+        movers = [row for row in keep if row >= count]
+        order = []
+        for row in range(count):
+            if row in kept:
+                order.append(row)
+            else:
+                source = movers.pop()
+                self.decoder.move(self.offset + source, self.offset + row, self.lengths[source])
+                order.append(source)
+        self.lengths = [self.lengths[row] for row in order]
+        return order
+
+    def merge(self, other: SlotBatch) -> SlotBatch:
+        """This batch's rows, then `other`'s (prefilled in the slots right after them)."""
+        assert other.offset == self.offset + len(self.lengths)
+        self.lengths += other.lengths
+        return self
+
+
+def _share_common_prefix(decoder: SlotDecoder, prompts: list[tuple[int, ...]],
+                         prefixes: PrefixCache, pad_id: int, slot: int) -> None:  # fmt: skip
+    """Prefill the prompts' common prefix (a system prompt, say) once, in `slot`, and cache
+    it, when several prompts share at least `SHARED_PREFIX_MIN` tokens not cached yet."""
+    if len(prompts) < 2 or not prefixes.max_tokens:
+        return
+    shortest = min(len(p) for p in prompts) - 1
+    common = min(_common_prefix(prompts[0], p, shortest) for p in prompts[1:])
+    cached = prefixes.peek(prompts[0][:common])
+    if common - cached < SHARED_PREFIX_MIN:
+        return
+    head = prompts[0][:common]
+    n, entry = prefixes.lookup(head)
+    if entry is not None and n:
+        decoder.load_kv(slot, entry.kv, n)
+    decoder.prefill([head], [slot], [n], pad_id)
+    prefixes.store(head, decoder.slot_kv(slot, common))

@@ -1,0 +1,224 @@
+"""The slot cache's forward against transformers' own, its bookkeeping worked out by hand, and
+(with the `gpu` marker) its captured decoding steps against eager ones."""
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from codeloop.rollout import slot_cache
+from codeloop.rollout.engine import SamplingParams
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.kv_batch import PrefixCache
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.slot_cache import SlotBatch, SlotDecoder, ladder, unsupported_reason
+
+SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=4096)  # fmt: skip
+
+
+def _model(config: Any) -> Any:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _last_logits(model: Any, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].float()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LlamaConfig(**SMALL),
+        Qwen2Config(**SMALL),
+        Qwen3Config(head_dim=16, **SMALL),
+        LlamaConfig(**{**SMALL, "num_key_value_heads": 4}),
+    ],  # fmt: skip
+    ids=["llama_gqa", "qwen2_bias", "qwen3_qk_norm", "llama_mha"],
+)
+def test_prefill_and_decode_logits_equal_transformers(config: Any) -> None:
+    model = _model(config)
+    decoder = SlotDecoder(model, rows=6)
+    prefixes = PrefixCache(1000)
+    prompts = [[1, 2, 3, 4, 5], [7, 8], list(range(20, 60)), [1, 2, 3, 4, 5]]
+    batch, logits = SlotBatch.prefill(decoder, prompts, prefixes, 0, 0, 64)
+    assert logits.shape == (4, 300)
+    for prompt, row in zip(prompts, logits, strict=True):
+        torch.testing.assert_close(row, _last_logits(model, prompt), atol=1e-5, rtol=1e-5)
+    tokens = [3, 4, 5, 6]
+    logits = batch.decode(None, torch.tensor(tokens))
+    assert batch.lengths == [6, 3, 41, 6]
+    for prompt, token, row in zip(prompts, tokens, logits, strict=True):
+        torch.testing.assert_close(row, _last_logits(model, [*prompt, token]), atol=1e-5,
+                                   rtol=1e-5)  # fmt: skip
+
+
+def test_a_prefix_from_the_cache_is_loaded_and_only_the_rest_prefilled() -> None:
+    model = _model(LlamaConfig(**SMALL))
+    decoder = SlotDecoder(model, rows=4)
+    prefixes = PrefixCache(1000)
+    first = list(range(30, 70))
+    batch, _ = SlotBatch.prefill(decoder, [first], prefixes, 0, 0, 128)
+    prefixes.store(tuple(first), batch.row_kv(0))
+    decoder.kv.fill_(1e4)  # a reused prefix must come from the cache, not the slot
+    turn = [*first, 5, 6, 7]
+    _, logits = SlotBatch.prefill(decoder, [turn], prefixes, 0, 2, 128)
+    assert prefixes.reused_tokens == len(first)
+    torch.testing.assert_close(logits[0], _last_logits(model, turn), atol=1e-5, rtol=1e-5)
+
+
+def test_rows_that_leave_are_filled_by_the_last_rows() -> None:
+    model = _model(LlamaConfig(**SMALL))
+    decoder = SlotDecoder(model, rows=5)
+    prompts = [[i + 1] * (i + 2) for i in range(5)]  # lengths 2..6, slot i holds token i + 1
+    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 16)
+    before = [decoder.kv[:, :, slot, :, : len(p)].clone() for slot, p in enumerate(prompts)]
+    order = batch.select([0, 2, 4])  # rows 1 and 3 leave: row 4 moves into slot 1
+    assert order == [0, 4, 2]
+    assert batch.lengths == [2, 6, 4]
+    for slot, source in enumerate(order):
+        assert torch.equal(decoder.kv[:, :, slot, :, : len(prompts[source])], before[source])
+
+
+def test_joining_rows_are_prefilled_after_the_running_ones_and_merged() -> None:
+    model = _model(LlamaConfig(**SMALL))
+    decoder = SlotDecoder(model, rows=4)
+    running, _ = SlotBatch.prefill(decoder, [[1, 2, 3]], PrefixCache(0), 0, 0, 16)
+    joining, _ = SlotBatch.prefill(decoder, [[4, 5], [6]], PrefixCache(0), 0, 1, 16)
+    assert joining.offset == 1
+    merged = running.merge(joining)
+    logits = merged.decode(None, torch.tensor([9, 9, 9]))
+    for prompt, row in zip([[1, 2, 3], [4, 5], [6]], logits, strict=True):
+        torch.testing.assert_close(row, _last_logits(model, [*prompt, 9]), atol=1e-5, rtol=1e-5)
+
+
+def test_the_cache_grows_under_running_rows(monkeypatch: pytest.MonkeyPatch,
+                                            fmt: PromptFormat) -> None:  # fmt: skip
+    monkeypatch.setattr(slot_cache, "MIN_COLUMNS", 16)
+    monkeypatch.setattr(slot_cache, "MIN_WIDTH", 4)
+    model = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)}))
+    engine = TransformersEngine(model, fmt.tokenizer, set(), slot_cache=True, batch_window_ms=0)
+    assert engine.slots is not None and engine.slots.columns == 16
+    short, long = fmt.encode("x"), fmt.encode("What is 2 + 3?")
+    greedy = SamplingParams(40, temperature=0)
+
+    async def main() -> list[list[int]]:
+        first = asyncio.create_task(engine.generate(short, SamplingParams(8, temperature=0)))
+        while engine.steps_run == 0:
+            await asyncio.sleep(0)
+        second = await engine.generate(long, greedy)  # joins and needs 64 columns
+        return [(await first).token_ids, second.token_ids]
+
+    outputs = asyncio.run(main())
+    assert engine.slots.columns == 64
+    for prompt, out, n in zip((short, long), outputs, (8, 40), strict=True):
+        with torch.no_grad():
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                      min_new_tokens=n, pad_token_id=0)  # fmt: skip
+        assert out == expected[0, len(prompt) :].tolist()
+
+
+def test_the_batch_ladder_and_the_read_width() -> None:
+    assert ladder(5) == [1, 2, 4, 5]
+    assert ladder(16) == [1, 2, 4, 8, 16]
+    assert ladder(40) == [1, 2, 4, 8, 16, 32, 40]
+    decoder = SlotDecoder(_model(LlamaConfig(**SMALL)), rows=2)
+    assert decoder.columns == slot_cache.MIN_COLUMNS == 1024
+    assert [decoder.width(n) for n in (1, 128, 129, 600, 5000)] == [128, 128, 256, 1024, 1024]
+
+
+def test_models_outside_the_llama_family_keep_the_dynamic_cache(fmt: PromptFormat) -> None:
+    gpt2 = _model(GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2))
+    assert "gpt2" in (unsupported_reason(gpt2) or "")
+    with pytest.raises(ValueError, match="cannot run this model: model type 'gpt2'"):
+        SlotDecoder(gpt2, rows=2)
+    sliding = _model(MistralConfig(**SMALL, sliding_window=16))
+    assert unsupported_reason(sliding) == "sliding-window attention"
+    assert unsupported_reason(_model(MistralConfig(**SMALL, sliding_window=None))) is None
+    llama = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)}))
+    assert TransformersEngine(llama, fmt.tokenizer, set()).slots is None  # a CPU: by default
+
+
+# On CUDA: the captured decoding steps.
+
+
+def _cuda_engine(fmt: PromptFormat) -> TransformersEngine:
+    model = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})).cuda()
+    return TransformersEngine(model, fmt.tokenizer, set(), batch_window_ms=20)
+
+
+@pytest.mark.gpu
+def test_a_replayed_step_equals_the_eager_step(fmt: PromptFormat) -> None:
+    engine = _cuda_engine(fmt)
+    decoder = engine.slots
+    assert decoder is not None and decoder.graphs_on  # the default on a GPU
+    prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "x", "print(1)")]
+    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 64)
+    saved = decoder.kv.clone()
+    tokens = torch.tensor([5, 6, 7], device="cuda")
+    replayed = batch.decode(None, tokens).clone()
+    assert decoder.graphs_captured == 1  # 3 rows run in the graph of 4
+    decoder.kv.copy_(saved)
+    decoder.graphs_on = False
+    batch.lengths = [len(p) for p in prompts]
+    eager = batch.decode(None, tokens)
+    torch.testing.assert_close(replayed, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_weights_copied_in_place_are_seen_by_the_replay(fmt: PromptFormat) -> None:
+    engine = _cuda_engine(fmt)
+    prompt = fmt.encode("What is 2 + 3?")
+    greedy = SamplingParams(12, temperature=0)
+    asyncio.run(engine.generate(prompt, greedy))  # captures the graphs
+    assert engine.slots is not None and engine.slots.graphs_captured > 0
+    other = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)}))
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(3.0)
+    engine.update_weights(other.state_dict())
+    after = asyncio.run(engine.generate(prompt, greedy))
+    assert after.token_ids == _greedy(other.cuda(), prompt, 12)
+
+
+def _greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """n tokens, each the argmax of a full forward pass (no logits processors: generate's
+    min_new_tokens would mask the end-of-sequence token)."""
+    ids = list(prompt)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.gpu
+def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat) -> None:
+    engine = _cuda_engine(fmt)
+    prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "print(sum(range(10)))", "x")]
+    gens = asyncio.run(_many(engine, prompts, SamplingParams(24, temperature=0)))
+    reference = copy.deepcopy(engine.model)
+    for prompt, gen in zip(prompts, gens, strict=True):
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([prompt], device="cuda"),
+                                     max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                     pad_token_id=0)  # fmt: skip
+        assert gen.token_ids == out[0, len(prompt) :].tolist()
+
+
+async def _many(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams
+                ) -> list[Any]:  # fmt: skip
+    return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
