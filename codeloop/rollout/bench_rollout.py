@@ -164,18 +164,15 @@ async def _measure_tools(engine: Engine, fmt: PromptFormat, args: argparse.Names
 TEMPERATURE, TOP_P = 0.6, 0.95  # of plain generation
 
 
-async def _measure(engine: Engine, prompts: list[list[int]], tokens: int,
-                   generations: list[Generation] | None = None) -> dict[str, float]:  # fmt: skip
-    """Plain generation's speed; the generations are appended to `generations` when given."""
+async def _measure(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
+    """Plain generation's speed, and the generations (`generations`)."""
     start = time.perf_counter()
     calls = [engine.generate(p, SamplingParams(tokens, TEMPERATURE, TOP_P, [], i))
              for i, p in enumerate(prompts)]  # fmt: skip
     done = await asyncio.gather(*calls)
     seconds = time.perf_counter() - start
-    if generations is not None:
-        generations += done
     sampled = sum(len(g.token_ids) for g in done)
-    return {"seconds": seconds, "tokens_per_s": sampled / seconds}
+    return {"seconds": seconds, "tokens_per_s": sampled / seconds, "generations": done}
 
 
 @torch.no_grad()
@@ -362,6 +359,65 @@ def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
           f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s", flush=True)  # fmt: skip
 
 
+def _plain_rows(model: Any, fmt: PromptFormat, prompts: list[list[int]],
+                args: argparse.Namespace, cpu: bool, record: Callable[[str, Any], None],
+                sampled: list[Generation]) -> None:  # fmt: skip
+    """Plain generation by transformers' baselines and the engines, each run `--repeat` times
+    (the last one recorded: the first pays compilation and graph capture)."""
+    pad_id = fmt.tokenizer.pad_token_id or 0
+    tokens = args.gen_tokens
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)  # its notices
+    baselines: dict[str, Callable[[], dict[str, float]]] = {
+        "generate": lambda: _measure_generate(model, prompts, tokens, pad_id),
+        "generate_static": lambda: _measure_generate(model, prompts, tokens, pad_id,
+                                                     cache_implementation="static"),
+        "generate_batch": lambda: _measure_generate_batch(model, prompts, tokens),
+    }  # fmt: skip
+    for name, measure in baselines.items():
+        if name != "generate" and name not in args.baselines.split(","):
+            continue
+        if cpu and name == "generate_batch":  # 8.8 s for 8 x 32 tokens of a tiny model, 23x
+            continue  # slower than generate on a 2-core EPYC: a GPU's baseline
+        for _ in range(args.repeat):
+            measured = _baseline(name, measure)
+        if measured is not None:
+            record(name, measured)
+    engines: dict[str, Engine] = {
+        "continuous": TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
+    }
+    if cpu:  # on a GPU the static engine samples row by row: minutes for 256 x 512 tokens
+        engines["slot_cache"] = TransformersEngine(
+            model, fmt.tokenizer, set(), args.max_batch, slot_cache=True
+        )
+        engines["static"] = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
+    for name, engine in engines.items():
+        for _ in range(args.repeat):
+            timed = asyncio.run(_measure(engine, prompts, tokens))
+        if name == "continuous":  # the recorded run's tokens, for the logprob gap
+            sampled += timed.pop("generations")
+        record(name, {k: v for k, v in timed.items() if k != "generations"})
+
+
+def _ratios(rows: dict[str, Any]) -> dict[str, float]:
+    """The speed ratios between the rows measured."""
+
+    def speed(name: str) -> float:
+        return float(rows[name]["tokens_per_s"])
+
+    best = max((r for r in ("generate", "generate_static", "generate_batch") if r in rows),
+               key=speed)  # fmt: skip
+    ratios = {
+        "continuous / generate": speed("continuous") / speed("generate"),
+        f"continuous / best of transformers ({best})": speed("continuous") / speed(best),
+    }
+    if "static" in rows:
+        ratios["continuous / static"] = speed("continuous") / speed("static")
+    if "tools_static" in rows:
+        ratios["agent: continuous / static"] = speed("tools_overlapped") / speed("tools_static")
+    ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / speed("tools_serialised")
+    return ratios
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench rollout",
@@ -378,6 +434,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--baselines", default="generate_static,generate_batch",
                         help="transformers' baselines beside generate, comma-separated "
                              "(generate_batch runs on a GPU only)")  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, choices=range(1, 10), metavar="N",
+                        help="plain generation: runs of each row, the last one timed (2 on a "
+                             "GPU leaves compilation and graph capture out)")  # fmt: skip
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
@@ -427,32 +486,10 @@ def main(argv: list[str]) -> int:
         _print(row, rows[row], peak)
 
     print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens", flush=True)
-    pad_id = fmt.tokenizer.pad_token_id or 0
     sampled: list[Generation] = []
     cpu = device.type == "cpu"
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)  # its notices
     with torch.no_grad():
-        record("generate", _measure_generate(model, prompts, args.gen_tokens, pad_id))
-        for baseline, measure in (
-            ("generate_static", lambda: _measure_generate(model, prompts, args.gen_tokens, pad_id,
-                                                          cache_implementation="static")),
-            ("generate_batch", lambda: _measure_generate_batch(model, prompts, args.gen_tokens)),
-        ):  # fmt: skip
-            if baseline not in args.baselines.split(","):
-                continue
-            if cpu and baseline == "generate_batch":  # 8.8 s for 8 x 32 tokens of a tiny model,
-                continue  # 23x slower than generate on a 2-core EPYC: a GPU's baseline
-            measured = _baseline(baseline, measure)
-            if measured is not None:
-                record(baseline, measured)
-        engine: Engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
-        record("continuous", asyncio.run(_measure(engine, prompts, args.gen_tokens, sampled)))
-        if cpu:
-            engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch,
-                                        slot_cache=True)  # fmt: skip
-            record("slot_cache", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
-        engine = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
-        record("static", asyncio.run(_measure(engine, prompts, args.gen_tokens)))
+        _plain_rows(model, fmt, prompts, args, cpu, record, sampled)
     if args.profile:
         engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():
@@ -474,30 +511,15 @@ def main(argv: list[str]) -> int:
           f"{100 * gap['outside_clip']:.2f}% outside the clip range", flush=True)  # fmt: skip
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
-    for row, engine, serialised in (
-        (
-            "tools_overlapped",
-            TransformersEngine(model, fmt.tokenizer, set(), args.max_batch),
-            False,
-        ),
-        ("tools_serialised", TransformersEngine(model, fmt.tokenizer, set(), args.max_batch), True),
-        ("tools_static", StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch), False),
-    ):
+    for row, serialised in (("tools_overlapped", False), ("tools_serialised", True)):
+        engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
-    best = max((r for r in ("generate", "generate_static", "generate_batch") if r in rows),
-               key=lambda r: rows[r]["tokens_per_s"])  # fmt: skip
-    ratios = {
-        "continuous / generate": rows["continuous"]["tokens_per_s"]
-        / rows["generate"]["tokens_per_s"],
-        f"continuous / best of transformers ({best})": rows["continuous"]["tokens_per_s"]
-        / rows[best]["tokens_per_s"],
-        "continuous / static": rows["continuous"]["tokens_per_s"] / rows["static"]["tokens_per_s"],
-        "agent: continuous / static": rows["tools_overlapped"]["tokens_per_s"]
-        / rows["tools_static"]["tokens_per_s"],
-        "agent: overlapped / serialised": rows["tools_overlapped"]["tokens_per_s"]
-        / rows["tools_serialised"]["tokens_per_s"],
-    }
+    if cpu:
+        static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
+        with torch.no_grad():
+            record("tools_static", asyncio.run(_measure_tools(static, fmt, args, False)))
+    ratios = _ratios(rows)
     for ratio_name, ratio in ratios.items():
         print(f"  {ratio_name:52} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -178,6 +178,33 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     assert report["logprob_gap"]["max_abs"] < 1e-4
 
 
+def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
+    from codeloop.rollout.bench_rollout import _ratios
+
+    def row(speed: float) -> dict[str, float]:
+        return {"tokens_per_s": speed}
+
+    # a GPU's rows: no static engine
+    rows = {
+        "generate": row(3000),
+        "generate_static": row(2800),
+        "generate_batch": row(1200),
+        "continuous": row(15000),
+        "tools_overlapped": row(900),
+        "tools_serialised": row(300),
+    }
+    assert _ratios(rows) == {
+        "continuous / generate": 5.0,
+        "continuous / best of transformers (generate)": 5.0,
+        "agent: overlapped / serialised": 3.0,
+    }
+    rows["generate_static"] = row(6000)
+    rows["static"], rows["tools_static"] = row(1000), row(450)
+    ratios = _ratios(rows)
+    assert ratios["continuous / best of transformers (generate_static)"] == 2.5
+    assert ratios["continuous / static"] == 15.0 and ratios["agent: continuous / static"] == 2.0
+
+
 def test_bench_rollout_profiles_plain_generation_on_request(tmp_path: object) -> None:
     from pathlib import Path
 
