@@ -362,11 +362,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _real(args: argparse.Namespace) -> int:
-    from codeloop.recipe.real import Sizes, main
+    from dataclasses import replace
 
-    sizes = Sizes(args.dev, args.eval_problems, args.eval_samples, args.sft_problems,
-                  args.rl_problems)  # fmt: skip
-    return main(args.config, args.overrides, sizes)
+    from codeloop.recipe.real import main
+    from codeloop.recipe.sizes import GPU_CONFIG, GPU_SIZES, Sizes
+
+    given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
+                                                    "sft_problems", "rl_problems")}  # fmt: skip
+    sizes = replace(GPU_SIZES if args.gpu else Sizes(),
+                    **{k: v for k, v in given.items() if v is not None})  # fmt: skip
+    config = args.config or (GPU_CONFIG if args.gpu else "configs/gsm8k_smollm2.toml")
+    return main(config, args.overrides, sizes)
 
 
 def _import_gguf(args: argparse.Namespace) -> int:
@@ -388,15 +394,23 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "real", help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
     )  # fmt: skip
-    real.add_argument("--config", default="configs/gsm8k_smollm2.toml")
-    for name, default, help_text in (
-        ("dev", 500, "problems held out of GSM8K's training split as the development split"),
-        ("eval-problems", 100, "development problems scored after SFT and after each stage"),
-        ("eval-samples", 2, "samples per scored problem"),
-        ("sft-problems", 1200, "training problems whose solutions become SFT conversations"),
-        ("rl-problems", 120, "training problems after the SFT ones: stage 1 screens them for RL"),
+    real.add_argument("--config", help="default configs/gsm8k_smollm2.toml, or with --gpu "
+                      "configs/gsm8k_smollm2_gpu.toml")  # fmt: skip
+    real.add_argument("--gpu", action="store_true", help="the recipe sized for one GPU: "
+                      "configs/gsm8k_smollm2_gpu.toml and each size's GPU default")  # fmt: skip
+    from codeloop.recipe.sizes import GPU_SIZES, Sizes
+
+    cpu = Sizes()
+    for name, help_text in (
+        ("dev", "problems held out of GSM8K's training split as the development split"),
+        ("eval-problems", "development problems scored after SFT and after each stage"),
+        ("eval-samples", "samples per scored problem"),
+        ("sft-problems", "training problems whose solutions become SFT conversations"),
+        ("rl-problems", "training problems after the SFT ones: stage 1 screens them for RL"),
     ):
-        real.add_argument(f"--{name}", type=int, default=default, help=help_text)
+        field = name.replace("-", "_")
+        defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu)"
+        real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
     real.set_defaults(run=_real)
     gguf = commands.add_parser(
         "import-gguf", help="turn a GGUF file into a transformers model directory; without "

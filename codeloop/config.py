@@ -118,6 +118,13 @@ class RolloutConfig:
     weights_dir: str = knob(
         "", "Where RL writes the weights the servers reload; empty = <output_dir>/weights."
     )
+    engine_max_batch: int = knob(
+        64,
+        "Requests an in-process engine decodes at once (RL's own, codeloop eval --model, the "
+        "real recipe's evaluations); on a GPU each holds a slot of the KV cache as long as its "
+        "longest request.",
+        ge=1,
+    )
     kv_capacity_tokens: int = knob(
         0,
         "KV-cache tokens per engine: the kv_aware scheduler's budget of each server (0 = what "

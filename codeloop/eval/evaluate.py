@@ -72,6 +72,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     policy.to(default_device())
     fmt = PromptFormat.from_config(loaded, cfg.rollout)
     engine = TransformersEngine(policy, loaded, fmt.end_of_turn_ids,
+                                max_batch=cfg.rollout.engine_max_batch,
                                 max_kv_tokens=cfg.rollout.kv_capacity_tokens)  # fmt: skip
     return engine, fmt
 

@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
+from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
@@ -51,18 +52,6 @@ from codeloop.trainer.sft import train_sft
 from codeloop.types import Trajectory
 
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How much of everything (`codeloop real --help` sets them)."""
-
-    dev: int = 500  # held out from GSM8K's training split, never trained on
-    eval_problems: int = 100  # of the development split, scored after SFT and each stage
-    eval_samples: int = 2
-    sft_problems: int = 1200  # training problems whose solutions become SFT conversations
-    rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
-    error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
 
 def disk_needed(parameters: int, stages: int, keep: int) -> int:
@@ -100,12 +89,15 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
                    cfg: Config, samples: int) -> dict[str, float]:  # fmt: skip
     """Development-split metrics of `model` at the `[eval]` sampling settings."""
-    # The reservation cap bounds the batch's KV memory: unbounded, 64 rows of up to 1,200
-    # tokens, left-padded, grew a SmolLM2 evaluation past 19 GB on this machine.
+    # The reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when set):
+    # unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation past
+    # 19 GB on a 24 GB machine.
     groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
                                   cfg.reward, samples, cfg.trainer.seed,
-                                  resolve_dtype(cfg.trainer.dtype), "eval", max_batch=64,
-                                  max_kv_tokens=EVAL_KV_TOKENS)  # fmt: skip
+                                  resolve_dtype(cfg.trainer.dtype), "eval",
+                                  max_batch=cfg.rollout.engine_max_batch,
+                                  max_kv_tokens=(cfg.rollout.kv_capacity_tokens
+                                                 or EVAL_KV_TOKENS))  # fmt: skip
     return {**policy_metrics(groups), **tool_metrics(groups)}
 
 
@@ -148,8 +140,9 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
     return model
 
 
-async def run_real(cfg: Config, sizes: Sizes = Sizes()) -> dict[str, Any]:
+async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
     """The whole recipe (see the module docstring); returns (and writes) the summary."""
+    sizes = sizes or Sizes()
     start = time.perf_counter()
     run_dir = Path(cfg.trainer.output_dir)
     if not cfg.trainer.model:

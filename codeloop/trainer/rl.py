@@ -111,6 +111,7 @@ class RLRun:
                 copy.deepcopy(model).to(world.device, world.compute_dtype),
                 fmt.tokenizer,
                 fmt.end_of_turn_ids,
+                max_batch=cfg.rollout.engine_max_batch,
                 max_kv_tokens=cfg.rollout.kv_capacity_tokens,
             )
         ]

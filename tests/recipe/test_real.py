@@ -14,7 +14,8 @@ from codeloop.data.problems import Problem, load_problems
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
-from codeloop.recipe.real import Sizes, disk_needed, disk_warning, run_real, tool_metrics
+from codeloop.recipe.real import disk_needed, disk_warning, run_real, tool_metrics
+from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.toolcall import TOOL_NAME
 from codeloop.trainer.checkpoint import save_checkpoint
 from codeloop.trainer.model import tiny_model
@@ -136,3 +137,27 @@ def test_a_run_warns_when_the_disk_cannot_hold_it(
     assert warning is not None and "3.2 GB free" in warning and "5.9 GB" in warning
     assert str(tmp_path) in warning  # the nearest existing directory
     assert disk_warning(tmp_path, 3_000_000_000) is None
+
+
+def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from codeloop import cli
+    from codeloop.recipe import real
+
+    calls: list[tuple[str, list[str], Sizes]] = []
+    monkeypatch.setattr(real, "main", lambda c, o, s: calls.append((c, o, s)) or 0)
+    assert cli.main(["real", "--gpu", "--rl-problems", "300", "--trainer.seed", "3"]) == 0
+    assert cli.main(["real"]) == 0
+    (gpu_config, overrides, gpu), (cpu_config, _, cpu) = calls
+    assert gpu_config == "configs/gsm8k_smollm2_gpu.toml" and overrides == ["--trainer.seed", "3"]
+    assert gpu == Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973,
+                        rl_problems=300)  # fmt: skip
+    assert cpu_config == "configs/gsm8k_smollm2.toml" and cpu == Sizes()
+    # the GPU recipe's SFT and RL problems fit in GSM8K's 7,473 outside the development split
+    assert gpu.dev + gpu.sft_problems + 600 <= 7473
+
+
+def test_the_gpu_config_loads_with_the_engines_slots() -> None:
+    cfg = load_config(str(CONFIG.with_name("gsm8k_smollm2_gpu.toml")), [])
+    assert cfg.rollout.engine_max_batch == 256
+    assert [s.name for s in cfg.recipe.stages] == ["stage1-short", "stage2-long"]
+    assert cfg.trainer.output_dir == "runs/real-gpu"

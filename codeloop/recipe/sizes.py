@@ -1,0 +1,23 @@
+"""How much of GSM8K `codeloop real` uses, on a CPU and on one GPU (no heavy imports: the
+command line's help reads these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of everything (`codeloop real --help` sets them)."""
+
+    dev: int = 500  # held out from GSM8K's training split, never trained on
+    eval_problems: int = 100  # of the development split, scored after SFT and each stage
+    eval_samples: int = 2
+    sft_problems: int = 1200  # training problems whose solutions become SFT conversations
+    rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
+    error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
+
+
+GPU_CONFIG = "configs/gsm8k_smollm2_gpu.toml"
+# one GPU: SFT on the training split but the RL problems, 500 x 4 development scores
+GPU_SIZES = Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=600)
