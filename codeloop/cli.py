@@ -145,7 +145,9 @@ def _data_stats(args: argparse.Namespace) -> int:
 
 
 def _policy_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="", help="model directory or hub name, run here")
+    parser.add_argument(
+        "--model", default="", help="model directory or hub name, run in this process"
+    )
     parser.add_argument(
         "--endpoint",
         nargs="+",
@@ -375,6 +377,12 @@ def _real(args: argparse.Namespace) -> int:
     return main(config, args.overrides, sizes)
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from codeloop.reference import main
+
+    return main(args.out, args.check)
+
+
 def _import_gguf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -507,6 +515,16 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("file", help="a JSONL or Parquet problem file, or a hub dataset name")
     stats.add_argument("--config", help="TOML config file (its [data] field names are used)")
     stats.set_defaults(run=_data_stats)
+    docs = commands.add_parser(
+        "docs", help="write the reference pages (configuration, command line) from the code"
+    )
+    docs.add_argument("--out", default="docs", help="their folder (default docs)")
+    docs.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 naming the pages that are out of date",
+    )
+    docs.set_defaults(run=_docs)
     config = commands.add_parser("config", help="inspect configs")
     config_sub = config.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     show = config_sub.add_parser(

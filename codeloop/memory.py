@@ -2,8 +2,8 @@
 
 On a CPU, training steps allocate and free gigabytes of activations of shapes that change with
 every batch; glibc's allocator keeps much of what is freed, fragmented, so the resident size of
-a SmolLM2 SFT run grew by ~0.3 GB a step here until the kernel killed it at 24 GB (the live
-memory of a step was ~2 GB). `trim_when_above` asks glibc to return its free memory
+a SmolLM2 SFT run grew by ~0.3 GB a step (2 cores, 24 GB) until the kernel killed it at 24 GB
+(the live memory of a step was ~2 GB). `trim_when_above` asks glibc to return its free memory
 (`malloc_trim`) once the process holds more than a share of the machine's memory: a trim costs
 a few seconds of page faults afterwards, so it runs only when needed. Elsewhere (no glibc, no
 /proc) it does nothing.

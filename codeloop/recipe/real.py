@@ -191,7 +191,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
 
 
 def _print_point(point: dict[str, Any]) -> None:
-    cut_off = point.get("cut_off_in_call")  # not in the points of runs before session 15
+    cut_off = point.get("cut_off_in_call")  # not in the points of runs of older versions
     print(f"[{point['stage']}] dev pass@1 {100 * point['accuracy']:.1f}%, "
           f"tool use {100 * point['tool_use']:.0f}%, "
           + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")

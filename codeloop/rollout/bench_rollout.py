@@ -22,10 +22,10 @@ file on first use), a directory given with `--model`, or else a randomly initial
    generations in flight to end, and no generation starts until the calls in flight end. The
    static engine runs the overlapped loop too.
 3. Physical references: the model's matmul FLOPs per token (2 x its weights, the output layer
-   included; attention over the context left out) against the rate this machine reaches on a
+   included; attention over the context left out) against the rate the machine reaches on a
    large matmul in `--dtype`, so each row shows its share of that limit; and, since a decoding
    step of a few rows is bound by memory rather than FLOPs, the tokens/s plain generation
-   would reach if each step only read the weights and the rows' KV at this machine's memory
+   would reach if each step only read the weights and the rows' KV at that machine's memory
    read rate (`bandwidth_bound`).
 4. `--dtype bfloat16` runs every row with the model in bfloat16 (the baseline too), and scores
    the tokens the engine sampled in plain generation with the float32 model: the gap between

@@ -10,12 +10,17 @@ the moment it stops, and its slot and KV memory go to the next request; a trajec
 (0), `max_kv_tokens` is what a quarter of the memory free at start holds (`default_kv_tokens`),
 and the engine reports it as `kv_capacity_tokens` to the scheduler.
 
-The batch's KV cache is transformers' own `DynamicCache`, left-padded (`kv_batch.py`). A
-finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently used
-first), so a trajectory's next turn and the other samples of a prompt prefill only their new
-tokens; identical prompts in one prefill are computed once; new weights empty it.
-transformers' continuous-batching manager (`generate_batch`, paged attention) measured at half
-of `generate`'s speed on this CPU for 16 requests (issue 15), which is why this is hand-written.
+The batch's KV cache is one of two. On a GPU (for Llama-family models), a cache of fixed slots
+with a decoding step of static shapes, captured as CUDA graphs and replayed in one launch a step
+(`slot_cache.py`): transformers' forward driven one step at a time from Python leaves a GPU
+waiting on the host. Elsewhere, transformers' own `DynamicCache`, left-padded (`kv_batch.py`),
+which measured faster than the slots' eager step on a CPU. `slot_cache` chooses. A finished
+request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently used first), so a
+trajectory's next turn and the other samples of a prompt prefill only their new tokens;
+identical prompts in one prefill are computed once; new weights empty it. transformers'
+continuous-batching manager (`generate_batch`, paged attention) measured at a fraction of
+`generate`'s speed on a 2-core AMD EPYC and at 0.4x on an H200 (docs/benchmarks.md), which is
+why this is hand-written.
 
 Sampling is vectorised over the batch: the logprob returned for a token is under
 softmax(logits / temperature), before top-p (the trainer must score with the same temperature);
@@ -124,7 +129,7 @@ class TransformersEngine:
         # has one (loading a model starts it), a team started from another thread puts more
         # threads than cores on the machine, so libgomp sleeps between parallel regions
         # instead of spinning: a SmolLM2 decoding step of 16 rows took 55 ms on the main thread
-        # and 83 ms on a worker thread here (2 cores, bfloat16; 86 and 111 ms in float32).
+        # and 83 ms on a worker thread (2-core AMD EPYC, bfloat16; 86 and 111 ms in float32).
         self.step_in_thread = (next(model.parameters()).device.type != "cpu"
                                if step_in_thread is None else step_in_thread)  # fmt: skip
         self.tokenizer = tokenizer

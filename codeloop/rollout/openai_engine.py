@@ -9,7 +9,7 @@ at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
 `/collective_rpc` (a development route: start vLLM with `VLLM_SERVER_DEV_MODE=1`), which reloads
 the weights from the directory vLLM serves, so `path` must be that directory (checked against
 `/v1/models` when the server answers it). The vLLM and SGLang routes follow their documentation
-and code; no server of theirs runs on this machine, so they are untested here.
+and code; they are not tested against a running server of theirs.
 
 `refresh_kv()` reads the server's `/metrics` and sets `kv_tokens_used`, which the KV-aware
 scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a usage fraction
@@ -17,7 +17,7 @@ scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a us
 `kv_capacity_tokens`; unset (0), the capacity is read there too
 (`codeloop_engine_kv_capacity_tokens`, `sglang:max_total_num_tokens`, or vLLM's
 `vllm:cache_config_info` num_gpu_blocks x block_size). Those vLLM/SGLang gauge names are from
-their docs, not checked against a live server here.
+their docs, not checked against a live server.
 """
 
 from __future__ import annotations

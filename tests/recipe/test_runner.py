@@ -168,7 +168,7 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dtype: str
 ) -> None:
     """`make real` runs its stages without a world: they ran in float32 while its config asked
-    for bfloat16 (sampling and updates half as fast on this CPU)."""
+    for bfloat16 (sampling and updates half as fast on a 2-core AMD EPYC)."""
     seen: list[World] = []
 
     class Built(Exception):

@@ -1,0 +1,41 @@
+"""The generated reference pages: current in docs/, and complete."""
+
+from pathlib import Path
+
+import pytest
+
+from codeloop import reference
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    return reference.pages()
+
+
+def test_the_pages_in_docs_are_what_the_code_generates(pages: dict[str, str]) -> None:
+    for name, text in pages.items():
+        assert (DOCS / name).read_text() == text, f"docs/{name} is out of date: run codeloop docs"
+
+
+def test_every_config_key_has_a_row_with_its_default(pages: dict[str, str]) -> None:
+    page = pages["configuration.md"]
+    assert "| `rollout.engine_max_batch` | an integer | `64` |" in page
+    assert "| `algo.clip_high` | a number | `0.28` |" in page  # the report's clip-higher
+    assert "### [[recipe.stages]]" in page and "| `refilter_samples` |" in page
+
+
+def test_every_command_has_its_help(pages: dict[str, str]) -> None:
+    page = pages["cli.md"]
+    for command in ("## codeloop real", "## codeloop bench rollout", "## codeloop data stats",
+                    "## codeloop config show", "## codeloop docs"):  # fmt: skip
+        assert command + "\n" in page
+    assert "--random-weights" in page and "--gpu" in page  # options of sub-parsers of their own
+
+
+def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert reference.main(str(tmp_path), check=True) == 1
+    assert "configuration.md" in capsys.readouterr().out
+    assert reference.main(str(tmp_path), check=False) == 0
+    assert reference.main(str(tmp_path), check=True) == 0
