@@ -1,6 +1,6 @@
 """codeloop: agentic reinforcement learning of language models that reason with a Python tool.
 
-Importing the package has no side effects and imports nothing heavy; see README.md for the map.
+Importing the package has no side effects and imports nothing heavy; see docs/design.md for the map.
 """
 
 from codeloop.errors import CodeloopError

@@ -39,3 +39,16 @@ def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "configuration.md" in capsys.readouterr().out
     assert reference.main(str(tmp_path), check=False) == 0
     assert reference.main(str(tmp_path), check=True) == 0
+
+
+def test_every_relative_link_of_the_readme_and_docs_exists() -> None:
+    import re
+
+    root = DOCS.parent
+    pages = [root / "README.md", root / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)} -> {target}")
+    assert broken == []

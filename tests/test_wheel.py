@@ -13,7 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_a_wheel_runs_the_demo_and_config_commands(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a clean copy: no stale build/ from an earlier build
-    skipped = (".git", ".venv", "runs", "build", "dist", "*.egg-info", "*cache*", "bench-results")
+    skipped = (
+        ".git",
+        ".venv",
+        "runs",
+        "build",
+        "dist",
+        "*.egg-info",
+        "__pycache__",
+        ".*_cache",
+        "bench-results",
+        ".gpu",
+    )  # not "*cache*": it would drop rollout/slot_cache.py
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skipped))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation", "-w",

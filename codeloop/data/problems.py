@@ -82,7 +82,12 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
             continue
         for field in filter(None, (cfg.problem_field, cfg.answer_field, cfg.id_field)):
             if field not in record:
-                raise DataError(f"{where}: missing field {field!r} (have {sorted(record)})")
+                key = {cfg.problem_field: "problem_field", cfg.answer_field: "answer_field",
+                       cfg.id_field: "id_field"}[field]  # fmt: skip
+                hint = (" or data.id_field = \"\" to number the problems by line"
+                        if key == "id_field" else "")  # fmt: skip
+                raise DataError(f"{where}: missing field {field!r} (have {sorted(record)}; "
+                                f"set data.{key} to the field that holds it{hint})")  # fmt: skip
         problem_id = str(record[cfg.id_field]) if cfg.id_field else str(index)
         problems.append(
             Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))

@@ -5,7 +5,7 @@ a tiny model cannot do in its head but can delegate: copy the expression into co
 the printed result into `\\boxed{}`. Difficulty (1-3) sets the operation: 1. `+`; 2. `-`;
 3. `%` (modular arithmetic). The shape is the same on purpose: both copies (problem -> code and
 tool output -> answer) are then at one fixed distance, which a 2-layer model learns to copy
-within a few hundred SFT steps; with mixed widths it stalled (the README's demo section).
+within a few hundred SFT steps; with mixed widths it stalled (docs/quickstart.md).
 Generation is deterministic from (seed, index). The split is by construction: a problem belongs
 to `train` or `heldout` by a hash of its text, so the two sets never share a problem.
 """

@@ -2,7 +2,7 @@
 
 Two sources of labelled (answer, gold) pairs:
 - `labelled()`: the collection shipped in `labelled.jsonl`, written by hand for every family of
-  the README's reward section plus the answers of real `codeloop eval` trajectories
+  docs/reward.md's table plus the answers of real `codeloop eval` trajectories
   (SmolLM2-135M-Instruct on MATH-500). A row marked `judgement` is a policy call (a percentage
   for an integer gold, degrees against radians, rounded decimals), not plain mathematics.
 - `differential(seed, n)`: generated forms of the same values, equal and not equal by
@@ -36,7 +36,7 @@ class Case:
     answer: str  # what the model boxed (may itself hold several \boxed{})
     gold: str
     label: bool  # is the answer right
-    family: str  # the README family, or the generator's policy tag
+    family: str  # the family of docs/reward.md's table, or the generator's policy tag
     judgement: bool = False  # a policy call rather than plain mathematics
     source: str = "hand"
 

@@ -11,7 +11,7 @@ once each, ours under the deadline and the baseline in a subprocess with an oute
 Prints items/s, ratios, and how often each side agrees with the labels; writes JSON.
 
 Agreement (`agreement.py`), both sides in the same run: the shipped labelled collection (hand
-cases for every family of the README's reward section and answers of real `codeloop eval`
+cases for every family of docs/reward.md's table and answers of real `codeloop eval`
 trajectories) by family, with and without judgement calls, and wrong answers accepted on integer
 golds; then the differential harness, generated equal and unequal forms whose disagreements with
 math-verify are counted by the policy that decides them (codeloop wrong on one is a bug).

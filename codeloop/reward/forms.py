@@ -1,6 +1,6 @@
 """Rewrites that bring the ways an answer is written to one form before it is compared.
 
-Each rewrite is one family of spellings; the README's reward section states the policies.
+Each rewrite is one family of spellings; docs/reward.md states the policies.
 - Several boxed answers inside one answer (`\\boxed{(1, 2)}, \\boxed{(2, 1)}`) -> the list
   `(1, 2), (2, 1)`; the same value boxed twice is one answer.
 - Plain-text math, when the answer has no backslash: `pi/2`, `sqrt(17)`, `exp(16)`, `2**3`,

@@ -25,7 +25,8 @@ def test_fields_are_mapped(tmp_path: Path) -> None:
     ("rows", "error"),
     [
         ([{"id": 1, "problem": "x", "answer": "1"}, "{oops"], r"p.jsonl:2: not JSON"),
-        ([{"id": 1, "problem": "x"}], r"p.jsonl:1: missing field 'answer'"),
+        ([{"id": 1, "problem": "x"}], r"p.jsonl:1: missing field 'answer' .*set data.answer_field"),
+        ([{"problem": "x", "answer": "1"}], r"missing field 'id' .*data.id_field = \"\" to number"),
         ([[1, 2]], r"p.jsonl:1: expected a JSON object, got list"),
     ],
 )

@@ -1,5 +1,5 @@
 """The answer families of `reward/forms.py`, each rewrite checked by hand, and the policies of
-the README's reward section through the whole verifier."""
+docs/reward.md's table through the whole verifier."""
 
 import logging
 
