@@ -78,13 +78,13 @@ def analyse(trajectories: Sequence[tuple[list[str], list[float | None], list[boo
 def analyse_file(model: Any, tokenizer: Any, path: str | Path, top_fraction: float = 0.2,
                  window: int = 8, limit: int = 0) -> dict[str, Any]:  # fmt: skip
     """Entropies and the report for the trajectories in a JSONL file (`limit` > 0: the first)."""
-    from tqdm import tqdm
+    from codeloop.progress import progress_bar
 
     lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
     lines = lines[:limit] if limit else lines
     model.eval()
     per_trajectory, items = [], []
-    for number, line in enumerate(tqdm(lines, desc="entropy", unit="trajectory"), 1):
+    for number, line in enumerate(progress_bar(lines, desc="entropy", unit="trajectory"), 1):
         record = json.loads(line)
         missing = [k for k in ("prompt_ids", "response_ids", "loss_mask") if k not in record]
         if missing:

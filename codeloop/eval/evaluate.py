@@ -27,11 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from codeloop.config import Config, RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.eval.metrics import majority_correct, summarise
+from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, ToolExecutor
@@ -211,7 +210,7 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
     try:
         with (out / "trajectories.jsonl").open("a") as traj_file, \
                 (out / "results.jsonl").open("a") as results_file, \
-                tqdm(total=len(problems), initial=len(problems) - len(todo), desc="eval",
+                progress_bar(total=len(problems), initial=len(problems) - len(todo), desc="eval",
                      unit="problem") as bar:  # fmt: skip
             for finished in asyncio.as_completed([one(p) for p in todo]):
                 problem, samples = await finished

@@ -17,10 +17,9 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tqdm import tqdm
-
 from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
+from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, ToolExecutor
@@ -86,7 +85,7 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
             on_trajectory(trajectory)
         return trajectory
 
-    with tqdm(total=len(problems) * k, desc=progress, unit="traj", leave=False,
+    with progress_bar(total=len(problems) * k, desc=progress, unit="traj", leave=False,
               disable=not progress) as bar:  # fmt: skip
         flat = await asyncio.gather(
             *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))

@@ -50,10 +50,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tqdm import tqdm
-
 from codeloop.config import ConfigError
 from codeloop.data.problems import Problem
+from codeloop.progress import progress_bar
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
@@ -260,7 +259,7 @@ class AsyncRL:
         for want of signal and stale groups since the last step."""
         await self.run.sync_weights()
         producer = asyncio.create_task(self._produce())
-        self.bar = tqdm(total=self.batch, desc="rollout", unit="group", leave=False,
+        self.bar = progress_bar(total=self.batch, desc="rollout", unit="group", leave=False,
                         disable=not self.world.is_main)  # fmt: skip
         history: list[dict[str, float]] = []
         try:

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from tqdm import tqdm
 
 from codeloop.algo.advantage import group_advantages, has_signal
 from codeloop.algo.resample import penalty, resample
 from codeloop.config import AlgoConfig, Config
 from codeloop.data.problems import Problem
+from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect, seed_of
 from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
@@ -216,7 +216,7 @@ class RLRun:
     async def train(self, steps: int, progress: str = "") -> list[dict[str, float]]:
         """`steps` RL steps, synchronous or asynchronous (`trainer.mode`). `progress`: the label
         of a progress bar over the steps (rank 0; none when empty), the last reward beside it."""
-        with tqdm(total=self.step_index + steps, initial=self.step_index, desc=progress,
+        with progress_bar(total=self.step_index + steps, initial=self.step_index, desc=progress,
                   unit="step", disable=not (progress and self.world.is_main)) as bar:  # fmt: skip
 
             def stepped(metrics: dict[str, float]) -> None:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from codeloop.config import SFTConfig
 from codeloop.errors import CodeloopError
 from codeloop.memory import trim_when_above
+from codeloop.progress import progress_bar
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.trainer.batch import (
@@ -177,7 +177,7 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
     pad_id = fmt.tokenizer.pad_token_id or 0
     history = []
     model.train()
-    with tqdm(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
+    with progress_bar(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):
             mine = chosen[world.rank :: world.size]
             metrics = sft_step(model, [samples[i] for i in mine], pad_id,

@@ -1,0 +1,42 @@
+"""Progress: a bar on a terminal, plain lines (no carriage returns) anywhere else."""
+
+import pytest
+from tqdm import tqdm
+
+from codeloop import progress
+from codeloop.progress import Lines, progress_bar
+
+
+def test_redirected_output_gets_plain_lines(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    with progress_bar(total=4, desc="eval", unit="problem") as bar:  # a line at the start
+        assert isinstance(bar, Lines)
+        now[0] = 5.0
+        bar.update()  # too soon for a line
+        bar.set_postfix(reward="0.250")
+        now[0] = 31.0
+        bar.update()  # 31 s after the last line: one
+        now[0] = 32.0
+        bar.update(2)  # too soon
+    err = capsys.readouterr().err  # close: the last line
+    assert "\r" not in err
+    assert err.splitlines() == ["eval: 0/4 problem", "eval: 2/4 problem (reward=0.250)",
+                                "eval: 4/4 problem (reward=0.250)"]  # fmt: skip
+
+
+def test_an_iterable_counts_its_items(capsys: pytest.CaptureFixture[str]) -> None:
+    assert list(progress_bar(["a", "b", "c"], desc="entropy", unit="trajectory")) == ["a", "b", "c"]
+    assert capsys.readouterr().err.splitlines()[-1] == "entropy: 3/3 trajectory"
+
+
+def test_a_terminal_gets_tqdm_and_disabled_stays_silent(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with progress_bar(total=2, disable=True) as bar:
+        bar.update()
+    assert isinstance(bar, tqdm) and capsys.readouterr().err == ""
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True)
+    with progress_bar(total=2, desc="sft") as bar:
+        assert isinstance(bar, tqdm)
