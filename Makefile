@@ -43,7 +43,7 @@ demo: torch $(VENV)/.installed-base
 	$(BIN)/codeloop demo
 
 # SmolLM2-135M-Instruct learns GSM8K with the Python tool (configs/gsm8k_smollm2.toml; the data
-# is ../shared/data/gsm8k_train.jsonl). Resumable: rerun to continue. REAL_ARGS adds options.
+# packaged with codeloop). Resumable: rerun to continue. REAL_ARGS adds options (--gpu, ...).
 REAL_ARGS ?=
 real: torch $(VENV)/.installed-base $(VENV)/.installed-real
 	$(BIN)/codeloop real $(REAL_ARGS)

@@ -156,8 +156,9 @@ class RolloutConfig:
     )
     chat_template: str = knob(
         "",
-        "Path to a Jinja chat template; empty = codeloop/rollout/rstar2_chat_template.jinja "
-        "(rStar2-Agent's markup: Qwen-style turns, tools in the system turn, <reason>).",
+        "Path to a Jinja chat template (a path under codeloop/ also finds the installed "
+        "package's file); empty = codeloop/rollout/rstar2_chat_template.jinja (rStar2-Agent's "
+        "markup: Qwen-style turns, tools in the system turn, <reason>).",
     )
     system_prompt: str = knob(
         "", "System prompt; empty = codeloop's own wording (rollout/prompt.py), not the report's."
@@ -562,18 +563,37 @@ def _check_stage_overrides(cfg: Config, source: str) -> None:
             set_value(trial, key, value, f"{source}: recipe.stages[{i}].overrides")
 
 
+PACKAGED_CONFIGS = Path(__file__).with_name("configs")  # the recipes' configs, in the package
+
+
+def config_path(path: str | Path) -> Path:
+    """`path`, or where it does not exist and names one of the package's configs (`NAME.toml`
+    or `configs/NAME.toml`), that one: the recipes' configs work outside a checkout."""
+    given = Path(path)
+    packaged = PACKAGED_CONFIGS / given.name
+    named = len(given.parts) == 1 or given.parts[-2:-1] == ("configs",)
+    if not given.exists() and named and packaged.is_file():
+        return packaged
+    return given
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults, then the TOML file at `path` (if any), then command-line `overrides`."""
+    """Defaults, then the TOML file at `path` (if any; `config_path` resolves it), then
+    command-line `overrides`."""
     cfg = Config()
     source = "defaults"
     if path is not None:
         source = str(path)
         try:
-            with open(path, "rb") as fh:
+            with open(config_path(path), "rb") as fh:
                 data = tomllib.load(fh)
         except FileNotFoundError:
-            raise ConfigError(f"{source}: no such config file") from None
-        except tomllib.TOMLDecodeError as err:
+            packaged = ", ".join(sorted(p.name for p in PACKAGED_CONFIGS.glob("*.toml")))
+            raise ConfigError(f"{source}: no such config file (the package's own: {packaged})"
+                              ) from None  # fmt: skip
+        except IsADirectoryError:
+            raise ConfigError(f"{source}: is a directory; expected a TOML file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{source}: not valid TOML: {err}") from None
         try:
             cfg = _build(Config, data, "")

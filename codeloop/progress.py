@@ -40,7 +40,10 @@ class Lines:
         self.total, self.n, self.desc, self.unit = total, initial, desc, unit
         self.postfix = ""
         self._printed_at = float("-inf")
+        self._last = ""
         self._closed = False
+        self._with_postfix = False  # a caller that sets one right after each update
+        self._due = False
         self._print()
 
     def __enter__(self) -> Lines:
@@ -58,15 +61,24 @@ class Lines:
 
     def update(self, n: float = 1) -> None:
         self.n += n
-        self.refresh()
+        if self._with_postfix:  # the line waits for the postfix of this update
+            self._due = self._due or self._is_due()
+        else:
+            self.refresh()
 
     def set_postfix(self, **values: Any) -> None:
+        self._with_postfix = True
         self.postfix = ", ".join(f"{key}={value}" for key, value in values.items())
+        if self._due:
+            self._print()
 
     def refresh(self) -> None:
         """A line when the last one is `LINE_EVERY_S` old."""
-        if time.monotonic() - self._printed_at >= LINE_EVERY_S:
+        if self._is_due():
             self._print()
+
+    def _is_due(self) -> bool:
+        return time.monotonic() - self._printed_at >= LINE_EVERY_S
 
     def close(self) -> None:
         if not self._closed:
@@ -74,8 +86,12 @@ class Lines:
             self._print()
 
     def _print(self) -> None:
-        self._printed_at = time.monotonic()
+        """The current line, unless it is the one printed last."""
+        self._printed_at, self._due = time.monotonic(), False
         done = f"{self.n:g}" + (f"/{self.total:g}" if self.total is not None else "")
         head = f"{self.desc}: " if self.desc else ""
         tail = f" ({self.postfix})" if self.postfix else ""
-        print(f"{head}{done} {self.unit}{tail}", file=sys.stderr, flush=True)
+        line = f"{head}{done} {self.unit}{tail}"
+        if line != self._last:
+            self._last = line
+            print(line, file=sys.stderr, flush=True)

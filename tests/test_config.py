@@ -199,3 +199,32 @@ def test_to_toml_reads_back_to_an_equal_config(tmp_path: Path) -> None:
     assert tomllib.loads(to_toml(Config(), with_help=False))["algo"] == dataclasses.asdict(
         AlgoConfig()
     )
+
+
+def test_a_config_that_is_a_directory_or_binary_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is a directory; expected a TOML file"):
+        load_config(tmp_path)
+    binary = tmp_path / "x.toml"
+    binary.write_bytes(b"\xff\xfe\x00key = 1")
+    with pytest.raises(ConfigError, match=r"x.toml: not valid TOML"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match=r"no such config file \(the package's own: .*"
+                                          r"gsm8k_smollm2.toml"):  # fmt: skip
+        load_config(tmp_path / "missing.toml")
+
+
+def test_the_package_configs_are_found_by_name_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.config import PACKAGED_CONFIGS, config_path
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert config_path("configs/gsm8k_smollm2.toml") == PACKAGED_CONFIGS / "gsm8k_smollm2.toml"
+    assert config_path("rstar2_agent.toml") == PACKAGED_CONFIGS / "rstar2_agent.toml"
+    assert load_config("configs/gsm8k_smollm2_gpu.toml").rollout.engine_max_batch == 256
+    (tmp_path / "configs").mkdir()
+    mine = tmp_path / "configs" / "gsm8k_smollm2.toml"
+    mine.write_text("[trainer]\nseed = 7\n")  # a file of the user's own comes first
+    assert config_path("configs/gsm8k_smollm2.toml") == Path("configs/gsm8k_smollm2.toml")
+    assert load_config("configs/gsm8k_smollm2.toml").trainer.seed == 7
+    assert config_path("elsewhere/gsm8k_smollm2.toml") == Path("elsewhere/gsm8k_smollm2.toml")

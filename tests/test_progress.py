@@ -15,15 +15,30 @@ def test_redirected_output_gets_plain_lines(capsys: pytest.CaptureFixture[str],
         assert isinstance(bar, Lines)
         now[0] = 5.0
         bar.update()  # too soon for a line
-        bar.set_postfix(reward="0.250")
         now[0] = 31.0
         bar.update()  # 31 s after the last line: one
         now[0] = 32.0
         bar.update(2)  # too soon
     err = capsys.readouterr().err  # close: the last line
     assert "\r" not in err
-    assert err.splitlines() == ["eval: 0/4 problem", "eval: 2/4 problem (reward=0.250)",
-                                "eval: 4/4 problem (reward=0.250)"]  # fmt: skip
+    assert err.splitlines() == ["eval: 0/4 problem", "eval: 2/4 problem", "eval: 4/4 problem"]
+
+
+def test_a_line_waits_for_the_postfix_of_its_update_and_never_repeats(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    with progress_bar(total=3, desc="sft", unit="step") as bar:
+        for step, loss in enumerate((2.0, 1.5, 1.0), 1):
+            now[0] = 40.0 * step  # every update is due
+            bar.update()
+            bar.set_postfix(loss=f"{loss:.1f}")  # as the trainers do: update, then the loss
+    assert capsys.readouterr().err.splitlines() == [
+        "sft: 0/3 step", "sft: 1/3 step",  # the first update cannot know a postfix follows
+        "sft: 2/3 step (loss=1.5)",
+        "sft: 3/3 step (loss=1.0)",  # once: closing repeats nothing
+    ]  # fmt: skip
 
 
 def test_an_iterable_counts_its_items(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,22 @@ def test_a_wheel_runs_the_demo_and_config_commands(tmp_path: Path) -> None:
 
     assert "usage: codeloop demo" in codeloop("demo", "--help")
     assert "[trainer]" in codeloop("config", "show")
+    # the real recipe's configs and template resolve to the wheel's copies, and GSM8K ships
+    shown = codeloop("config", "show", "configs/gsm8k_smollm2_gpu.toml")
+    assert 'output_dir = "runs/real-gpu"' in shown and "engine_max_batch = 256" in shown
+    real = subprocess.run(
+        [sys.executable, "-c", "import sys; from codeloop.config import load_config; "
+         "from codeloop.recipe.real import GSM8K_TRAIN; from codeloop.data.problems import "
+         "load_problems; from codeloop.rollout.prompt import PromptFormat; "
+         "from codeloop.data.tokenizer import train_tokenizer; "
+         "c = load_config('configs/gsm8k_smollm2.toml'); "
+         "f = PromptFormat.from_config(train_tokenizer(['a b c'] * 5, 300), c.rollout); "
+         "print(len(load_problems(str(GSM8K_TRAIN))), str(GSM8K_TRAIN).startswith(sys.argv[1]))",
+         str(site)],
+        cwd=work, env={"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert real.returncode == 0, real.stderr[-2000:]
+    assert real.stdout.split() == ["7473", "True"]
     loaded = subprocess.run(
         [sys.executable, "-c", "from codeloop.recipe.demo import DEMO_CONFIG as d; "
          "from codeloop.config import load_config; c = load_config(str(d)); "

@@ -2,7 +2,8 @@
 
 1. The model: `trainer.model` in the config, or SmolLM2-135M-Instruct imported from the GGUF
    file of the `real` extra when it is empty (`data/pretrained.py`).
-2. Data: GSM8K's training split in its original format (`data.train`); a fixed development
+2. Data: GSM8K's training split in its original format (`data.train`; empty: the copy packaged
+   with codeloop, `codeloop/data/gsm8k/train.jsonl`, MIT, OpenAI 2021); a fixed development
    split (`Sizes.dev` problems, seeded) is carved out first and never trained on. Both are
    written to the run directory (`dev.jsonl`, `train.jsonl`, GSM8K's format).
 3. Stage 0, non-reasoning SFT (`gsm8k_sft.py`): conversations built from the worked solutions
@@ -51,6 +52,7 @@ from codeloop.trainer.model import load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
 from codeloop.types import Trajectory
 
+GSM8K_TRAIN = Path(__file__).parents[1] / "data" / "gsm8k" / "train.jsonl"  # MIT, OpenAI 2021
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
 
 
@@ -105,7 +107,8 @@ def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], li
     """(train, dev), written to the run directory the first time and read back after."""
     train_file, dev_file = run_dir / "train.jsonl", run_dir / "dev.jsonl"
     if not dev_file.is_file():
-        train, dev = split_dev(load_problems(cfg.data.train, cfg.data), sizes.dev, seed=0)
+        source = cfg.data.train or str(GSM8K_TRAIN)
+        train, dev = split_dev(load_problems(source, cfg.data), sizes.dev, seed=0)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_problems(train_file, train)
         write_problems(dev_file, dev)

@@ -1,7 +1,8 @@
 """The prompt format: problem -> prompt token ids, tool observation -> inserted token ids.
 
 Everything comes from a chat template (Jinja, as in Hugging Face tokenizers), so a user can swap
-it: `rollout.chat_template` names a file; empty means `rstar2_chat_template.jinja`, markup in
+it: `rollout.chat_template` names a file (one under `codeloop/` that is not found from the working
+directory is read from the installed package); empty means `rstar2_chat_template.jinja`, markup in
 the style of the rStar2-Agent report (Qwen-style turns, tools described in the system turn,
 `<reason>`). The wording of the system prompt and of the user's instruction is codeloop's own
 (`SYSTEM_PROMPT`, `USER_INSTRUCTION`), replaced by `rollout.system_prompt` and
@@ -20,6 +21,7 @@ from typing import Any
 from codeloop.rollout.toolcall import CALL_CLOSE, TOOL_SCHEMA
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds codeloop/
 SYSTEM_PROMPT = (
     "You are a helpful assistant that solves problems step by step. Reason inside "
     "<reason> </reason>; you may run Python code with the tool to compute or check any step. "
@@ -41,6 +43,9 @@ class PromptFormat:
         self.tokenizer = tokenizer
         self.system_prompt, self.user_instruction = system_prompt, user_instruction
         path = Path(template_path) if template_path else DEFAULT_TEMPLATE
+        inside = PACKAGE_ROOT / path  # `codeloop/recipe/x.jinja`, wherever codeloop is installed
+        if not path.is_file() and not path.is_absolute() and inside.is_file():
+            path = inside
         if not path.is_file():
             raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
         self.template = path.read_text()

@@ -58,11 +58,16 @@ def test_gsm8k_in_its_original_format(tmp_path: Path) -> None:
         load_problems(empty)
 
 
-def test_the_shared_gsm8k_split_loads_whole() -> None:
-    path = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k_train.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} is not here")
-    problems = load_problems(str(path))
+def test_the_packaged_gsm8k_split_loads_whole() -> None:
+    import hashlib
+
+    from codeloop.recipe.real import GSM8K_TRAIN
+
+    # verbatim from openai/grade-school-math (train.jsonl at 3101c7d)
+    digest = hashlib.sha256(GSM8K_TRAIN.read_bytes()).hexdigest()
+    assert digest == "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465"
+    assert "MIT License" in GSM8K_TRAIN.with_name("LICENSE").read_text()
+    problems = load_problems(str(GSM8K_TRAIN))
     assert len(problems) == 7473  # GSM8K's training split
     first = problems[0]
     assert first.answer == "72" and first.problem.startswith("Natalia sold clips")
