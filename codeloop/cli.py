@@ -13,7 +13,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from codeloop import __version__
-from codeloop.config import Config, load_config, set_value, to_toml
+from codeloop.config import (
+    Config,
+    apply_overrides,
+    apply_policy_settings,
+    load_config,
+    set_value,
+    to_toml,
+)
 from codeloop.errors import CodeloopError
 
 T = TypeVar("T")
@@ -161,8 +168,20 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the served model's tokenizer (with --endpoint; default --model)",
     )
-    parser.add_argument("--config", help="TOML config file ([eval], [rollout], [sandbox], ...)")
+    parser.add_argument("--config", help="TOML config file ([eval], [rollout], [sandbox], ...); "
+                        "without it, a policy saved by codeloop brings its prompt format and "
+                        "[eval] settings (codeloop.json beside its weights)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _policy_config(args: argparse.Namespace) -> Config:
+    """`--config` and the overrides; without `--config`, the settings a policy saved by codeloop
+    carries (its prompt format and `[eval]`), so that it is prompted as it was trained."""
+    cfg = load_config(args.config)
+    if args.config is None and (args.model or args.tokenizer):
+        apply_policy_settings(cfg, args.model or args.tokenizer)
+    apply_overrides(cfg, args.overrides)
+    return cfg
 
 
 async def _with_tools(cfg: Config, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -180,7 +199,7 @@ def _eval(args: argparse.Namespace) -> int:
     from codeloop.data.problems import load_problems
     from codeloop.eval.evaluate import evaluate, open_policy
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _policy_config(args)
     if args.k is not None:
         set_value(cfg, "eval.k", args.k, "command line")
     problems = load_problems(args.data, cfg.data)  # a bad file fails before a model loads
@@ -283,7 +302,7 @@ def _data_filter(args: argparse.Namespace) -> int:
     from codeloop.data.problems import Problem, load_problems
 
     decontaminate = args.sub == "decontaminate"
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides) if decontaminate else _policy_config(args)
     problems = load_problems(args.file, cfg.data)
     benchmarks = [Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
                   for path in args.against for b in load_problems(path, cfg.data)]  # fmt: skip

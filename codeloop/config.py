@@ -599,10 +599,39 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             cfg = _build(Config, data, "")
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
-    for key, text in parse_overrides(overrides):
-        set_value(cfg, key, _parse_cli_value(cfg, key, text), "command line")
+    apply_overrides(cfg, overrides)
     _check_stage_overrides(cfg, source)
     return cfg
+
+
+def apply_overrides(cfg: Config, overrides: Sequence[str]) -> None:
+    """Set the dotted command-line `overrides` (`--algo.clip_high 0.3`) on `cfg`."""
+    for key, text in parse_overrides(overrides):
+        set_value(cfg, key, _parse_cli_value(cfg, key, text), "command line")
+
+
+POLICY_SETTINGS = "codeloop.json"  # beside a saved policy: how it is prompted and evaluated
+POLICY_TEMPLATE = "codeloop_chat_template.jinja"  # the chat template it was trained with
+
+
+def apply_policy_settings(cfg: Config, directory: str | Path) -> bool:
+    """Set `cfg`'s prompt format (`rollout.chat_template`, `system_prompt`, `user_instruction`)
+    and `[eval]` from the `POLICY_SETTINGS` a trained policy's directory holds; whether it held
+    one. A policy is then prompted as it was trained without the config that trained it."""
+    path = Path(directory) / POLICY_SETTINGS
+    if not path.is_file():
+        return False
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err.msg})") from None
+    rollout = dict(saved.get("rollout", {}))
+    if rollout.get("chat_template"):
+        rollout["chat_template"] = str(Path(directory) / rollout["chat_template"])
+    for section, values in (("rollout", rollout), ("eval", saved.get("eval", {}))):
+        for key, value in values.items():
+            set_value(cfg, f"{section}.{key}", value, str(path))
+    return True
 
 
 def stage_config(cfg: Config, index: int) -> Config:

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -228,3 +229,26 @@ def test_the_package_configs_are_found_by_name_from_anywhere(
     assert config_path("configs/gsm8k_smollm2.toml") == Path("configs/gsm8k_smollm2.toml")
     assert load_config("configs/gsm8k_smollm2.toml").trainer.seed == 7
     assert config_path("elsewhere/gsm8k_smollm2.toml") == Path("elsewhere/gsm8k_smollm2.toml")
+
+
+def test_policy_settings_set_the_prompt_format_and_eval(tmp_path: Path) -> None:
+    from codeloop.config import apply_policy_settings
+
+    cfg = load_config()
+    assert apply_policy_settings(cfg, tmp_path) is False  # nothing saved: nothing changes
+    assert cfg.rollout.chat_template == "" and cfg.eval.max_turns == 30
+    (tmp_path / "codeloop.json").write_text(json.dumps({
+        "rollout": {"chat_template": "t.jinja", "system_prompt": "S",
+                    "user_instruction": "{problem}"},
+        "eval": {"max_turns": 8, "temperature": 0.6, "max_response_tokens": 1024},
+    }))  # fmt: skip
+    assert apply_policy_settings(cfg, tmp_path) is True
+    assert cfg.rollout.chat_template == str(tmp_path / "t.jinja")  # beside the weights
+    assert (cfg.rollout.system_prompt, cfg.eval.max_turns, cfg.eval.max_response_tokens) == (
+        "S", 8, 1024)  # fmt: skip
+    (tmp_path / "codeloop.json").write_text('{"eval": {"max_turns": 0}}')
+    with pytest.raises(ConfigError, match=r"codeloop.json: eval.max_turns"):
+        apply_policy_settings(cfg, tmp_path)
+    (tmp_path / "codeloop.json").write_text("{oops")
+    with pytest.raises(ConfigError, match=r"codeloop.json: not valid JSON"):
+        apply_policy_settings(cfg, tmp_path)

@@ -194,7 +194,7 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
     finally:
         logger.close()
     model.save_pretrained(run_dir / "sft" / "model")
-    fmt.tokenizer.save_pretrained(run_dir / "sft" / "model")
+    fmt.save_pretrained(run_dir / "sft" / "model")
     return model
 
 

@@ -138,7 +138,7 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
     finally:
         logger.close()
     model.save_pretrained(saved)
-    fmt.tokenizer.save_pretrained(saved)
+    fmt.save_pretrained(saved)
     trim_when_above(0.0)  # SFT's freed activations go back before the engines take memory
     return model
 
@@ -154,7 +154,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
         cfg.trainer.model = str(smollm2())
     train, dev = _splits(cfg, run_dir, sizes)
     model, tokenizer = load_policy(cfg.trainer.model, "float32")
-    fmt = PromptFormat.from_config(tokenizer, cfg.rollout)
+    fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
     parameters = sum(p.numel() for p in model.parameters())
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
     if warning := disk_warning(run_dir, needed):
@@ -185,7 +185,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
             await measure(stage.name)
     final = run_dir / "final_model"
     model.save_pretrained(final)
-    fmt.tokenizer.save_pretrained(final)
+    fmt.save_pretrained(final)
     summary = {"model": cfg.trainer.model, "sizes": asdict(sizes), "points": points,
                "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

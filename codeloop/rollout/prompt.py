@@ -15,9 +15,12 @@ text is encoded.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
 from codeloop.rollout.toolcall import CALL_CLOSE, TOOL_SCHEMA
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
@@ -49,15 +52,31 @@ class PromptFormat:
         if not path.is_file():
             raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
         self.template = path.read_text()
+        self.eval_settings: dict[str, Any] = {}  # saved beside a trained policy
         self.tools = [TOOL_SCHEMA]
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = self._end_of_turn_ids()
 
     @classmethod
-    def from_config(cls, tokenizer: Any, cfg: Any) -> PromptFormat:
-        """The format a `RolloutConfig` names: its template, system prompt and instruction."""
-        return cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
-                   cfg.user_instruction or USER_INSTRUCTION)  # fmt: skip
+    def from_config(cls, tokenizer: Any, cfg: Any, eval_cfg: Any = None) -> PromptFormat:
+        """The format a `RolloutConfig` names: its template, system prompt and instruction;
+        `eval_cfg` (an `EvalConfig`), the evaluation settings saved beside a trained policy."""
+        fmt = cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
+                  cfg.user_instruction or USER_INSTRUCTION)  # fmt: skip
+        fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
+        return fmt
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """The tokenizer, and beside it what renders this format (the template's text, the
+        system prompt, the instruction) and the evaluation settings, so that `codeloop eval
+        --model DIR` prompts a trained policy as it was trained (`config.POLICY_SETTINGS`)."""
+        out = Path(directory)
+        self.tokenizer.save_pretrained(out)
+        (out / POLICY_TEMPLATE).write_text(self.template)
+        rollout = {"chat_template": POLICY_TEMPLATE, "system_prompt": self.system_prompt,
+                   "user_instruction": self.user_instruction}  # fmt: skip
+        settings = {"rollout": rollout, "eval": self.eval_settings}
+        (out / POLICY_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         text: str = self.tokenizer.apply_chat_template(

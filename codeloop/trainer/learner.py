@@ -169,8 +169,9 @@ class Learner:
 
     def save(self, run_dir: str | Path, step: int, extra: dict[str, Any],
              tokenizer: Any = None) -> None:  # fmt: skip
-        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and the
-        tokenizer beside the weights, so that the checkpoint's model loads on its own)."""
+        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and,
+        through `tokenizer.save_pretrained`, the tokenizer beside the weights, so that the
+        checkpoint's model loads on its own: a `PromptFormat` adds how it is prompted)."""
         model_state = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:

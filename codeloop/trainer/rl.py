@@ -320,7 +320,7 @@ class RLRun:
             "pending": self.pending,
             "async_next": self.async_next,
         }
-        self.learner.save(self.logger.run_dir, self.step_index, extra, self.fmt.tokenizer)
+        self.learner.save(self.logger.run_dir, self.step_index, extra, self.fmt)
 
     def resume(self) -> bool:
         """Continue from the run directory's latest checkpoint, if there is one."""

@@ -23,7 +23,7 @@ def run_sft(cfg: Config) -> Path:
     named = load_conversations(cfg.sft.data)
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     model = distributed.shard(model, world)
-    fmt = PromptFormat.from_config(tokenizer, cfg.rollout)
+    fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
     logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
     try:
         train_sft(model, fmt, [c for _, c in named], cfg.sft, logger, cfg.trainer.seed,
@@ -35,7 +35,7 @@ def run_sft(cfg: Config) -> Path:
     weights = distributed.full_state_dict(model, world, everywhere=False)
     if world.is_main:
         model.save_pretrained(out, state_dict=weights)
-        tokenizer.save_pretrained(out)
+        fmt.save_pretrained(out)  # the tokenizer, the prompt format, the eval settings
     distributed.barrier(world)
     return out
 
@@ -51,7 +51,7 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
         print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
     problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
-    return model, PromptFormat.from_config(tokenizer, cfg.rollout), problems
+    return model, PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval), problems
 
 
 async def run_rl(cfg: Config) -> list[dict[str, float]]:

@@ -190,3 +190,41 @@ def test_an_evaluation_spread_over_two_engines(
     keys = ("avg@4", "pass@2", "maj@4", "tool_calls_per_trajectory", "tool_error_ratio")
     assert {k: summary[k] for k in keys} == {k: alone[k] for k in keys}
     assert set(calls) == {"a", "b"}
+
+
+def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_path: Path) -> None:
+    """A policy saved by codeloop carries its prompt format and eval settings: `codeloop eval
+    --model DIR` without `--config` scores what the training config would have."""
+    from codeloop.cli import main
+    from codeloop.config import load_config
+
+    demo_template = Path(__file__).resolve().parents[2] / "codeloop/recipe/demo_chat_template.jinja"
+    config = tmp_path / "trained.toml"
+    config.write_text(f'[rollout]\nchat_template = "{demo_template}"\n'
+                      'system_prompt = "Be brief."\n[eval]\ntemperature = 0.9\nmax_turns = 2\n'
+                      "max_response_tokens = 40\n")  # fmt: skip
+    cfg = load_config(config)
+    trained = PromptFormat.from_config(fmt.tokenizer, cfg.rollout, cfg.eval)
+    policy = tmp_path / "policy"
+    tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(policy)
+    trained.save_pretrained(policy)
+    settings = json.loads((policy / "codeloop.json").read_text())
+    assert settings["rollout"]["system_prompt"] == "Be brief."
+    assert settings["eval"]["max_turns"] == 2 and settings["eval"]["temperature"] == 0.9
+    assert (policy / "codeloop_chat_template.jinja").read_text() == demo_template.read_text()
+    data = tmp_path / "bench.jsonl"
+    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
+                            + "\n" for p in PROBLEMS[:2]))  # fmt: skip
+    common = ["eval", "--model", str(policy), "--data", str(data), "--k", "2",
+              "--sandbox.workers", "1"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "saved")]) == 0
+    assert main([*common, "--config", str(config), "--out", str(tmp_path / "config")]) == 0
+    assert (
+        main([*common, "--config", str(tmp_path / "none.toml"), "--out", str(tmp_path / "x")]) == 2
+    )
+    with_saved = read_jsonl(tmp_path / "saved" / "trajectories.jsonl")
+    with_config = read_jsonl(tmp_path / "config" / "trajectories.jsonl")
+    assert [t["response_ids"] for t in with_saved] == [t["response_ids"] for t in with_config]
+    prompt = trained.prompt_ids(PROBLEMS[0].problem)
+    assert with_saved[0]["prompt_ids"] == prompt  # the demo template, not the rStar2 one
+    assert all(t["num_turns"] <= 2 for t in with_saved)  # the saved eval.max_turns

@@ -1,5 +1,6 @@
 """`codeloop sft` then `codeloop train` (and a resumed `train`) through the real CLI."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,14 @@ def test_sft_then_train_then_resume(trainer_fmt: PromptFormat, tmp_path: Path) -
     _codeloop("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
               "--trainer.output_dir", str(run_dir), "--sft.epochs", "2")  # fmt: skip
     assert len(read_metrics(run_dir)) == 2 and (run_dir / "sft_model" / "config.json").is_file()
+    # the policy carries how it is prompted and scored (codeloop eval --model without --config)
+    saved = json.loads((run_dir / "sft_model" / "codeloop.json").read_text())
+    assert saved["rollout"]["chat_template"] == "codeloop_chat_template.jinja"
+    assert (
+        saved["eval"]["k"] == 16
+        and (run_dir / "sft_model" / saved["rollout"]["chat_template"]).read_text()
+        == trainer_fmt.template
+    )
     common = rl_arguments(run_dir / "sft_model", problems, run_dir / "rl", 1)
     _codeloop("train", *common, "--trainer.max_steps", "2")
     again = _codeloop("train", *common, "--trainer.max_steps", "3")
@@ -32,6 +41,7 @@ def test_sft_then_train_then_resume(trainer_fmt: PromptFormat, tmp_path: Path) -
     assert [m["step"] for m in read_metrics(run_dir / "rl")] == [1, 2, 3]
     assert (run_dir / "rl" / "trajectories" / "step_000003.jsonl").is_file()
     assert (run_dir / "rl" / "checkpoints" / "step_000003" / "state.pt").is_file()
+    assert (run_dir / "rl" / "checkpoints" / "step_000003" / "model" / "codeloop.json").is_file()
 
 
 @pytest.mark.slow
@@ -44,7 +54,8 @@ def test_train_runs_the_asynchronous_loop_when_asked(trainer_fmt: PromptFormat,
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("async/staleness_max" in m and "async/overlap" in m for m in metrics)
-    assert "rl: 100%" in run.stderr and "2/2" in run.stderr  # the steps' bar, to its end
+    assert "rl: 2/2 step" in run.stderr  # the steps' progress, to its end
+    assert "\r" not in run.stderr  # captured output: plain lines, not a bar
 
 
 def test_config_errors_exit_2(tmp_path: Path) -> None:
