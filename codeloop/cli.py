@@ -588,10 +588,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except CodeloopError as err:  # bad input, wherever it is found: a message, not a traceback
-        command = " ".join(a for a in (args.command, getattr(args, "sub", None)) if a)
-        print(f"codeloop {command}: {err}", file=sys.stderr)
-        return 2
+        return _fail(args, str(err))
+    except OSError as err:  # a path the system refuses (a file where a folder goes, no rights)
+        if err.filename is None:
+            raise
+        return _fail(args, f"{err.filename}: {err.strerror}")
     return code
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    """One line naming the command and what is wrong with its input; exit status 2."""
+    command = " ".join(a for a in (args.command, getattr(args, "sub", None)) if a)
+    print(f"codeloop {command}: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -68,6 +68,9 @@ def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
 
     if not gguf.is_file():
         raise PretrainedError(f"{gguf}: no such GGUF file")
+    with gguf.open("rb") as head:
+        if head.read(4) != b"GGUF":
+            raise PretrainedError(f"{gguf}: not a GGUF file (it does not start with 'GGUF')")
     if not quiet:
         print(f"importing {gguf.name} into {out} (dequantising; about 30 s)", flush=True)
     start = time.perf_counter()

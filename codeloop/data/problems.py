@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import DataConfig
-from codeloop.errors import CodeloopError
+from codeloop.errors import CodeloopError, read_text_input
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,14 @@ class DataError(CodeloopError, ValueError):
 def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
     """(where, record) pairs; `where` is `file:line` or `file:row`."""
     path = Path(source)
+    if not source:
+        raise DataError("no problem file given: set data.train (a JSONL or Parquet file, or a "
+                        "hub dataset name)")  # fmt: skip
     if path.suffix == ".jsonl":
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"{source}: no such file")
         records = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(read_text_input(path, "problems").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -49,17 +52,27 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
                 raise DataError(f"{source}:{number}: not JSON ({err.msg})") from err
         return records
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # optional: installed with `datasets`
-
-        rows = pq.read_table(path).to_pylist()
+        if not path.is_file():
+            raise DataError(f"{source}: no such file")
+        try:
+            import pyarrow.parquet as pq  # optional: the `hub` extra
+        except ImportError:
+            raise DataError(f"{source}: reading Parquet needs pyarrow: pip install "
+                            "'codeloop[hub]' (or pip install pyarrow)") from None  # fmt: skip
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors on a bad file are many
+            raise DataError(f"{source}: not a readable Parquet file ({err})") from None
         return [(f"{source}:row {i}", row) for i, row in enumerate(rows, 1)]
     if path.exists():
         raise DataError(f"{source}: expected a .jsonl or .parquet file")
+    if _looks_like_a_path(source):  # not a hub name: no minute of retries against a hub
+        raise DataError(f"{source}: no such file")
     try:
         import datasets  # a hub name: needs the `datasets` package and network access
     except ImportError:
         raise DataError(f"{source}: no such file; read as a hub dataset name, it needs the "
-                        "`datasets` package (pip install datasets)") from None  # fmt: skip
+                        "`datasets` package: pip install 'codeloop[hub]'") from None  # fmt: skip
     try:
         if source in GSM8K_HUB_NAMES:
             split = datasets.load_dataset("openai/gsm8k", "main", split="train")
@@ -92,7 +105,16 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
         problems.append(
             Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
         )
+    if not problems:
+        raise DataError(f"{source}: holds no problems")
     return problems
+
+
+def _looks_like_a_path(source: str) -> bool:
+    """A file path rather than a hub name (`owner/name`): absolute or relative to `.`/`~`, with
+    a file suffix, or more than one folder deep."""
+    return (source.startswith(("/", ".", "~")) or bool(Path(source).suffix)
+            or source.count("/") > 1)  # fmt: skip
 
 
 GSM8K_HUB_NAMES = ("gsm8k", "openai/gsm8k")

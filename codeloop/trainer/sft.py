@@ -16,13 +16,12 @@ import json
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from codeloop.config import SFTConfig
-from codeloop.errors import CodeloopError
+from codeloop.errors import CodeloopError, read_text_input
 from codeloop.memory import trim_when_above
 from codeloop.progress import progress_bar
 from codeloop.rollout.prompt import PromptFormat
@@ -49,10 +48,8 @@ class SFTDataError(CodeloopError, ValueError):
 
 def load_conversations(path: str) -> list[tuple[str, Conversation]]:
     """(`file:line`, conversation) from a JSONL file; errors name the file and line."""
-    if not Path(path).is_file():
-        raise SFTDataError(f"sft.data: no such file: {path}")
     conversations = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(read_text_input(path, "sft.data").splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

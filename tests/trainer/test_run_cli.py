@@ -72,7 +72,7 @@ def test_config_errors_exit_2(tmp_path: Path) -> None:
         ("train", ["--data.train", "{good}", "--trainer.model", "{model}"],
          "model '{model}': no such directory"),
         ("sft", ["--sft.data", "{tmp}/none.jsonl", "--trainer.model", "{model}"],
-         "sft.data: no such file: {tmp}/none.jsonl"),
+         "sft.data: {tmp}/none.jsonl: no such file"),
     ],
 )  # fmt: skip
 def test_input_errors_exit_2_with_the_file_named(

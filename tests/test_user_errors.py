@@ -1,0 +1,56 @@
+"""A user's mistakes on the command line end in one line naming the input, exit status 2: never
+a traceback, never a silent success on empty input."""
+
+from pathlib import Path
+
+import pytest
+
+from codeloop.cli import main
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    (tmp_path / "binary.jsonl").write_bytes(bytes(range(128, 256)))
+    (tmp_path / "folder.jsonl").mkdir()
+    (tmp_path / "not.gguf").write_text("not a model")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "ok.jsonl").write_text('{"id": "1", "problem": "2 + 2?", "answer": "4"}\n')
+    return {name: str(tmp_path / name) for name in
+            ("empty.jsonl", "blank.jsonl", "binary.jsonl", "folder.jsonl", "not.gguf", "a_file",
+             "ok.jsonl")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["data", "stats", "{empty.jsonl}"], "problems: {empty.jsonl} is empty"),
+        (["data", "stats", "{blank.jsonl}"], "problems: {blank.jsonl} is empty"),
+        (["data", "stats", "{binary.jsonl}"], "{binary.jsonl} is not UTF-8 text"),
+        (["data", "stats", "{folder.jsonl}"], "{folder.jsonl} is a directory; expected a file"),
+        (["data", "stats", "no/such/file.jsonl"], "no/such/file.jsonl: no such file"),
+        (["data", "stats", "./data"], "./data: no such file"),  # a path: never a hub lookup
+        (["train"], "no problem file given: set data.train"),
+        (["sft"], "sft.data: not set"),
+        (["sft", "--sft.data", "{binary.jsonl}"], "sft.data: {binary.jsonl} is not UTF-8 text"),
+        (["import-gguf", "{not.gguf}", "--out", "{a_file}.out"], "not a GGUF file"),
+        (["config", "show", "{folder.jsonl}"], "is a directory; expected a TOML file"),
+        (["config", "show", "{binary.jsonl}"], "not valid TOML"),
+        (["eval", "--model", "{a_file}", "--data", "{ok.jsonl}"], "model '{a_file}'"),
+        (["demo", "--run-dir", "{a_file}"], "{a_file}/"),  # a file where a folder goes
+    ],
+)
+def test_a_mistake_is_one_line_and_exit_2(argv: list[str], expected: str,
+                                          inputs: dict[str, str],
+                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def fill(text: str) -> str:
+        for name, path in inputs.items():
+            text = text.replace("{" + name + "}", path)
+        return text
+
+    argv = [fill(a) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith(f"codeloop {argv[0]}") and fill(expected) in err
