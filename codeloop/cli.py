@@ -22,6 +22,7 @@ from codeloop.config import (
     to_toml,
 )
 from codeloop.errors import CodeloopError
+from codeloop.helpformat import Parser
 
 T = TypeVar("T")
 BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench` imports
@@ -89,13 +90,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     serve = commands.add_parser(
         "serve", help="serve a transformers model over an OpenAI-compatible completions API"
     )
     serve.add_argument("--model", required=True, help="model directory or hub name")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address")
+    serve.add_argument("--port", type=int, default=8000, help="port")
     serve.add_argument(
         "--max-batch", type=int, default=32, help="requests decoded together at most"
     )
@@ -109,7 +110,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _train(args: argparse.Namespace) -> int:
-    return _run_training(args, load_config(args.config, args.overrides))
+    return _run_training(args, load_config(args.config, _with_out(args)))
+
+
+def _with_out(args: argparse.Namespace) -> list[str]:
+    """The overrides, `--out DIR` as `trainer.output_dir` first (a dotted option still wins)."""
+    return (["--trainer.output_dir", args.out] if args.out else []) + list(args.overrides)
 
 
 def _run_training(args: argparse.Namespace, cfg: Config) -> int:
@@ -171,7 +177,7 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file ([eval], [rollout], [sandbox], ...); "
                         "without it, a policy saved by codeloop brings its prompt format and "
                         "[eval] settings (codeloop.json beside its weights)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
 def _policy_config(args: argparse.Namespace) -> Config:
@@ -212,7 +218,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_eval_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     evaluate = commands.add_parser(
         "eval", help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
         usage="codeloop eval (--model PATH | --endpoint URL [URL ...] --tokenizer PATH) "
@@ -338,7 +344,7 @@ async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any])
         verifier.close()
 
 
-def _add_data_commands(data: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_data_commands(data: argparse._SubParsersAction[Any]) -> None:
     filt = data.add_parser(
         "filter", help="integer answers, no duplicates, no benchmark overlap, a pass-rate band",
         usage="codeloop data filter FILE --out OUT [--against BENCH ...] "
@@ -393,7 +399,7 @@ def _real(args: argparse.Namespace) -> int:
     sizes = replace(GPU_SIZES if args.gpu else Sizes(),
                     **{k: v for k, v in given.items() if v is not None})  # fmt: skip
     config = args.config or (GPU_CONFIG if args.gpu else "configs/gsm8k_smollm2.toml")
-    return main(config, args.overrides, sizes)
+    return main(config, _with_out(args), sizes)
 
 
 def _docs(args: argparse.Namespace) -> int:
@@ -416,13 +422,15 @@ def _import_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
     real = commands.add_parser(
         "real", help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
     )  # fmt: skip
     real.add_argument("--config", help="default configs/gsm8k_smollm2.toml, or with --gpu "
                       "configs/gsm8k_smollm2_gpu.toml")  # fmt: skip
+    real.add_argument("--out", help="output directory (trainer.output_dir: runs/real, with --gpu "
+                      "runs/real-gpu; rerunning resumes it)")  # fmt: skip
     real.add_argument("--gpu", action="store_true", help="the recipe sized for one GPU: "
                       "configs/gsm8k_smollm2_gpu.toml and each size's GPU default")  # fmt: skip
     from codeloop.recipe.sizes import GPU_SIZES, Sizes
@@ -448,20 +456,27 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     gguf.set_defaults(run=_import_gguf)
 
 
-def _add_train_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_train_commands(commands: argparse._SubParsersAction[Any]) -> None:
     helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
              "train": "GRPO-RoC reinforcement learning on data.train",
              "recipe": "run the stages of recipe.stages in order"}  # fmt: skip
+    needs = {"sft": "trainer.model and sft.data", "train": "trainer.model and data.train",
+             "recipe": "trainer.model, data.train and recipe.stages"}  # fmt: skip
     for name, help_text in helps.items():
-        usage = f"codeloop {name} [--config FILE] [--section.key VALUE ...]"
-        parser = commands.add_parser(name, help=help_text, usage=usage)
+        usage = f"codeloop {name} [--config FILE] [--out DIR] [--section.key VALUE ...]"
+        description = (f"{help_text[0].upper()}{help_text[1:]}. It needs {needs[name]}, from "
+                       "--config FILE or as dotted options (--trainer.model PATH); `codeloop "
+                       "config show` lists every key with its default and help.")  # fmt: skip
+        parser = commands.add_parser(name, help=help_text, usage=usage, description=description)
         parser.add_argument("--config", help="TOML config file")
+        parser.add_argument("--out", help="output directory (trainer.output_dir; rerunning "
+                            "resumes it)")  # fmt: skip
         parser.set_defaults(run=_train)
 
 
 def _add_sandbox_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    bench: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: argparse._SubParsersAction[Any],
+    bench: argparse._SubParsersAction[Any],
 ) -> None:
     sandbox = commands.add_parser("sandbox", help="code execution service")
     sub = sandbox.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
@@ -490,13 +505,13 @@ def _add_sandbox_commands(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="codeloop",
         description="Agentic RL for language models that reason with a Python tool.",
     )
     parser.add_argument("--version", action="version", version=f"codeloop {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    groups: dict[str, argparse._SubParsersAction[Any]] = {}
     group_help = {
         "bench": "benchmarks (ratios against a baseline measured in the same run)",
         "data": "dataset curation",
@@ -510,12 +525,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="the rStar2-Agent recipe end to end on a CPU (make demo)"
     )
-    demo.add_argument("--run-dir", default="runs/demo", help="output directory (resumable)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", "--run-dir", dest="run_dir", default="runs/demo", metavar="DIR",
+                      help="output directory (resumable)")  # fmt: skip
+    demo.add_argument("--seed", type=int, default=0, help="seed of the data, SFT and RL")
     demo.add_argument("--ablation", action="store_true",
                       help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT "
                            "policy, over --seeds")  # fmt: skip
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
+                      help="with --ablation: the RL seeds of each arm")  # fmt: skip
     demo.add_argument("--modes", action="store_true",
                       help="RL synchronous and asynchronous (trainer.mode) from one SFT policy: "
                            "trained tokens/s and held-out accuracy of each")  # fmt: skip

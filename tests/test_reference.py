@@ -52,3 +52,25 @@ def test_every_relative_link_of_the_readme_and_docs_exists() -> None:
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(root)} -> {target}")
     assert broken == []
+
+
+def test_every_option_has_help_and_says_its_default() -> None:
+    import argparse
+
+    from codeloop.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                shown = parser.formatter_class(path)._get_help_string(action) or ""  # type: ignore[attr-defined]
+                says = action.default in (None, False, "", []) or "default" in shown
+                if not action.help or not says:
+                    missing.append(f"{path} {action.option_strings or action.dest}")
+
+    walk(build_parser(), "codeloop")
+    assert missing == []

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import RewardConfig
+from codeloop.helpformat import HelpFormatter
 from codeloop.reward import agreement
 from codeloop.reward.verifier import Verifier
 from codeloop.reward.workers import default_workers
@@ -242,19 +243,26 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench reward",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--n", type=int, default=50_000, help="integer cases")
     parser.add_argument("--n-latex", type=int, default=2_000, help="LaTeX cases (and mix size)")
     parser.add_argument("--baseline-n", type=int, default=1_000, help="cases math-verify runs")
     parser.add_argument("--workers", type=int, default=0, help="0 = one per core")
-    parser.add_argument("--deadline-s", type=float, default=5.0)
-    parser.add_argument("--baseline-limit-s", type=float, default=30.0)
+    parser.add_argument(
+        "--deadline-s", type=float, default=5.0, help="the verifier's deadline per item, seconds"
+    )
+    parser.add_argument(
+        "--baseline-limit-s",
+        type=float,
+        default=30.0,
+        help="math-verify's limit per pathological item, seconds",
+    )
     parser.add_argument("--pathological", type=int, default=len(PATHOLOGICAL), help="how many")
     parser.add_argument("--differential-values", type=int, default=440,
                         help="golds the differential harness generates forms of")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench-results/reward.json")
+    parser.add_argument("--seed", type=int, default=0, help="case generator seed")
+    parser.add_argument("--out", default="bench-results/reward.json", help="JSON report")
     args = parser.parse_args(argv)
     report = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import torch
 
 from codeloop.config import RolloutConfig, SandboxConfig
+from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
@@ -422,7 +423,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench rollout",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--model", default="smollm2", help="a model directory, smollm2 (if "
                         "installed) or random (--hidden x --layers)")  # fmt: skip
@@ -437,13 +438,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=1, choices=range(1, 10), metavar="N",
                         help="plain generation: runs of each row, the last one timed (2 on a "
                              "GPU leaves compilation and graph capture out)")  # fmt: skip
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256, help="random model: width")
+    parser.add_argument("--layers", type=int, default=4, help="random model: layers")
     parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
     parser.add_argument("--gen-tokens", type=int, default=128, help="plain generation: tokens")
-    parser.add_argument("--trajectories", type=int, default=16)
+    parser.add_argument("--trajectories", type=int, default=16, help="agent workload: trajectories")
     parser.add_argument("--tokens", type=int, default=32, help="mean sampled tokens per turn")
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=32, help="the engines' rows")
     parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
     parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -459,7 +460,7 @@ def main(argv: list[str]) -> int:
                         help="also run plain generation once more under torch.profiler: the "
                              "ops that take the host's and the GPU's time, and the GPU's busy "
                              "share (written beside --out)")  # fmt: skip
-    parser.add_argument("--out", default="bench-results/rollout.json")
+    parser.add_argument("--out", default="bench-results/rollout.json", help="JSON report")
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.scheduler import POLICIES, Scheduler
 
@@ -427,11 +428,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench scheduler",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"])
-    parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"],
+                        help="workload mixes")  # fmt: skip
+    parser.add_argument("--engines", type=int, default=4, help="simulated engines")
+    parser.add_argument("--prompts", type=int, default=128, help="prompts per batch")
     parser.add_argument("--group", type=int, default=16, help="samples per prompt")
     parser.add_argument("--capacity", type=int, default=262144, help="KV tokens per engine")
     parser.add_argument("--budget", type=int, default=8192, help="response tokens per trajectory")
@@ -439,7 +441,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--step-ms", type=float, default=20.0, help="decode step, small batch")
     parser.add_argument("--saturation", type=int, default=64, help="batch beyond which steps slow")
     parser.add_argument("--prefill-ms", type=float, default=0.05, help="per prefilled token")
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=2, help="workload seeds per mix")
     parser.add_argument(
         "--steps", type=int, default=6, help="RL steps of the training-loop rows (0: none)"
     )
@@ -456,7 +458,7 @@ def main(argv: list[str]) -> int:
         default=[1, 2],
         help="the async rows' staleness bounds",
     )
-    parser.add_argument("--out", default="bench-results/scheduler.json")
+    parser.add_argument("--out", default="bench-results/scheduler.json", help="JSON report")
     args = parser.parse_args(argv)
     rows = []
     print(f"{'mix':5} {'seed':>4} {'policy':18} {'makespan s':>10} {'vs static':>9} "

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import SandboxConfig
+from codeloop.helpformat import HelpFormatter
 from codeloop.sandbox import overload
 from codeloop.sandbox.client import SandboxClient
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
@@ -269,9 +270,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench sandbox",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="the server's warm workers"
+    )
     parser.add_argument(
         "--only",
         nargs="*",
@@ -288,7 +291,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--overload-runs", type=int, default=5, help="four-phase runs in a row")
     parser.add_argument("--overload-soak", type=int, default=20000, help="calls of the loaded soak")
     parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes; 0 = one per core")
-    parser.add_argument("--out", default="bench-results/sandbox.json")
+    parser.add_argument("--out", default="bench-results/sandbox.json", help="JSON report")
     args = parser.parse_args(argv)
     report = asyncio.run(run(args))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

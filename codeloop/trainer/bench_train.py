@@ -27,6 +27,7 @@ import torch
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
@@ -107,15 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench train",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256, help="model width")
+    parser.add_argument("--layers", type=int, default=4, help="model layers")
     parser.add_argument("--sequences", type=int, default=32, help="sequences per update")
     parser.add_argument("--length", type=int, default=512, help="longest sequence, tokens")
-    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--out", default="bench-results/train.json")
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=8192, help="tokens per micro-batch"
+    )
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
+    parser.add_argument("--out", default="bench-results/train.json", help="JSON report")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     world = one_process("auto")  # GPU: bf16

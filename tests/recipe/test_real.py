@@ -147,7 +147,14 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(real, "main", lambda c, o, s: calls.append((c, o, s)) or 0)
     assert cli.main(["real", "--gpu", "--rl-problems", "300", "--trainer.seed", "3"]) == 0
     assert cli.main(["real"]) == 0
-    (gpu_config, overrides, gpu), (cpu_config, _, cpu) = calls
+    assert cli.main(["real", "--out", "runs/mine", "--trainer.output_dir", "runs/wins"]) == 0
+    assert calls[-1][1] == [
+        "--trainer.output_dir",
+        "runs/mine",
+        "--trainer.output_dir",
+        "runs/wins",
+    ]
+    (gpu_config, overrides, gpu), (cpu_config, _, cpu), _ = calls
     assert gpu_config == "configs/gsm8k_smollm2_gpu.toml" and overrides == ["--trainer.seed", "3"]
     assert gpu == Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973,
                         rl_problems=300)  # fmt: skip
