@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo real test test-fast lint clean chromium torch
+.PHONY: demo real test test-fast lint clean chromium torch bench-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ test: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 
 test-fast: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# On a machine with a GPU (and a CUDA build of torch, TORCH_SPEC): the GPU tests, then the
+# engine against transformers on the card (docs/benchmarks.md), then the real recipe sized for it.
+bench-gpu: torch $(VENV)/.installed-dev $(VENV)/.installed-real
+	$(BIN)/python -m pytest -m gpu tests
+	$(BIN)/codeloop bench rollout --device cuda --dtype bfloat16 --requests 256 --gen-tokens 512 \
+	  --max-batch 256 --trajectories 256 --tokens 200 --repeat 2 --profile
+	$(BIN)/codeloop real --gpu
 
 # ruff over everything; mypy --strict over the package.
 lint: $(VENV)/.installed-dev
