@@ -4,7 +4,8 @@ A bar redraws itself with carriage returns; written to a file (`make real > log`
 one line of hundreds of updates. `progress_bar(...)` takes tqdm's arguments and returns a tqdm bar
 when standard error is a terminal; otherwise an object with the same methods that prints one
 plain line when the work starts, at most every `LINE_EVERY_S` seconds while it goes on, and
-when it ends: `eval: 120/500 problems (reward=0.125)`.
+when it ends: `eval: 120/500 problems (reward=0.125)`. A transient bar (`leave=False`) prints
+only when its work lasts `LINE_EVERY_S`, and then its end too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Lines:
     context) printing plain lines to standard error."""
 
     def __init__(self, iterable: Iterable[Any] | None = None, total: float | None = None,
-                 initial: float = 0, desc: str = "", unit: str = "it",
+                 initial: float = 0, desc: str = "", unit: str = "it", leave: bool = True,
                  **_ignored: Any) -> None:  # fmt: skip
         self.iterable = iterable
         if total is None and isinstance(iterable, Sized):
@@ -44,7 +45,12 @@ class Lines:
         self._closed = False
         self._with_postfix = False  # a caller that sets one right after each update
         self._due = False
-        self._print()
+        # a transient bar (leave=False: a step's rollout, say) prints only work that lasts
+        self.leave, self._printed = leave, 0
+        if leave:
+            self._print()
+        else:
+            self._printed_at = time.monotonic()
 
     def __enter__(self) -> Lines:
         return self
@@ -83,7 +89,8 @@ class Lines:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._print()
+            if self.leave or self._printed:
+                self._print()
 
     def _print(self) -> None:
         """The current line, unless it is the one printed last."""
@@ -93,5 +100,5 @@ class Lines:
         tail = f" ({self.postfix})" if self.postfix else ""
         line = f"{head}{done} {self.unit}{tail}"
         if line != self._last:
-            self._last = line
+            self._last, self._printed = line, self._printed + 1
             print(line, file=sys.stderr, flush=True)

@@ -41,6 +41,21 @@ def test_a_line_waits_for_the_postfix_of_its_update_and_never_repeats(
     ]  # fmt: skip
 
 
+def test_a_transient_bar_prints_only_work_that_lasts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    with progress_bar(total=8, desc="rollout", unit="traj", leave=False) as bar:
+        bar.update(8)  # a quick one: nothing at all
+    assert capsys.readouterr().err == ""
+    with progress_bar(total=8, desc="rollout", unit="traj", leave=False) as bar:
+        now[0] = 45.0
+        bar.update(3)  # a long one: a line when due, and its end
+        bar.update(5)
+    assert capsys.readouterr().err.splitlines() == ["rollout: 3/8 traj", "rollout: 8/8 traj"]
+
+
 def test_an_iterable_counts_its_items(capsys: pytest.CaptureFixture[str]) -> None:
     assert list(progress_bar(["a", "b", "c"], desc="entropy", unit="trajectory")) == ["a", "b", "c"]
     assert capsys.readouterr().err.splitlines()[-1] == "entropy: 3/3 trajectory"
