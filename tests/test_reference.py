@@ -34,7 +34,10 @@ def test_every_command_has_its_help(pages: dict[str, str]) -> None:
     assert "--random-weights" in page and "--gpu" in page  # options of sub-parsers of their own
 
 
-def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     pages: dict[str, str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(reference, "pages", lambda: pages)  # generated once for the module
     assert reference.main(str(tmp_path), check=True) == 1
     assert "configuration.md" in capsys.readouterr().out
     assert reference.main(str(tmp_path), check=False) == 0
