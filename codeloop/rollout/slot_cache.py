@@ -263,7 +263,12 @@ class SlotDecoder:
 
     def load_kv(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
                 ) -> None:  # fmt: skip
-        """Write the first `length` columns of a prefix-cache entry into a slot."""
+        """Write the first `length` columns of a prefix-cache entry into a slot: one copy when
+        the entry is `slot_kv`'s (views of one tensor), else one per layer and tensor."""
+        whole = kv[0][0]._base
+        if whole is not None and whole.shape[:2] == (len(kv), 2) and whole.dim() == 5:
+            self.kv[:, :, slot, :, :length] = whole[:, :, :, :length]
+            return
         for index, (keys, values) in enumerate(kv):
             self.kv[index, 0, slot, :, :length] = keys[:, :length]
             self.kv[index, 1, slot, :, :length] = values[:, :length]
