@@ -392,13 +392,13 @@ def _real(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from codeloop.recipe.real import main
-    from codeloop.recipe.sizes import GPU_CONFIG, GPU_SIZES, Sizes
+    from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_SIZES, Sizes
 
     given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
                                                     "sft_problems", "rl_problems")}  # fmt: skip
     sizes = replace(GPU_SIZES if args.gpu else Sizes(),
                     **{k: v for k, v in given.items() if v is not None})  # fmt: skip
-    config = args.config or (GPU_CONFIG if args.gpu else "configs/gsm8k_smollm2.toml")
+    config = args.config or (GPU_CONFIG if args.gpu else CPU_CONFIG)
     return main(config, _with_out(args), sizes)
 
 

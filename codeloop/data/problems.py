@@ -39,9 +39,9 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
     if not source:
         raise DataError("no problem file given: set data.train (a JSONL or Parquet file, or a "
                         "hub dataset name)")  # fmt: skip
+    if not path.exists() and _looks_like_a_path(source):  # never a minute of hub retries
+        raise DataError(f"{source}: no such file")
     if path.suffix == ".jsonl":
-        if not path.exists():
-            raise DataError(f"{source}: no such file")
         records = []
         for number, line in enumerate(read_text_input(path, "problems").splitlines(), 1):
             if not line.strip():
@@ -52,8 +52,6 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
                 raise DataError(f"{source}:{number}: not JSON ({err.msg})") from err
         return records
     if path.suffix == ".parquet":
-        if not path.is_file():
-            raise DataError(f"{source}: no such file")
         try:
             import pyarrow.parquet as pq  # optional: the `hub` extra
         except ImportError:
@@ -66,8 +64,6 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{source}:row {i}", row) for i, row in enumerate(rows, 1)]
     if path.exists():
         raise DataError(f"{source}: expected a .jsonl or .parquet file")
-    if _looks_like_a_path(source):  # not a hub name: no minute of retries against a hub
-        raise DataError(f"{source}: no such file")
     try:
         import datasets  # a hub name: needs the `datasets` package and network access
     except ImportError:

@@ -18,6 +18,7 @@ class Sizes:
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
 
+CPU_CONFIG = "configs/gsm8k_smollm2.toml"  # the package's own (config.config_path)
 GPU_CONFIG = "configs/gsm8k_smollm2_gpu.toml"
 # one GPU: SFT on the training split but the RL problems, 500 x 4 development scores
 GPU_SIZES = Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=600)

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 
@@ -70,11 +71,6 @@ def ladder(rows: int) -> list[int]:
     `rows`."""
     sizes = [b for b in (1, 2, 4, 8) if b < rows] + list(range(16, rows, 16))
     return [*sizes, rows]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class SlotDecoder:
@@ -145,7 +141,7 @@ class SlotDecoder:
         slots = self.slots[:n] if slots is None else slots
         group = self.heads // self.kv_heads
         x = self.model.model.embed_tokens(tokens)  # [n, T, hidden]
-        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        cos, sin = self.cos[positions], self.sin[positions]  # [n, T, head_dim]
         columns = torch.arange(width, device=tokens.device)
         attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
         mask = attend[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
@@ -158,8 +154,7 @@ class SlotDecoder:
             v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)  # [n, T, heads, D]
             keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
             keys[where, :, positions] = k
             values[where, :, positions] = v
