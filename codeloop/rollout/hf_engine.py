@@ -19,7 +19,7 @@ request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently us
 trajectory's next turn and the other samples of a prompt prefill only their new tokens;
 identical prompts in one prefill are computed once; new weights empty it. transformers'
 continuous-batching manager (`generate_batch`, paged attention) measured at a fraction of
-`generate`'s speed on a 2-core AMD EPYC and at 0.4x on an H200 (docs/benchmarks.md), which is
+`generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which is
 why this is hand-written.
 
 Sampling is vectorised over the batch: the logprob returned for a token is under
