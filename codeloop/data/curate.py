@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from codeloop.data.problems import Problem
+from codeloop.files import write_atomic
 from codeloop.reward.integer import parse_integer
 
 
@@ -92,7 +93,7 @@ def write_problems(path: str | Path, problems: Sequence[Problem]) -> None:
     """JSONL with the default field names (`id`, `problem`, `answer`, and `solution` where a
     problem has one)."""
     records = [{k: v for k, v in asdict(p).items() if k != "solution" or v} for p in problems]
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def write_removals(path: str | Path, removals: Sequence[Removal]) -> None:

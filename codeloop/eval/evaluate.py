@@ -30,6 +30,7 @@ from typing import Any
 from codeloop.config import Config, RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.eval.metrics import majority_correct, summarise
+from codeloop.files import write_atomic
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
@@ -225,5 +226,5 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
     finally:
         verifier.close()
     result = summary([done[i] for i in ids if i in done])
-    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_atomic(out / "summary.json", json.dumps(result, indent=2) + "\n")
     return result

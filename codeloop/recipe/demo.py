@@ -36,6 +36,7 @@ from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.passrate import policy_metrics, score_snapshot
+from codeloop.files import directory_atomic, write_atomic
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
@@ -151,7 +152,7 @@ async def run_demo(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
             _print_point(points[-1])
     summary = {"seed": seed, "resample": cfg.algo.resample, "points": points,
                "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
 
@@ -193,8 +194,9 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
                                   stop_when=stop_when))  # fmt: skip
     finally:
         logger.close()
-    model.save_pretrained(run_dir / "sft" / "model")
-    fmt.save_pretrained(run_dir / "sft" / "model")
+    with directory_atomic(saved) as partial:
+        model.save_pretrained(partial)
+        fmt.save_pretrained(partial)
     return model
 
 
@@ -247,7 +249,7 @@ async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
                 shutil.copytree(shared, target / "sft")
             summary = await run_demo(target, seed, sizes, [*(overrides or []), *extra])
             results[f"{variant}-seed{seed}"] = summary["points"][-1]
-    (run_dir / "ablation" / "summary.json").write_text(json.dumps(results, indent=2))
+    write_atomic(run_dir / "ablation" / "summary.json", json.dumps(results, indent=2))
     _print_ablation(results, seeds)
     return results
 
@@ -289,7 +291,7 @@ async def run_modes(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
             seconds += sum(r["timing/step_s"] for r in rows)
             point |= {"trained_tokens": tokens, "rl_seconds": seconds}
         results[mode] = summary
-    (run_dir / "modes" / "summary.json").write_text(json.dumps(results, indent=2))
+    write_atomic(run_dir / "modes" / "summary.json", json.dumps(results, indent=2))
     _print_modes(results)
     _plot_modes(results, run_dir / "modes" / "curves.png")
     return results

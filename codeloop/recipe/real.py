@@ -39,6 +39,7 @@ from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
 from codeloop.eval.evaluate import eval_rollout_config, tool_record, tool_shares
 from codeloop.eval.passrate import policy_metrics, score_snapshot
+from codeloop.files import directory_atomic, write_atomic
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
@@ -130,15 +131,16 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
         conversations = built.conversations
         print(f"sft data: {len(conversations)} conversations from {sizes.sft_problems} "
               f"solutions; dropped {dict(built.dropped)}", flush=True)  # fmt: skip
-        data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+        write_atomic(data, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
     logger = RunLogger(run_dir / "sft")
     try:
         train_sft(model.to(world.device), fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
                   cfg.trainer.grad_clip, world)  # fmt: skip
     finally:
         logger.close()
-    model.save_pretrained(saved)
-    fmt.save_pretrained(saved)
+    with directory_atomic(saved) as partial:
+        model.save_pretrained(partial)
+        fmt.save_pretrained(partial)
     trim_when_above(0.0)  # SFT's freed activations go back before the engines take memory
     return model
 
@@ -172,7 +174,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
                 return
             metrics = await evaluate(model, fmt, held_out, tools, cfg, sizes.eval_samples)
             points.append({"stage": stage, **metrics})
-            points_file.write_text(json.dumps(points, indent=2))
+            write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1])
 
         model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
@@ -184,11 +186,12 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
             await run_recipe(one, model, fmt, rl_problems, tools, world)
             await measure(stage.name)
     final = run_dir / "final_model"
-    model.save_pretrained(final)
-    fmt.save_pretrained(final)
+    with directory_atomic(final) as partial:
+        model.save_pretrained(partial)
+        fmt.save_pretrained(partial)
     summary = {"model": cfg.trainer.model, "sizes": asdict(sizes), "points": points,
                "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
 

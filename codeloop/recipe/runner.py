@@ -30,12 +30,13 @@ from typing import Any
 from codeloop.config import Config, stage_config
 from codeloop.data.problems import Problem
 from codeloop.eval.passrate import pass_rates
+from codeloop.files import write_atomic
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier, one_process
-from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, problem_digest
 
 
@@ -66,7 +67,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             if kept is None:
                 kept = list(await _stage_problems(run, stage, current, scfg))
                 if stage.refilter and world.is_main:
-                    (stage_dir / PROBLEMS_FILE).write_text(json.dumps([p.id for p in kept]))
+                    write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             current = run.problems = kept
             if carried is not None and not stage.reset_optimizer:
                 run.learner.optimizer.load_state_dict(carried["optimizer"])
@@ -82,10 +83,14 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         finally:
             logger.close()
             await run.close()
+        logged = read_metrics(stage_dir)[-1:]  # killed after the stage's last step: no history
+        final = (
+            history[-1] if history else {k: v for r in logged for k, v in r.items() if k != "step"}
+        )
         summary = {"stage": stage.name, "index": index, "steps": stage.steps,
-                   "problems": len(kept), "final": history[-1] if history else {}}  # fmt: skip
+                   "problems": len(kept), "final": final}  # fmt: skip
         if world.is_main:
-            done.write_text(json.dumps(summary, indent=2))
+            write_atomic(done, json.dumps(summary, indent=2))
         barrier(world)
         summaries.append(summary)
         learner = run.learner

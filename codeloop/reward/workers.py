@@ -63,7 +63,7 @@ class VerifierPool:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
         command = [sys.executable, "-m", "codeloop.reward.zygote", str(theirs.fileno())]
         zygote = subprocess.Popen(
-            [*command, str(self.memory_mb)], pass_fds=[theirs.fileno()], env=env
+            [*command, str(self.memory_mb), str(os.getpid())], pass_fds=[theirs.fileno()], env=env
         )
         theirs.close()
         return zygote, ours

@@ -53,21 +53,23 @@ def serve(conn: Connection, memory_mb: int) -> None:
         conn.send(same)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent is already gone
+    if os.getppid() != parent:  # the parent died before that
         os._exit(1)
 
 
-def zygote(control: socket.socket, memory_mb: int) -> None:
-    """Fork one worker per byte received; send back its pid and its end of a socket pair."""
-    _die_with_parent()
+def zygote(control: socket.socket, memory_mb: int, parent: int) -> None:
+    """Fork one worker per byte received; send back its pid and its end of a socket pair.
+    `parent`: the pid of the process that started it (the zygote and its workers die with it)."""
+    _die_with_parent(parent)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": we own it
     for pred, gold in WARMUP:  # fill the parser's prediction cache once, shared by all workers
         equivalent(pred, gold)
     gc.freeze()  # keep the imported objects' pages shared with the workers
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed workers
+    me = os.getpid()
     while control.recv(1):
         ours, theirs = socket.socketpair()
         pid = os.fork()
@@ -75,7 +77,7 @@ def zygote(control: socket.socket, memory_mb: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             control.close()
             ours.close()
-            _die_with_parent()
+            _die_with_parent(me)
             serve(Connection(theirs.detach()), memory_mb)
             os._exit(0)
         theirs.close()
@@ -84,4 +86,4 @@ def zygote(control: socket.socket, memory_mb: int) -> None:
 
 
 if __name__ == "__main__":
-    zygote(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))
+    zygote(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))

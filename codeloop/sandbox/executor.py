@@ -159,6 +159,7 @@ def setup_child(spec: ChildSpec) -> None:
     isolation.apply_limits(spec.limits)
     if spec.uid is not None:
         isolation.drop_privileges(spec.uid)
+        isolation.die_with_parent()  # a change of credentials cleared the first request
     _fresh_stdio()
     signal.signal(signal.SIGALRM, _on_soft_timeout)
     if spec.timeout_s is not None:

@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import os
 import resource
+import signal
 import sys
 from dataclasses import dataclass, field
 
@@ -228,8 +229,14 @@ def drop_privileges(uid: int) -> None:
 
 
 def no_new_privs_and_die_with_parent() -> None:
-    prctl(PR_SET_PDEATHSIG, 9)
+    die_with_parent()
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the parent dies. The kernel forgets this request when the process's
+    credentials change (setresuid, setresgid): make it again after dropping privileges."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _write_autogroup(proc_fd: int, path: str, nice: int) -> None:

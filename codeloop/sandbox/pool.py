@@ -107,6 +107,7 @@ class _Worker:
             "max_running": self.max_running,
             "uid_base": UID_BASE + self.index * SLOTS_PER_WORKER,
             "tmpfs_mb": 512,
+            "parent": os.getpid(),
         }
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -430,6 +430,9 @@ def main() -> None:
         print(f"codeloop sandbox: warm-up code failed: {err!r}", file=sys.stderr)
     status_fd = os.open("/proc/self/status", os.O_RDONLY)
     root = isolation.enter_sandbox_root(int(settings["tmpfs_mb"]))
+    isolation.die_with_parent()  # after the namespaces: a change of credentials clears it
+    if os.getppid() != settings["parent"]:  # the pool's process died before that
+        sys.exit(1)
     settings["base_vm_bytes"] = _vm_size_bytes(status_fd)
     os.close(status_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool stops us by closing the socket

@@ -2,9 +2,9 @@
 
 `checkpoints/step_NNNNNN/` holds `model/` (save_pretrained, with the tokenizer when given: a
 transformers directory that `codeloop eval --model`, `codeloop serve` and `from_pretrained` load)
-and `state.pt` (everything else). A checkpoint is written to a temporary
-directory and renamed, so a crash never leaves a half-written one; the oldest beyond `keep`
-are removed.
+and `state.pt` (everything else). A checkpoint is written to a scratch directory and renamed
+(`files.directory_atomic`), so a killed run never leaves a half-written one; the oldest beyond
+`keep` are removed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from codeloop.files import directory_atomic
 
 
 def _rng_state() -> dict[str, Any]:
@@ -39,16 +41,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
     """`model_state`/`optimizer_state`: full (unsharded) states gathered by an FSDP run."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
-    partial = root / f".partial_step_{step:06d}"
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial / "model", state_dict=model_state)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(partial / "model")
-    state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "rng": _rng_state(), "extra": extra}  # fmt: skip
-    torch.save(state, partial / "state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
+    with directory_atomic(final) as partial:
+        model.save_pretrained(partial / "model", state_dict=model_state)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial / "model")
+        state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                 "extra": extra}  # fmt: skip
+        torch.save(state, partial / "state.pt")
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old)
     return final

@@ -323,16 +323,19 @@ class RLRun:
         self.learner.save(self.logger.run_dir, self.step_index, extra, self.fmt)
 
     def resume(self) -> bool:
-        """Continue from the run directory's latest checkpoint, if there is one."""
+        """Continue from the run directory's latest checkpoint, if there is one. Either way the
+        logs are rewound to the step the run starts from: what a killed attempt logged past its
+        last checkpoint is logged again when the step is redone, not twice."""
         path = latest_checkpoint(self.logger.run_dir)
-        if path is None:
-            return False
-        self.step_index, extra = self.learner.load(path)
-        self.data_position = int(extra["data_position"])
-        self.roc_rng.setstate(extra["roc_rng"])
-        self.pending = [int(p) for p in extra.get("pending", [])]
-        self.async_next = [int(k) for k in extra.get("async_next", [])]
-        return True
+        if path is not None:
+            self.step_index, extra = self.learner.load(path)
+            self.data_position = int(extra["data_position"])
+            self.roc_rng.setstate(extra["roc_rng"])
+            self.pending = [int(p) for p in extra.get("pending", [])]
+            self.async_next = [int(k) for k in extra.get("async_next", [])]
+        if self.world.is_main:
+            self.logger.rewind(self.step_index)
+        return path is not None
 
 
 def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:

@@ -9,6 +9,7 @@ from typing import Any
 from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
+from codeloop.files import directory_atomic
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
@@ -34,8 +35,9 @@ def run_sft(cfg: Config) -> Path:
     out = Path(cfg.trainer.output_dir) / "sft_model"
     weights = distributed.full_state_dict(model, world, everywhere=False)
     if world.is_main:
-        model.save_pretrained(out, state_dict=weights)
-        fmt.save_pretrained(out)  # the tokenizer, the prompt format, the eval settings
+        with directory_atomic(out) as partial:  # whole or absent, should the run be killed
+            model.save_pretrained(partial, state_dict=weights)
+            fmt.save_pretrained(partial)  # the tokenizer, the prompt format, the eval settings
     distributed.barrier(world)
     return out
 

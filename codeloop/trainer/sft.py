@@ -150,7 +150,8 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
               stop_when: Callable[[int], bool] | None = None, sources: Sequence[str] = ()
               ) -> list[dict[str, float]]:  # fmt: skip
     """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics,
-    logged as steps `first_step + 1`, ... (a later phase of one run continues the numbering).
+    logged as steps `first_step + 1`, ... (a later phase of one run continues the numbering;
+    what the logger holds past `first_step`, from a killed attempt, is dropped first).
     `stop_when(steps done)`, called after every step, ends training early when it says so.
     `sources` names where each conversation came from (`file:line`) in errors."""
     world = world or World()
@@ -173,6 +174,8 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
     rng = random.Random(seed)
     pad_id = fmt.tokenizer.pad_token_id or 0
     history = []
+    if logger is not None:  # a killed attempt's steps are about to be done again
+        logger.rewind(first_step)
     model.train()
     with progress_bar(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):

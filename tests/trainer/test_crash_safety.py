@@ -1,0 +1,124 @@
+"""Runs killed with SIGKILL and restarted: every step is logged once, checkpoints are whole,
+no process of a killed run survives it, and (synchronous mode) the log equals that of a run that
+was never killed."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from leftovers import left_behind
+from trainer_helpers import cli_inputs, rl_arguments
+
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.logs import read_metrics
+
+KILL_AT = Path(__file__).with_name("kill_at.py")
+STEPS = 6
+# (point, n): killed right after step 3's metrics are written (not checkpointed: every 2),
+# as step 4's update starts, while writing step 4's checkpoint, in the middle of a rollout
+POINTS = [("logged", 3), ("update", 2), ("checkpoint", 1), ("rollout", 40)]
+RANDOM_STEPS = 16
+SAME = ("rollout/response_tokens", "rollout/status_no_answer", "reward/mean", "loss/lr")
+
+
+def _train_args(trainer_fmt: PromptFormat, root: Path, mode: str, steps: int = STEPS
+                ) -> list[str]:  # fmt: skip
+    base, _, problems = cli_inputs(trainer_fmt, root)
+    args = rl_arguments(base, problems, root / "run", 2)
+    return ["train", *args, "--trainer.checkpoint_every", "2", "--trainer.max_steps",
+            str(steps), "--trainer.mode", mode]  # fmt: skip
+
+
+def _start(command: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, *command], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _check_whole(run_dir: Path, killed: list[int], steps: int = STEPS) -> list[dict[str, float]]:
+    """The run's log has every step once; its last checkpoint loads; nothing is left over."""
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    dumps = sorted(p.name for p in (run_dir / "trajectories").iterdir())
+    assert dumps == [f"step_{s:06d}.jsonl" for s in range(1, steps + 1)]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    last_three = [f"step_{s:06d}" for s in range(steps - 4, steps + 1, 2)]
+    assert checkpoints == last_three  # trainer.keep_checkpoints, and no scratch copy
+    state = torch.load(run_dir / "checkpoints" / last_three[-1] / "state.pt", weights_only=False)
+    assert state["step"] == steps
+    assert not list(run_dir.rglob(".partial-*"))
+    assert left_behind(killed) == []
+    return metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_killed_at_chosen_moments_logs_each_step_once(
+    trainer_fmt: PromptFormat, tmp_path: Path, mode: str
+) -> None:
+    args = _train_args(trainer_fmt, tmp_path, mode)
+    killed = []
+    for point, n in POINTS:
+        run = _start([str(KILL_AT), point, str(n), *args])
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
+        killed.append(run.pid)
+    finished = _start(["-m", "codeloop", *args])
+    _, err = finished.communicate(timeout=300)
+    assert finished.returncode == 0, err[-3000:]
+    metrics = _check_whole(tmp_path / "run", killed)
+    if mode == "sync":  # exact resume: the same steps as a run never killed
+        clean_root = tmp_path / "clean"
+        clean_root.mkdir()
+        clean = _start(["-m", "codeloop", *_train_args(trainer_fmt, clean_root, mode)])
+        assert clean.wait(timeout=300) == 0
+        expected = read_metrics(clean_root / "run")
+        assert [{k: m[k] for k in SAME} for m in metrics] == [
+            {k: m[k] for k in SAME} for m in expected
+        ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_killed_at_random_moments_logs_each_step_once(
+    trainer_fmt: PromptFormat, tmp_path: Path, mode: str
+) -> None:
+    args = _train_args(trainer_fmt, tmp_path, mode, steps=RANDOM_STEPS)
+    rng = random.Random(f"{mode}-kills")
+    killed = []
+    for _ in range(8):
+        run = _start(["-m", "codeloop", *args])
+        try:  # the process takes ~3 s to start and ~0.2 s a step on two cores
+            run.wait(timeout=rng.uniform(2.0, 6.0))
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+            killed.append(run.pid)
+            continue
+        assert run.returncode == 0, run.stderr.read()[-3000:] if run.stderr else ""
+        break
+    else:
+        run = _start(["-m", "codeloop", *args])
+        assert run.wait(timeout=300) == 0
+    _check_whole(tmp_path / "run", killed, RANDOM_STEPS)
+    assert len(killed) >= 3  # the test did what it says
+
+
+@pytest.mark.slow
+def test_sft_killed_after_a_step_starts_over_and_logs_each_step_once(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    base, sft_data, _ = cli_inputs(trainer_fmt, tmp_path)
+    args = ["sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
+            "--trainer.output_dir", str(tmp_path / "run"), "--sft.epochs", "3"]  # fmt: skip
+    killed = _start([str(KILL_AT), "logged", "2", *args])
+    assert killed.wait(timeout=300) == -9
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2]
+    assert not (tmp_path / "run" / "sft_model").exists()
+    finished = _start(["-m", "codeloop", *args])
+    assert finished.wait(timeout=300) == 0
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2, 3]
+    assert (tmp_path / "run" / "sft_model" / "model.safetensors").is_file()
+    assert left_behind([killed.pid]) == []
