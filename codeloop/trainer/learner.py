@@ -127,6 +127,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             trim_when_above()  # a CPU run's freed activations otherwise pile up (memory.py)
             stepped += 1
+        lr = float(self.lr_schedule.get_last_lr()[0])  # this step's, before the schedule moves
         with warnings.catch_warnings():  # a step without signal stepped no optimiser: the
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
             self.lr_schedule.step()  # schedule still follows RL steps
@@ -142,7 +143,7 @@ class Learner:
             )
         }
         return metrics | {"loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
-                          "loss/lr": float(self.lr_schedule.get_last_lr()[0]),
+                          "loss/lr": lr,
                           "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
 
     @torch.no_grad()

@@ -1,6 +1,7 @@
 import asyncio
 import json
 
+import pytest
 from rollout_helpers import ScriptedEngine
 
 from codeloop.config import RolloutConfig, SandboxConfig
@@ -30,7 +31,7 @@ class FakeTools:
 
 
 def _run(
-    fmt: PromptFormat, turns: list[str], tools: object = None, **cfg: int
+    fmt: PromptFormat, turns: list[str], tools: object = None, **cfg: float
 ) -> tuple[Trajectory, ScriptedEngine]:  # type: ignore[type-arg]
     engine = ScriptedEngine(fmt, turns)
     prompt = fmt.prompt_ids("What is 2 + 3?")
@@ -123,3 +124,36 @@ def test_with_the_real_sandbox(fmt: PromptFormat) -> None:
     t = asyncio.run(main())
     assert t.tool_calls[0].result.stdout == "42\n" and not t.tool_calls[0].failed
     assert t.status == RolloutStatus.ANSWERED
+
+
+@pytest.mark.parametrize(
+    ("last_turn", "status"),
+    [
+        (f"<answer>\\boxed{{5}}</answer>{END}", RolloutStatus.ANSWERED),
+        ("<answer>5</answer>", RolloutStatus.ANSWERED),  # no end token, no call: it ended
+        (f"<answer>\\boxed{{5}}{END}", RolloutStatus.NO_ANSWER),  # never closed
+        (f"</answer> then <answer>5{END}", RolloutStatus.NO_ANSWER),  # closed before it opened
+        (f"<answer>4</answer> no, <answer>5{END}", RolloutStatus.NO_ANSWER),  # the last is open
+        (f"The answer is \\boxed{{5}}.{END}", RolloutStatus.NO_ANSWER),  # no answer tags
+    ],
+)  # fmt: skip
+def test_what_counts_as_an_answer(fmt: PromptFormat, last_turn: str, status: RolloutStatus) -> None:
+    t, _ = _run(fmt, [_call("print(5)"), last_turn])
+    assert t.status == status and t.num_turns == 2
+
+
+def test_each_turn_may_sample_only_what_is_left_of_the_response_budget(
+    fmt: PromptFormat,
+) -> None:
+    turns = [_call("print(1)"), _call("print(2)"), f"<answer>\\boxed{{2}}</answer>{END}"]
+    observation = len(fmt.tool_response_ids("5"))
+    first, second = len(fmt.encode(turns[0])), len(fmt.encode(turns[1]))
+    budget = first + second + 2 * observation + 30  # 30 tokens left for the third turn
+    t, engine = _run(fmt, turns, max_response_tokens=budget, max_tokens_per_turn=first + 40)
+    assert [p.max_tokens for p in engine.params] == [first + 40, first + 40, 30]
+    assert t.status == RolloutStatus.ANSWERED
+
+
+def test_the_configured_temperature_and_top_p_reach_the_engine(fmt: PromptFormat) -> None:
+    _, engine = _run(fmt, [f"<answer>1</answer>{END}"], temperature=0.3, top_p=0.7)  # type: ignore[arg-type]
+    assert (engine.params[0].temperature, engine.params[0].top_p) == (0.3, 0.7)

@@ -1,6 +1,7 @@
 """`codeloop serve` in a subprocess, driven by the OpenAI-compatible engine over real HTTP."""
 
 import asyncio
+import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +230,62 @@ def test_metrics_follow_the_running_requests(served: tuple[str, Path], fmt: Prom
         usage = float(gauges["codeloop_engine_kv_cache_usage"])
         assert usage == pytest.approx(running * reserve / 1000, abs=1e-6)  # --kv-capacity 1000
     assert read()["codeloop_engine_requests_running"] == "0"
+
+
+def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat) -> None:
+    """The request bodies an OpenAI-compatible server receives over a two-turn trajectory:
+    the config's temperature and top-p, the stop string, the seed per turn, and each turn's
+    max_tokens = what is left of the response budget, capped per turn."""
+    from aiohttp import web
+
+    from codeloop.config import RolloutConfig
+    from codeloop.rollout.agent import run_trajectory
+    from codeloop.rollout.toolcall import TOOL_NAME
+    from codeloop.types import ExecRequest, ExecResult, ExecStatus
+
+    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(5)"}})
+    call = f"<tool_call>\n{payload}\n</tool_call>"
+    turns = [fmt.encode(call), fmt.encode("<answer>\\boxed{5}</answer>")]
+    bodies: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        ids = turns[len(bodies) - 1]
+        logprobs = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}
+        return web.json_response({"choices": [{"logprobs": logprobs, "finish_reason": "stop"}]})
+
+    class Tools:
+        async def execute(self, request: ExecRequest) -> ExecResult:
+            return ExecResult(ExecStatus.OK, stdout="5\n")
+
+    cfg = RolloutConfig(temperature=0.6, top_p=0.9, max_response_tokens=100,
+                        max_tokens_per_turn=60)  # fmt: skip
+    prompt = fmt.prompt_ids("What is 2 + 3?")
+
+    async def main() -> Any:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        engine = OpenAIEngine(f"http://127.0.0.1:{port}", model="policy")
+        try:
+            return await run_trajectory(engine, Tools(), fmt, cfg, "p", 0, prompt, seed=7)
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    trajectory = asyncio.run(main())
+    observation = fmt.tool_response_ids("5")
+    used = len(turns[0]) + len(observation)  # sampled and inserted tokens count alike
+    assert len(turns[0]) < 60 and 100 - used < 60  # the second turn: what is left, not 60
+    assert trajectory.response_ids == turns[0] + observation + turns[1]
+    same = {"model": "policy", "temperature": 0.6, "top_p": 0.9, "stop": ["</tool_call>"],
+            "logprobs": 0, "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True, "skip_special_tokens": False}  # fmt: skip
+    assert bodies == [
+        {**same, "prompt": prompt, "max_tokens": 60, "seed": 7},
+        {**same, "prompt": prompt + turns[0] + observation, "max_tokens": 100 - used, "seed": 8},
+    ]

@@ -122,7 +122,6 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
         "step_000001", "step_000002", "step_000003"]  # fmt: skip
 
 
-@pytest.mark.slow
 def _served_policy(fmt: PromptFormat, weights: Any, root: Path) -> tuple[Any, Path, Config]:
     """The SFT policy, saved where `codeloop serve` can serve it, and a run config."""
     model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
@@ -133,6 +132,7 @@ def _served_policy(fmt: PromptFormat, weights: Any, root: Path) -> tuple[Any, Pa
     return model, served, _config(root / "run")
 
 
+@pytest.mark.slow
 def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any
 ) -> None:
@@ -177,6 +177,7 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
         assert max(abs(a - b) for a, b in zip(trained, before, strict=True)) > 2e-4
 
 
+@pytest.mark.slow
 def test_a_server_that_kept_its_old_weights_stops_the_run(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any,
     monkeypatch: pytest.MonkeyPatch,

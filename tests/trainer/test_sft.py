@@ -1,7 +1,9 @@
 import json
+import math
 from pathlib import Path
 
 import pytest
+import torch
 from trainer_helpers import cli_inputs, conversation
 
 from codeloop.config import Config, SFTConfig
@@ -121,3 +123,20 @@ def test_warmup_ratio_is_a_share_of_all_steps() -> None:
         schedule.step()
     assert factors[:5] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])  # 4 warm-up steps, the peak
     assert factors[-1] == pytest.approx(0.1, abs=1e-3)  # cosine down to min_lr_ratio
+
+
+def test_the_sft_schedule_warms_up_then_decays_on_a_cosine_to_its_floor() -> None:
+    from codeloop.trainer.sft import _schedule
+
+    cfg = SFTConfig(lr=1.0, warmup_steps=2, min_lr_ratio=0.1)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    schedule = _schedule(optimizer, cfg, total_steps=6)
+    rates = []
+    for _ in range(7):
+        rates.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    # warm-up 1/2, 2/2; then 0.1 + 0.9 * (1 + cos(pi * k / 4)) / 2 for k = 0..4
+    cosine = [0.1 + 0.45 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]
+    assert rates == pytest.approx([0.5, 1.0, *cosine])
+    assert cosine[-1] == pytest.approx(0.1)

@@ -1,0 +1,42 @@
+"""Checkpoints: how many are kept, and a resumed process draws the random numbers the saved one
+would have drawn next (Python, NumPy, torch)."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from codeloop.trainer.model import tiny_model
+
+
+def _state() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    model = tiny_model(16, hidden_size=16, layers=1, heads=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+
+def _draws() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def test_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
+    model, optimizer, schedule = _state()
+    for step in range(1, 5):
+        save_checkpoint(tmp_path, step, model, optimizer, schedule, {}, keep=2)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_000003", "step_000004"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_000004"
+
+
+def test_a_resumed_process_draws_the_numbers_the_saved_one_would_have(tmp_path: Path) -> None:
+    model, optimizer, schedule = _state()
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    _draws()
+    path = save_checkpoint(tmp_path, 7, model, optimizer, schedule, {"data_position": 11}, keep=1)
+    expected = [_draws() for _ in range(3)]
+    random.seed(99), np.random.seed(99), torch.manual_seed(99)  # a fresh process's own state
+    step, extra = load_checkpoint(path, *_state())
+    assert (step, extra) == (7, {"data_position": 11})
+    assert [_draws() for _ in range(3)] == expected
