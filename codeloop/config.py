@@ -601,6 +601,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"{source}: {err}") from None
     apply_overrides(cfg, overrides)
     _check_stage_overrides(cfg, source)
+    if 0 < cfg.algo.dual_clip <= 1:  # c <= 1 would cap a negative advantage below its clip
+        raise ConfigError(f"{source}: algo.dual_clip: must be 0 (off) or > 1, got "
+                          f"{cfg.algo.dual_clip}")  # fmt: skip
     return cfg
 
 

@@ -17,6 +17,14 @@ def test_half_correct() -> None:
     assert group_advantages([1, 1, 0, 0]) == pytest.approx([a, a, -a, -a], rel=1e-5)
 
 
+def test_eps_keeps_a_tiny_spread_from_exploding() -> None:
+    # rewards 1e-6 and 0: mean 5e-7, sample std sqrt(2 * (5e-7)^2) = 7.0711e-7; with the
+    # default eps 1e-6 the advantages are +-5e-7 / 1.70711e-6 = +-0.29289 (not +-0.7071)
+    assert group_advantages([1e-6, 0.0]) == pytest.approx([0.29289, -0.29289], rel=1e-4)
+    # eps 0.5 on rewards 1, 0: +-0.5 / (0.70711 + 0.5)
+    assert group_advantages([1.0, 0.0], eps=0.5) == pytest.approx([0.41421, -0.41421], rel=1e-4)
+
+
 @pytest.mark.parametrize("rewards", [[1.0] * 4, [0.0] * 4, [1.0]])
 def test_groups_without_signal(rewards: list[float]) -> None:
     assert not has_signal(rewards)
@@ -56,6 +64,30 @@ def test_dual_clip_caps_negative_advantage_losses() -> None:
     assert capped.item() == pytest.approx(3.0)
     positive, _, _ = _loss([4.0], 1.0, dual_clip=3.0)  # A > 0: untouched, -1.28
     assert positive.item() == pytest.approx(-1.28)
+
+
+def test_dual_clip_caps_at_c_times_the_advantage() -> None:
+    # A = -2, ratio 4: max(-r A, -clip(r) A) = max(8, 2.56) = 8, capped at -c A = 6; a positive
+    # A below 1 (0.5, ratio 1) is untouched: -0.5
+    capped, _, _ = _loss([4.0], -2.0, dual_clip=3.0)
+    assert capped.item() == pytest.approx(6.0)
+    small, _, _ = _loss([1.0], 0.5, dual_clip=3.0)
+    assert small.item() == pytest.approx(-0.5)
+
+
+def test_token_weights_multiply_each_tokens_loss() -> None:
+    # ratios 1, A = +1: per-token -1, weighted 2 and 0.5: (-2 - 0.5) / 2
+    old = torch.zeros(1, 2)
+    loss, _ = policy_loss(torch.zeros(1, 2), old, torch.tensor([1.0]), torch.ones(1, 2),
+                          num_tokens=2, weights=torch.tensor([[2.0, 0.5]]))  # fmt: skip
+    assert loss.item() == pytest.approx(-1.25)
+
+
+def test_masked_tokens_add_nothing_to_the_metrics() -> None:
+    # the masked token's ratio 50 is in neither the KL sum nor the clipped count
+    _, sums, _ = _loss([1.5, 50.0], 1.0, mask=[1, 0])
+    assert sums.approx_kl == pytest.approx(0.5 - math.log(1.5))
+    assert sums.clipped_tokens == 1
 
 
 def test_clip_ratios_are_configurable() -> None:

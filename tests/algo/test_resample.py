@@ -49,6 +49,7 @@ def test_p_err_counts_every_status_the_model_caused(
         ("no answer at all", 3, 1.0),
         ("<answer>1</answer> <answer>2</answer> <answer>3</answer>", 4, 0.5),  # (3 - 1) / 4
         ("<answer>1</answer><answer>2</answer>", 1, 1.0),  # min(1, 1 / 1)
+        ("<answer>1</answer><answer>2</answer><answer>3</answer>", 1, 1.0),  # min(1, 2 / 1)
         ("<answer>1</answer><answer>2</answer>", 4, 0.25),
         ("<answer>\\boxed{1}", 2, 1.0),  # unclosed
         ("<answer>1</answer> then <answer>2", 2, 1.0),  # one closed, one unclosed
@@ -165,6 +166,8 @@ def test_plain_grpo_takes_the_first_g() -> None:
 def test_bad_input_is_an_error() -> None:
     with pytest.raises(ValueError, match="reward"):
         resample([_traj(0, None)], 1, "roc", random.Random(0))
+    with pytest.raises(ValueError, match="reward"):  # one unscored among scored ones
+        resample([_traj(0, 1.0), _traj(1, None)], 1, "roc", random.Random(0))
     with pytest.raises(ValueError, match="unknown mode 'rock'"):
         resample([_traj(0, 1.0)], 1, "rock", random.Random(0))
 

@@ -238,6 +238,7 @@ def test_workers_die_with_the_process_that_started_them() -> None:
     assert not any(_alive(p) for p in pids)
 
 
+@pytest.mark.slow
 def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
     out = f"{tmp_path}/reward.json"
     command = [sys.executable, "-m", "codeloop", "bench", "reward", "--n", "300", "--n-latex",

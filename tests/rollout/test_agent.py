@@ -157,3 +157,22 @@ def test_each_turn_may_sample_only_what_is_left_of_the_response_budget(
 def test_the_configured_temperature_and_top_p_reach_the_engine(fmt: PromptFormat) -> None:
     _, engine = _run(fmt, [f"<answer>1</answer>{END}"], temperature=0.3, top_p=0.7)  # type: ignore[arg-type]
     assert (engine.params[0].temperature, engine.params[0].top_p) == (0.3, 0.7)
+
+
+def test_an_observation_that_fills_the_budget_is_not_inserted(fmt: PromptFormat) -> None:
+    call = _call("print(2 + 3)")
+    used = len(fmt.encode(call)) + len(fmt.tool_response_ids("5"))
+    t, engine = _run(fmt, [call, "unused"], max_response_tokens=used)  # no token left after it
+    assert t.status == RolloutStatus.TRUNCATED_LENGTH and len(engine.params) == 1
+    assert t.response_ids == fmt.encode(call)
+    # one token left: the next turn may sample exactly that one
+    t, engine = _run(fmt, [call, "5"], max_response_tokens=used + 1)
+    assert [p.max_tokens for p in engine.params] == [used + 1, 1]
+    assert len(t.response_ids) == used + 1
+
+
+def test_a_turn_that_ends_is_final_even_with_a_call_in_it(fmt: PromptFormat) -> None:
+    tools = FakeTools()
+    t, engine = _run(fmt, [f"{_call('print(5)')}<answer>5</answer>{END}", "unused"], tools)
+    assert t.status == RolloutStatus.ANSWERED and t.num_turns == 1 and len(engine.params) == 1
+    assert tools.requests == [] and t.tool_calls == []

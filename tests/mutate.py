@@ -1,0 +1,323 @@
+"""Mutation testing of the core modules: does the suite notice a small bug?
+
+`python tests/mutate.py [--only NAME] [--out FILE]` (or `make mutate`) plants one small bug at a
+time in the modules of TARGETS (a comparison turned around, an operator swapped, a constant moved
+by one, a condition negated, `and` for `or`, ...), runs the tests that guard that module, and
+counts the mutant as killed when they fail (or hang past a time limit). It prints, and writes as
+Markdown to FILE, a table of mutants, killed and survivors by module, then every survivor with
+its line, so that each is either killed by a new test or named as harmless.
+
+The mutants run in a copy of the package, never in the working tree; Python's bytecode cache is
+off there (a mutant the size of the original, written within the same second, would otherwise
+run the original's cached bytecode). One process imports the heavy libraries once and forks a
+child per mutant that imports the (mutated) package afresh and runs pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module -> (functions to mutate, or None for all; the tests that guard it)
+TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
+    "codeloop/algo/advantage.py": (None, ["tests/algo"]),
+    "codeloop/algo/loss.py": (None, ["tests/algo", "tests/trainer/test_learner.py"]),
+    "codeloop/algo/resample.py": (None, ["tests/algo"]),
+    "codeloop/reward/extract.py": (None, ["tests/reward"]),
+    "codeloop/reward/integer.py": (None, ["tests/reward"]),
+    "codeloop/reward/forms.py": (None, ["tests/reward"]),
+    "codeloop/reward/symbolic.py": (None, ["tests/reward"]),
+    "codeloop/reward/fastpath.py": (None, ["tests/reward"]),
+    "codeloop/reward/verifier.py": (None, ["tests/reward"]),
+    "codeloop/rollout/agent.py": (
+        None,
+        [
+            "tests/rollout/test_agent.py",
+            "tests/rollout/test_collect.py",
+            "tests/rollout/test_openai_engine.py::test_the_agent_sends_the_configured_sampling_to_the_server",
+        ],
+    ),  # fmt: skip
+    "codeloop/trainer/learner.py": (
+        ["update", "_update", "__init__", "_recompute_old_logprobs"],
+        ["tests/trainer/test_learner.py", "tests/trainer/test_rl.py"],
+    ),
+    "codeloop/sandbox/zygote.py": (["_status_from"], ["tests/sandbox/test_status.py"]),
+}
+# Mutants that change no behaviour a caller can see (equivalent mutants), each with the reason:
+# (module, function, mutation, text on its line, text where the mutated code starts; with a
+# final `$`, all the rest of the line) -> why.
+EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
+    ("codeloop/algo/loss.py", "policy_loss", "0 -> 1", "if dual_clip > 0", "0"):
+        "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
+    ("codeloop/algo/loss.py", "policy_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
+        "at A = 0 both sides are 0",
+    ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if neg <= min(", "neg"):
+        "at equality the branch assigns the value neg already has",
+    ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if pos <= min(", "pos"):
+        "at equality the branch assigns the value pos already has",
+    ("codeloop/algo/resample.py", "resample", "1.0 -> 2.0", "weights = [1.0 /", "1.0"):
+        "scaling every weight alike leaves the weighted draw unchanged",
+    ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
+     "turns"):
+        "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
+    ("codeloop/rollout/agent.py", "add", "1 -> 2", "[-1] * len(ids)", "1"):
+        "a negative version means unknown (Trajectory.policy_versions): -1 and -2 read alike",
+    ("codeloop/rollout/agent.py", "_has_answer", "GtE -> Gt", 'find("</answer>", start) >= 0',
+     "turn_text.find"): "</answer> is found after <answer>, never at 0",
+    ("codeloop/rollout/agent.py", "_has_answer", "0 -> 1", 'find("</answer>", start) >= 0',
+     "0$"): "</answer> is found after <answer>, never at 0",
+    ("codeloop/trainer/learner.py", "__init__", "0 -> 1", "pad_id: int = 0", "0"):
+        "the pad id fills positions the attention and loss masks leave out",
+}  # fmt: skip
+PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu", "--no-header"]
+
+_COMPARE_SWAPS: dict[type, type] = {
+    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+}  # fmt: skip
+_BINOP_SWAPS: dict[type, type] = {
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
+}  # fmt: skip
+
+
+@dataclass
+class Mutant:
+    module: str
+    function: str
+    line: int
+    what: str
+    source: str
+    text: str = ""  # the original line
+    at: str = ""  # the original line from where the mutated code starts
+
+    def equivalent(self) -> str:
+        """Why this mutant is harmless, when EQUIVALENT names it; else ''."""
+        for (module, function, what, line, at), why in EQUIVALENT.items():
+            same = (module, function, what) == (self.module, self.function, self.what)
+            here = self.at.rstrip() == at[:-1] if at.endswith("$") else self.at.startswith(at)
+            if same and line in self.text and here:
+                return why
+        return ""
+
+
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            found.add(id(first.value))
+    return found
+
+
+def _edits(node: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """(description, replacement node) for each small bug planted at `node`."""
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in _COMPARE_SWAPS:
+                new = copy.deepcopy(node)
+                new.ops[i] = _COMPARE_SWAPS[type(op)]()
+                yield f"{type(op).__name__} -> {type(new.ops[i]).__name__}", new
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAPS:
+        new = copy.deepcopy(node)
+        new.op = _BINOP_SWAPS[type(node.op)]()
+        yield f"{type(node.op).__name__} -> {type(new.op).__name__}", new
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _BINOP_SWAPS:
+        new = copy.deepcopy(node)
+        new.op = _BINOP_SWAPS[type(node.op)]()
+        yield f"{type(node.op).__name__}= -> {type(new.op).__name__}=", new
+    elif isinstance(node, ast.BoolOp):
+        new = copy.deepcopy(node)
+        new.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        yield f"{type(node.op).__name__} -> {type(new.op).__name__}", new
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        yield "not x -> x", node.operand
+    elif isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
+        value = node.value
+        if isinstance(value, bool):
+            yield f"{value} -> {not value}", ast.Constant(not value)
+        elif isinstance(value, int):
+            yield f"{value} -> {value + 1}", ast.Constant(value + 1)
+        else:
+            changed = value * 2 if value else 1.0
+            yield f"{value} -> {changed}", ast.Constant(changed)
+    elif isinstance(node, ast.If | ast.While):
+        new = copy.deepcopy(node)
+        new.test = ast.UnaryOp(ast.Not(), node.test)
+        yield "condition negated", new
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        swap = {"min": "max", "max": "min", "any": "all", "all": "any"}.get(node.func.id)
+        if swap:
+            new = copy.deepcopy(node)
+            new.func = ast.Name(swap, ast.Load())
+            yield f"{node.func.id}() -> {swap}()", new
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, replacement: ast.AST):
+        self.target, self.replacement = target, replacement
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if node is self.target:
+            return self.replacement
+        return super().visit(node)
+
+
+def mutants(module: str, functions: list[str] | None) -> Iterator[Mutant]:
+    """Every mutant of `module` (inside `functions`, or every function), one bug each."""
+    text = (ROOT / module).read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    skip = _docstring_ids(tree)
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if functions is not None and function.name not in functions:
+            continue
+        for node in ast.walk(function):
+            if id(node) in skip or node is function:
+                continue
+            line = getattr(node, "lineno", 0)
+            if line and "pragma: no mutate" in lines[line - 1]:
+                continue
+            if isinstance(node, ast.If | ast.While) and isinstance(node.test, ast.UnaryOp):
+                continue  # its `not` is removed as a mutant of its own
+            for what, replacement in _edits(node):
+                fresh = ast.parse(text)  # the original tree stays as it is
+                twin = next(
+                    other
+                    for other in ast.walk(fresh)
+                    if type(other) is type(node) and _where(other) == _where(node)
+                )
+                mutated = _Replace(twin, ast.copy_location(replacement, node)).visit(fresh)
+                yield Mutant(module, function.name, line, what,
+                             ast.unparse(ast.fix_missing_locations(mutated)),
+                             lines[line - 1].strip() if line else "",
+                             lines[line - 1][node.col_offset :] if line else "")  # fmt: skip
+
+
+def _where(node: ast.AST) -> tuple[int, int, int, int]:
+    return (getattr(node, "lineno", -1), getattr(node, "col_offset", -1),
+            getattr(node, "end_lineno", -1), getattr(node, "end_col_offset", -1))  # fmt: skip
+
+
+def _run_tests(copy_root: Path, tests: list[str], timeout_s: float) -> str:
+    """'killed', 'survived' or 'timeout': pytest over `tests` in a forked child."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(copy_root)
+            sys.path.insert(0, str(copy_root))
+            sys.path.insert(0, str(copy_root / "tests"))
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            import pytest
+
+            code = pytest.main([*PYTEST, *tests])
+        except BaseException:  # noqa: BLE001 - a mutant that breaks the import is killed
+            code = 1
+        os._exit(int(code))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return "survived" if os.waitstatus_to_exitcode(status) == 0 else "killed"
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "timeout"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="modules whose path contains this (repeatable; default: all)",
+    )
+    parser.add_argument("--out", default="", help="also write the report here (Markdown)")
+    args = parser.parse_args()
+    sys.dont_write_bytecode = True
+    import numpy  # noqa: F401  - the heavy libraries, imported once before the forks
+    import pytest  # noqa: F401
+    import sympy  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    work = Path(tempfile.mkdtemp(prefix="codeloop-mutate-"))
+    try:
+        for part in ("codeloop", "tests", "pyproject.toml"):
+            source = ROOT / part
+            if source.is_dir():
+                shutil.copytree(source, work / part, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(source, work / part)
+        rows: list[tuple[str, int, int, int, int]] = []
+        survivors: list[Mutant] = []
+        for module, (functions, tests) in TARGETS.items():
+            if args.only and not any(part in module for part in args.only):
+                continue
+            started = time.monotonic()
+            if _run_tests(work, tests, 1800) != "survived":
+                print(f"{module}: its tests fail without any mutant; skipped", flush=True)
+                continue
+            limit = 3 * (time.monotonic() - started) + 10
+            original = (work / module).read_text()
+            counts = {"killed": 0, "survived": 0, "timeout": 0, "equivalent": 0}
+            for mutant in mutants(module, functions):
+                (work / module).write_text(mutant.source)
+                outcome = _run_tests(work, tests, limit)
+                if outcome == "survived" and mutant.equivalent():
+                    outcome = "equivalent"
+                counts[outcome] += 1
+                if outcome in ("survived", "equivalent"):
+                    survivors.append(mutant)
+                    print(f"  {outcome} {module}:{mutant.line} {mutant.function}: {mutant.what}",
+                          flush=True)  # fmt: skip
+            (work / module).write_text(original)
+            rows.append((module, sum(counts.values()), counts["killed"] + counts["timeout"],
+                         counts["equivalent"], counts["survived"]))  # fmt: skip
+            print(f"{module}: {rows[-1][1]} mutants, {counts['killed']} killed, "
+                  f"{counts['timeout']} timed out, {counts['equivalent']} equivalent, "
+                  f"{counts['survived']} survived", flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = _report(rows, survivors)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+def _report(rows: list[tuple[str, int, int, int, int]], survivors: list[Mutant]) -> str:
+    lines = ["| module | mutants | killed | equivalent | survived |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{m}` | {n} | {k} | {e} | {s} |" for m, n, k, e, s in rows]
+    total = [sum(r[i] for r in rows) for i in (1, 2, 3, 4)]
+    lines.append(f"| all | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")
+    for title, chosen in (("Equivalent (harmless)", [s for s in survivors if s.equivalent()]),
+                          ("Survivors", [s for s in survivors if not s.equivalent()])):  # fmt: skip
+        if chosen:
+            lines += ["", f"{title}:", ""]
+            for s in chosen:
+                why = f": {s.equivalent()}" if s.equivalent() else ""
+                where = f"`{s.module}:{s.line}` in `{s.function}`"
+                lines.append(f"- {where}: {s.what} (`{s.text}`){why}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
