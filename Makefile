@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo real test test-fast lint clean chromium torch bench-gpu
+.PHONY: demo real test test-fast lint clean chromium torch bench-gpu mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,13 @@ test: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 
 test-fast: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Mutation testing of the core modules (tests/mutate.py; not part of CI): one small bug at a time
+# against the tests that guard each module; the report goes to mutation-report.md.
+# MUTATE_ARGS="--only agent.py" limits it to the modules whose path contains that.
+MUTATE_ARGS ?=
+mutate: torch $(VENV)/.installed-dev $(VENV)/.installed-real
+	$(BIN)/python tests/mutate.py --out mutation-report.md $(MUTATE_ARGS)
 
 # On a machine with a GPU (and a CUDA build of torch, TORCH_SPEC): the GPU tests, then the
 # engine against transformers on the card (docs/benchmarks.md), then the real recipe sized for it.

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from codeloop.algo.loss import policy_loss
 from codeloop.config import Config
 from codeloop.trainer.batch import Sample, collate, token_logprobs
 from codeloop.trainer.distributed import World
@@ -62,7 +63,76 @@ def test_micro_batches_give_the_loss_and_the_step_of_one_batch() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
+def test_the_reported_gradient_norm_is_the_losss() -> None:
+    """Against the gradient of the same loss taken directly (policy_loss over one batch)."""
+    learner, reference = _learner(), tiny_model(VOCAB, hidden_size=32, layers=2, seed=0)
+    samples = _samples(reference)
+    batch = collate(samples, 0)
+    logprobs, _ = token_logprobs(reference, batch)
+    loss, _ = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                          batch["loss_mask"], 4, 0.2, 0.28)  # fmt: skip
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()]))
+    assert learner.update(samples)["loss/grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+
+
+def test_several_updates_per_step_report_the_mean_of_their_gradient_norms() -> None:
+    """trainer.updates_per_step 2 on [A, B, C] steps on [A, C], then on [B]: the same two
+    optimiser steps as two updates of one, whose norms it averages."""
+    two = _learner()
+    two.cfg.trainer.updates_per_step = 2
+    a, b, c = _samples(two.model)
+    both = two.update([a, b, c])
+    one = _learner()
+    first, second = one.update([a, c]), one.update([b])
+    mean = (first["loss/grad_norm"] + second["loss/grad_norm"]) / 2
+    assert both["loss/grad_norm"] == pytest.approx(mean, rel=1e-5)
+    for p, q in zip(two.model.parameters(), one.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_a_step_without_signal_leaves_the_weights_and_one_token_with_signal_trains() -> None:
+    learner = _learner()
+    learner.cfg.trainer.weight_decay = 0.1  # an optimiser step would move every weight
+    learner.optimizer.param_groups[0]["weight_decay"] = 0.1
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    _, _, c = _samples(learner.model)
+    metrics = learner.update([c])  # advantage 0: nothing to learn
+    assert (metrics["loss/policy_tokens"], metrics["loss/grad_norm"]) == (0, 0)
+    assert all(torch.equal(p, q) for p, q in zip(before, learner.model.parameters(), strict=True))
+    # one policy token, sampled by these very weights (ratio 1): loss -r A / 1 token = -1, and
+    # the entropy of its next-token distribution over that one token
+    single = Sample([5, 6], [0, 1], [0.0, 0.0], advantage=1.0)
+    with torch.no_grad():
+        own, entropy = token_logprobs(learner.model, collate([single], 0), entropy=True)
+    single.old_logprobs = [0.0, float(own[0, 0])]
+    metrics = learner.update([single])
+    assert metrics["loss/policy_tokens"] == 1 and metrics["loss/loss"] == pytest.approx(-1.0)
+    assert metrics["loss/entropy"] == pytest.approx(float(entropy[0, 0]), rel=1e-5)  # type: ignore[index]
+    assert not all(torch.equal(p, q) for p, q in zip(before, learner.model.parameters(),
+                                                     strict=True))  # fmt: skip
+
+
 def test_the_learning_rate_warms_up_linearly_then_stays() -> None:
     learner = _learner(warmup=3)
     rates = [learner.update(_samples(learner.model))["loss/lr"] for _ in range(5)]
     assert rates == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3, 1e-3])
+    constant = _learner(warmup=0)  # no warm-up: the configured rate from the first step
+    assert constant.update(_samples(constant.model))["loss/lr"] == pytest.approx(1e-3)
+
+
+def test_recomputed_old_logprobs_are_the_weights_own_before_the_update() -> None:
+    learner = _learner()
+    learner.cfg.trainer.recompute_old_logprobs = True
+    samples = _samples(learner.model)  # three lengths in one micro-batch: 3, 4, 3 tokens
+    with torch.no_grad():
+        own = token_logprobs(learner.model, collate(samples, 0))[0]
+    expected = [
+        [0.0] + [float(own[row, j]) if m else 0.0 for j, m in enumerate(s.loss_mask[1:])]
+        for row, s in enumerate(samples)
+    ]
+    metrics = learner.update(samples)
+    for sample, values in zip(samples, expected, strict=True):
+        assert sample.old_logprobs == pytest.approx(values, abs=1e-6)
+    # every ratio is 1 before the step: the loss is -mean(A) over A's and B's tokens, 0
+    assert metrics["loss/loss"] == pytest.approx(0.0, abs=1e-6)
