@@ -202,6 +202,13 @@ class AlgoConfig:
         "Refill the step with more prompts for the groups whose kept rewards are all equal "
         "(report: such groups are dropped). Either way such a group never trains.",
     )
+    loss: Literal["token", "gspo"] = knob(
+        "token",
+        "token: the report's token-level clipped loss, the mean over the step's tokens; gspo: "
+        "GSPO's sequence-level ratio (the geometric mean of a sequence's token ratios), clipped "
+        "and averaged over the step's sequences (GSPO clips far tighter: clip_low 3e-4, "
+        "clip_high 4e-4). codeloop's option.",
+    )
     clip_low: float = knob(0.2, "Lower PPO clip: ratio >= 1 - clip_low.", gt=0, lt=1)
     clip_high: float = knob(0.28, "Upper PPO clip (clip-higher): ratio <= 1 + clip_high.", gt=0)
     dual_clip: float = knob(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.",
@@ -604,6 +611,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if 0 < cfg.algo.dual_clip <= 1:  # c <= 1 would cap a negative advantage below its clip
         raise ConfigError(f"{source}: algo.dual_clip: must be 0 (off) or > 1, got "
                           f"{cfg.algo.dual_clip}")  # fmt: skip
+    if cfg.algo.loss == "gspo" and cfg.algo.off_policy == "decoupled":
+        raise ConfigError(f"{source}: algo.loss gspo takes one ratio per sequence; "
+                          "algo.off_policy decoupled weights tokens: choose one")  # fmt: skip
     return cfg
 
 

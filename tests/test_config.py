@@ -254,3 +254,9 @@ def test_policy_settings_set_the_prompt_format_and_eval(tmp_path: Path) -> None:
     (tmp_path / "codeloop.json").write_text("{oops")
     with pytest.raises(ConfigError, match=r"codeloop.json: not valid JSON"):
         apply_policy_settings(cfg, tmp_path)
+
+
+def test_gspo_with_decoupled_weights_is_refused() -> None:
+    with pytest.raises(ConfigError, match="algo.loss gspo takes one ratio per sequence"):
+        load_config(None, ["--algo.loss", "gspo", "--algo.off_policy", "decoupled"])
+    assert load_config(None, ["--algo.loss", "gspo"]).algo.loss == "gspo"

@@ -1,10 +1,11 @@
 """The learner: the trainable policy, its loss, optimiser and checkpoints.
 
-`Learner.update(samples)` takes `trainer.updates_per_step` optimiser steps of the token-level
-clipped loss (`algo/loss.py`) over token-budgeted micro-batches (with `algo.off_policy =
-"decoupled"`, against recomputed proximal logprobs, each token weighted by proximal/behaviour);
-the loss is the mean over the tokens with signal of each optimiser step, across ranks. The model
-is sharded over the ranks of `world` with FSDP2 (nothing is sharded in a world of one);
+`Learner.update(samples)` takes `trainer.updates_per_step` optimiser steps of the policy loss
+`algo.loss` names (`algo/loss.py`: token-level or GSPO's sequence-level) over token-budgeted
+micro-batches (with `algo.off_policy = "decoupled"`, against recomputed proximal logprobs, each
+token weighted by proximal/behaviour); the loss is the mean over the tokens (or sequences) with
+signal of each optimiser step, across ranks. The learner computes logprobs and calls the loss.
+The model is sharded over the ranks of `world` with FSDP2 (nothing is sharded in a world of one);
 parameters, gradients and AdamW state stay float32 and the passes run in `trainer.dtype`. The
 learning rate warms up linearly over `trainer.warmup_steps` RL steps, then stays constant (the
 report's); `lr_schedule` steps once per RL step, whether or not the step had signal.
@@ -21,7 +22,6 @@ one OpenMP team instead of two teams over-subscribing the cores.
 from __future__ import annotations
 
 import asyncio
-import math
 import warnings
 from collections import defaultdict
 from collections.abc import Generator
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from codeloop.algo.loss import policy_loss
+from codeloop.algo.loss import LOSSES, behaviour_weights
 from codeloop.config import Config
 from codeloop.memory import trim_when_above
 from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
@@ -90,36 +90,42 @@ class Learner:
             self._recompute_old_logprobs(samples, pad_id)
             if algo.off_policy == "decoupled":  # clip against the proximal policy, weight
                 for sample, engine in zip(samples, behaviour, strict=True):  # by prox/behaviour
-                    sample.weights = behaviour_weights(sample, engine, algo.behaviour_weight_cap)
+                    sample.weights = behaviour_weights(
+                        sample.old_logprobs, engine, sample.loss_mask, algo.behaviour_weight_cap
+                    )
         sums: dict[str, float] = defaultdict(float)
         self.model.train()
         split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
         chunks, world = [c for c in split if c], self.world
         if all_max(len(chunks), world) != -all_max(-len(chunks), world):
             raise ValueError("every rank needs trainer.updates_per_step samples or more")
-        stepped = 0
+        stepped, policy = 0, LOSSES[algo.loss]
         for chunk in chunks:
-            # The denominator: the step's tokens with signal (a zero advantage trains nothing)
-            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in chunk if s.advantage), world))
+            # The denominator: the step's tokens (or sequences) with signal (a zero advantage
+            # trains nothing)
+            signal = [s for s in chunk if s.advantage]
+            tokens = round(all_sum(sum(sum(s.loss_mask[1:]) for s in signal), world))
             if tokens == 0:  # nothing to learn from (every rank agrees): no optimiser step
                 continue
+            units = tokens if policy.per == "token" else round(all_sum(len(signal), world))
             groups = micro_batches(chunk, t.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
                 batch = on_device(collate(group, pad_id), self.model)
                 with world.autocast():
                     logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
-                loss, stats = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
-                                          batch["loss_mask"], max(tokens, 1), algo.clip_low,
-                                          algo.clip_high, algo.dual_clip,
-                                          batch.get("weights"))  # fmt: skip
+                loss, stats = policy.fn(logprobs, batch["old_logprobs"], batch["advantages"],
+                                        batch["loss_mask"], units, algo.clip_low,
+                                        algo.clip_high, algo.dual_clip,
+                                        batch.get("weights"))  # fmt: skip
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
-                for key, value in (("loss", float(loss.detach()) * tokens),
+                for key, value in (("loss", float(loss.detach()) * units),
                                    ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
                                    ("entropy", float(entropy))):  # fmt: skip
                     sums[key] += value * weight
                 yield
             sums["tokens"] += tokens
+            sums["units"] += units
             sums["all_tokens"] += all_sum(sum(sum(s.loss_mask[1:]) for s in chunk), world)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             sums["grad_norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -134,7 +140,7 @@ class Learner:
         self.model.eval()
         for key in ("loss", "kl", "clipped", "entropy"):
             sums[key] = all_sum(sums[key], world)
-        metrics = {"loss/loss": sums["loss"] / max(sums["tokens"], 1)} | {
+        metrics = {"loss/loss": sums["loss"] / max(sums["units"], 1)} | {
             f"loss/{k}": sums[key] / max(sums["all_tokens"], 1)  # over every trained token
             for k, key in (
                 ("clip_fraction", "clipped"),
@@ -185,15 +191,6 @@ class Learner:
         """Restore a checkpoint; returns (its step, its extra)."""
         return load_checkpoint(path, self.model, self.optimizer, self.lr_schedule,
                                sharded=self.world.distributed)  # fmt: skip
-
-
-def behaviour_weights(sample: Sample, behaviour: list[float], cap: float) -> list[float]:
-    """Decoupled PPO's weight of each trained token: pi_prox / pi_behaviour (the recomputed
-    `old_logprobs` against the engine's), at most `cap`; 0 where the loss mask is 0."""
-    return [
-        min(math.exp(prox - engine), cap) if m else 0.0
-        for prox, engine, m in zip(sample.old_logprobs, behaviour, sample.loss_mask, strict=True)
-    ]
 
 
 def _advance(steps: Generator[None, None, dict[str, float]]) -> dict[str, float] | None:

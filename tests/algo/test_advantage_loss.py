@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from codeloop.algo.advantage import group_advantages, has_signal
-from codeloop.algo.loss import policy_loss, token_entropy
+from codeloop.algo.loss import LOSSES, policy_loss, sequence_loss, token_entropy
 
 
 def test_one_correct_of_four() -> None:
@@ -36,7 +36,7 @@ def _loss(ratios: list[float], advantage: float, mask: list[int] | None = None, 
     new = torch.log(torch.tensor([ratios])).requires_grad_()
     mask_t = torch.tensor([mask or [1] * len(ratios)])
     loss, sums = policy_loss(new, old, torch.tensor([advantage]), mask_t,
-                             num_tokens=int(mask_t.sum()), **kw)  # fmt: skip
+                             denominator=int(mask_t.sum()), **kw)  # fmt: skip
     return loss, sums, new
 
 
@@ -79,7 +79,7 @@ def test_token_weights_multiply_each_tokens_loss() -> None:
     # ratios 1, A = +1: per-token -1, weighted 2 and 0.5: (-2 - 0.5) / 2
     old = torch.zeros(1, 2)
     loss, _ = policy_loss(torch.zeros(1, 2), old, torch.tensor([1.0]), torch.ones(1, 2),
-                          num_tokens=2, weights=torch.tensor([[2.0, 0.5]]))  # fmt: skip
+                          denominator=2, weights=torch.tensor([[2.0, 0.5]]))  # fmt: skip
     assert loss.item() == pytest.approx(-1.25)
 
 
@@ -107,9 +107,9 @@ def test_micro_batches_accumulate_to_the_token_mean() -> None:
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.1, -2.0]])
     old = torch.tensor([[-1.1, -1.5, -0.5], [-0.2, -0.4, -1.0]])
     adv, mask = torch.tensor([0.7, -1.2]), torch.tensor([[1, 1, 0], [1, 1, 1]])
-    whole, _ = policy_loss(logprobs, old, adv, mask, num_tokens=5)
+    whole, _ = policy_loss(logprobs, old, adv, mask, denominator=5)
     parts = sum(float(policy_loss(logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1],
-                                  mask[i : i + 1], num_tokens=5)[0]) for i in range(2))  # fmt: skip
+                                  mask[i : i + 1], 5)[0]) for i in range(2))  # fmt: skip
     assert whole.item() == pytest.approx(parts)
 
 
@@ -125,6 +125,44 @@ def test_entropy_of_uniform_and_certain_distributions() -> None:
     assert token_entropy(logits)[0].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
 
 
-def test_num_tokens_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="num_tokens"):
+def test_the_denominator_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="denominator"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), 0)
+
+
+def test_gspo_clips_the_geometric_mean_ratio_of_each_sequence() -> None:
+    # A (advantage +1): token ratios 1.5, 1.0 -> s = sqrt(1.5) = 1.2247, inside [0.8, 1.28]:
+    # -1.2247. B (advantage -1): ratios 0.5, 1.1 and a tool token (mask 0, ratio 50) ->
+    # s = sqrt(0.55) = 0.7416, below 0.8: max(0.7416, 0.8) = 0.8. Over the step's 2 sequences.
+    old = torch.zeros(2, 3)
+    new = torch.log(torch.tensor([[1.5, 1.0, 1.0], [0.5, 50.0, 1.1]])).requires_grad_()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    loss, sums = sequence_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2, 0.2, 0.28)
+    assert loss.item() == pytest.approx((-math.sqrt(1.5) + 0.8) / 2, rel=1e-5)
+    assert sums.clipped_tokens == 2  # B's two tokens
+    loss.backward()
+    # d/dlogp_t of -s A / 2 with s = exp(mean of 2 log ratios): -s / (2 * 2) on A's tokens;
+    # B is clipped: no gradient
+    a = -math.sqrt(1.5) / 4
+    grad = new.grad.flatten().tolist()  # type: ignore[union-attr]
+    assert grad == pytest.approx([a, a, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_gspo_differs_from_the_token_loss_where_ratios_spread() -> None:
+    # one sequence, ratios 2.0 and 0.5, A = +1, clip [0.8, 1.28]: token-level
+    # (-1.28 - 0.5) / 2 = -0.89; sequence-level s = sqrt(2 * 0.5) = 1: -1
+    new, old = torch.log(torch.tensor([[2.0, 0.5]])), torch.zeros(1, 2)
+    mask, adv = torch.ones(1, 2), torch.tensor([1.0])
+    assert policy_loss(new, old, adv, mask, 2, 0.2, 0.28)[0].item() == pytest.approx(-0.89)
+    assert sequence_loss(new, old, adv, mask, 1, 0.2, 0.28)[0].item() == pytest.approx(-1.0)
+    assert (LOSSES["token"].per, LOSSES["gspo"].per) == ("token", "sequence")
+
+
+def test_gspo_refuses_token_weights_and_skips_empty_rows() -> None:
+    with pytest.raises(ValueError, match="per-token weights"):
+        sequence_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), 1,
+                      weights=torch.ones(1, 1))  # fmt: skip
+    # a row with no policy token (all masked) adds nothing, whatever its advantage
+    loss, _ = sequence_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([1.0, 5.0]),
+                            torch.tensor([[1, 1], [0, 0]]), 1)  # fmt: skip
+    assert loss.item() == pytest.approx(-1.0)

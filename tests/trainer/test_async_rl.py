@@ -11,7 +11,7 @@ import torch
 from test_rl import PAIRS, PROBLEMS, _config, _served_policy
 from trainer_helpers import conversation
 
-from codeloop.algo.loss import policy_loss
+from codeloop.algo.loss import behaviour_weights, policy_loss
 from codeloop.config import ConfigError, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
 from codeloop.eval.viewer import render
@@ -22,7 +22,7 @@ from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.async_rl import Gate, GatedEngine
 from codeloop.trainer.batch import Sample
 from codeloop.trainer.distributed import World
-from codeloop.trainer.learner import Learner, behaviour_weights
+from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun
@@ -199,7 +199,7 @@ def test_the_gate_holds_new_calls_until_those_inside_are_done() -> None:
 def test_decoupled_weights_and_loss_by_hand() -> None:
     # prox logprobs (recomputed) -0.5, -1.0; behaviour (engine) -1.0, -0.2; cap 1.5
     sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -1.0], 1.0)
-    weights = behaviour_weights(sample, [0.0, -1.0, -0.2], cap=1.5)
+    weights = behaviour_weights(sample.old_logprobs, [0.0, -1.0, -0.2], sample.loss_mask, cap=1.5)
     assert weights == pytest.approx([0.0, min(math.exp(0.5), 1.5), math.exp(-0.8)])
     assert weights[1] == 1.5  # exp(0.5) = 1.65, truncated
     # new logprobs -0.4, -1.0 against prox -0.5, -1.0: ratios e^0.1 = 1.105 and 1; A = 1

@@ -136,3 +136,17 @@ def test_recomputed_old_logprobs_are_the_weights_own_before_the_update() -> None
         assert sample.old_logprobs == pytest.approx(values, abs=1e-6)
     # every ratio is 1 before the step: the loss is -mean(A) over A's and B's tokens, 0
     assert metrics["loss/loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_gspo_is_the_mean_over_the_sequences_with_signal_however_micro_batched() -> None:
+    """algo.loss gspo on A (s = sqrt(1.5 x 1.0), kept: -1.2247) and B (s = sqrt(0.5 x 1.1) =
+    0.742, clipped to 0.8 with A = -1: +0.8); C has no signal and is not counted: / 2."""
+    norms = []
+    for budget in (4096, 4):  # one micro-batch; one per sample
+        learner = _learner(micro_batch_tokens=budget)
+        learner.cfg.algo.loss = "gspo"
+        metrics = learner.update(_samples(learner.model))
+        assert metrics["loss/loss"] == pytest.approx((-math.sqrt(1.5) + 0.8) / 2, abs=1e-5)
+        assert metrics["loss/policy_tokens"] == 4
+        norms.append(metrics["loss/grad_norm"])
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0
