@@ -260,11 +260,7 @@ def _view(args: argparse.Namespace) -> int:
 
     from codeloop.eval.viewer import render
 
-    try:
-        page, shown, total = render(args.run_dir, args.max_trajectories)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"codeloop view: {err}", file=sys.stderr)
-        return 2
+    page, shown, total = render(args.run_dir, args.max_trajectories)
     out = Path(args.out or Path(args.run_dir) / "view.html")
     out.write_text(page)
     left = f"; {total - shown} older ones left out (--max-trajectories)" if shown < total else ""
@@ -279,14 +275,9 @@ def _entropy(args: argparse.Namespace) -> int:
     from codeloop.eval.entropy import analyse_file
     from codeloop.trainer.model import default_device, load_policy
 
-    try:
-        model, tokenizer = load_policy(args.model, "float32")
-        model.to(default_device())
-        result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window,
-                              args.limit)  # fmt: skip
-    except (ValueError, OSError) as err:
-        print(f"codeloop entropy: {err}", file=sys.stderr)
-        return 2
+    model, tokenizer = load_policy(args.model, "float32")
+    model.to(default_device())
+    result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window, args.limit)
     out = Path(args.out or Path(args.trajectories).with_name("entropy.json"))
     out.write_text(json.dumps(result))
     report = result["report"]

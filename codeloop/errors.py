@@ -2,7 +2,8 @@
 
 A bad config value, data file, model directory, conversation, server answer or host raises a
 subclass (`ConfigError`, `DataError`, `ModelError`, `SFTDataError`, `EngineError`,
-`IsolationError`, `PretrainedError`), whose message names the file, line, field or URL. The
+`IsolationError`, `PretrainedError`, `InputFileError`, `RunError`), whose message names the file,
+line, field or URL. The
 command line catches this one type: it prints the message and exits with status 2, never a
 traceback. Each subclass also keeps the builtin base it had (`ValueError` or `RuntimeError`).
 """
@@ -16,6 +17,11 @@ class CodeloopError(Exception):
 
 class InputFileError(CodeloopError, ValueError):
     """An input file that is not there, empty where content is needed, or not text."""
+
+
+class RunError(CodeloopError, RuntimeError):
+    """A run that cannot go on with its config and data (a refilter that keeps no problem, a
+    step that finds too few groups with signal): the message says what to change."""
 
 
 def read_text_input(path: str | Path, what: str) -> str:

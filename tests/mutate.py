@@ -35,7 +35,14 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
     "codeloop/algo/loss.py": (None, ["tests/algo", "tests/trainer/test_learner.py"]),
     "codeloop/algo/resample.py": (None, ["tests/algo"]),
     "codeloop/reward/extract.py": (None, ["tests/reward/test_extract.py"]),
-    "codeloop/reward/integer.py": (None, ["tests/reward/test_integer.py"]),
+    "codeloop/reward/integer.py": (
+        None,
+        [
+            "tests/reward/test_integer.py",
+            "tests/reward/test_forms.py",
+            "tests/reward/test_symbolic.py",
+        ],
+    ),  # fmt: skip
     "codeloop/reward/forms.py": (
         None,
         ["tests/reward/test_forms.py", "tests/reward/test_agreement.py"],
@@ -77,6 +84,14 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
         "at equality the branch assigns the value pos already has",
     ("codeloop/algo/resample.py", "resample", "1.0 -> 2.0", "weights = [1.0 /", "1.0"):
         "scaling every weight alike leaves the weighted draw unchanged",
+    ("codeloop/reward/extract.py", "_braced", "Add -> Sub", "return text[start + 1 : i], i + 1",
+     "i + 1"): "the search for the next box resumes inside the closing braces, where none starts",
+    ("codeloop/reward/extract.py", "all_boxed", "LtE -> Lt", "<= 1:  # the common case", "text"):
+        "a single box on the general path gives what the fast path gives",
+    ("codeloop/reward/extract.py", "_final_answer_block", "Lt -> LtE", "if end < 0", "end"):
+        "</answer> is searched after <answer>: found, it is never at 0",
+    ("codeloop/reward/extract.py", "_final_answer_block", "0 -> 1", "if end < 0", "0"):
+        "</answer> is searched after <answer>: found, it is never at 0",
     ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
      "turns"):
         "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",

@@ -17,9 +17,11 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "not.gguf").write_text("not a model")
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "ok.jsonl").write_text('{"id": "1", "problem": "2 + 2?", "answer": "4"}\n')
+    (tmp_path / "broken_run" / "trajectories").mkdir(parents=True)
+    (tmp_path / "broken_run" / "trajectories" / "step_000001.jsonl").write_text("{oops\n")
     return {name: str(tmp_path / name) for name in
             ("empty.jsonl", "blank.jsonl", "binary.jsonl", "folder.jsonl", "not.gguf", "a_file",
-             "ok.jsonl")}  # fmt: skip
+             "ok.jsonl", "broken_run")}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -39,6 +41,8 @@ def inputs(tmp_path: Path) -> dict[str, str]:
         (["config", "show", "{binary.jsonl}"], "not valid TOML"),
         (["eval", "--model", "{a_file}", "--data", "{ok.jsonl}"], "model '{a_file}'"),
         (["demo", "--run-dir", "{a_file}"], "{a_file}/"),  # a file where a folder goes
+        (["view", "no/such/run"], "no such run directory: no/such/run"),
+        (["view", "{broken_run}"], "step_000001.jsonl:1: not JSON"),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(argv: list[str], expected: str,

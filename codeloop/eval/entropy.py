@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from codeloop.algo.loss import token_entropy
+from codeloop.data.problems import DataError
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def analyse(trajectories: Sequence[tuple[list[str], list[float | None], list[boo
     policy = [(h, tok, after) for toks, hs, flags in trajectories
               for tok, h, after in zip(toks, hs, flags, strict=True) if h is not None]  # fmt: skip
     if not policy:
-        raise ValueError("entropy analysis: no policy tokens in the trajectories")
+        raise DataError("entropy analysis: no policy tokens in the trajectories")
     top = sorted(policy, key=lambda item: -item[0])[: max(1, math.ceil(top_fraction * len(policy)))]
     after = Counter(tok for _, tok, is_after in top if is_after)
     other = Counter(tok for _, tok, is_after in top if not is_after)
@@ -88,7 +89,7 @@ def analyse_file(model: Any, tokenizer: Any, path: str | Path, top_fraction: flo
         record = json.loads(line)
         missing = [k for k in ("prompt_ids", "response_ids", "loss_mask") if k not in record]
         if missing:
-            raise ValueError(f"{path}:{number}: no {', '.join(missing)} (use codeloop eval output)")
+            raise DataError(f"{path}:{number}: no {', '.join(missing)} (use codeloop eval output)")
         hs = response_entropies(model, record["prompt_ids"], record["response_ids"],
                                 record["loss_mask"])  # fmt: skip
         texts = [tokenizer.decode([i]) for i in record["response_ids"]]

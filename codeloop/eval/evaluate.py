@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import Config, RolloutConfig
-from codeloop.data.problems import Problem
+from codeloop.data.problems import DataError, Problem
 from codeloop.eval.metrics import majority_correct, summarise
 from codeloop.files import write_atomic
 from codeloop.progress import progress_bar
@@ -166,7 +166,7 @@ def _complete_lines(path: Path) -> list[str]:
             json.loads(line)
         except json.JSONDecodeError as err:
             if number < len(lines):
-                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+                raise DataError(f"{path}:{number}: not JSON ({err.msg})") from err
             lines.pop()
             path.write_text("".join(kept + "\n" for kept in lines))
     return lines
@@ -192,10 +192,10 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
     out.mkdir(parents=True, exist_ok=True)
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
-        raise ValueError("evaluate: problem ids must be unique (set data.id_field)")
+        raise DataError("evaluate: problem ids must be unique (set data.id_field)")
     done = read_done(out)
     if any(len(r["correct"]) != cfg.eval.k for r in done.values()):
-        raise ValueError(f"{out}/results.jsonl: holds results with another k than eval.k = "
+        raise DataError(f"{out}/results.jsonl: holds results with another k than eval.k = "
                          f"{cfg.eval.k}; use a new output directory")  # fmt: skip
     _keep_finished_trajectories(out / "trajectories.jsonl", set(done))
     verifier = Verifier(cfg.reward)

@@ -20,6 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from codeloop.data.problems import DataError
+from codeloop.errors import InputFileError
+
 TEMPLATE = Path(__file__).with_name("viewer.html")
 _BULKY = ("prompt_ids", "response_ids", "loss_mask", "logprobs")
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
@@ -31,7 +34,7 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
             try:
                 yield json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+                raise DataError(f"{path}:{number}: not JSON ({err.msg})") from err
 
 
 def _trajectory_files(run_dir: Path) -> list[tuple[str, Path]]:
@@ -117,7 +120,7 @@ def render(run_dir: str | Path, max_trajectories: int = 2000) -> tuple[str, int,
     """(page, trajectories shown, trajectories found)."""
     root = Path(run_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"no such run directory: {root}")
+        raise InputFileError(f"no such run directory: {root}")
     trajectories, total, report = collect_trajectories(root, max_trajectories)
     series = metric_series(root)
     plots = "".join(svg_plot(k, v) for k, v in sorted(series.items()))

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codeloop.config import Config, stage_config
-from codeloop.data.problems import Problem
+from codeloop.config import Config, ConfigError, stage_config
+from codeloop.data.problems import DataError, Problem
+from codeloop.errors import RunError
 from codeloop.eval.passrate import pass_rates
 from codeloop.files import write_atomic
 from codeloop.rollout.collect import Agent
@@ -47,7 +48,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
     Without a `world`: one process on the default device, computing in `trainer.dtype`."""
     world = world or one_process(cfg.trainer.dtype)
     if not cfg.recipe.stages:
-        raise ValueError("recipe.stages is empty: nothing to run")
+        raise ConfigError("recipe.stages is empty: nothing to run")
     summaries: list[dict[str, Any]] = []
     carried: dict[str, Any] | None = None  # optimiser and schedule state of the previous stage
     current = list(problems)  # what the stage before trained on
@@ -124,7 +125,7 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
               f"(pass rate {band} over {samples} samples)")  # fmt: skip
     if not kept:
         too_easy = sum(rates[p.id] > high for p in problems)
-        raise RuntimeError(f"refilter kept no problems ({too_easy} of {len(problems)} solved "
+        raise RunError(f"refilter kept no problems ({too_easy} of {len(problems)} solved "
                            f"more often than {high}, the rest less often than {low}): widen "
                            "refilter_min_pass_rate and refilter_max_pass_rate, or add "
                            "problems")  # fmt: skip
@@ -143,7 +144,7 @@ def _refiltered(stage_dir: Path, problems: Sequence[Problem]) -> list[Problem] |
     ids = json.loads(path.read_text())
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise ValueError(f"{path}: problems {missing[:3]} are not in the recipe's problems "
+        raise DataError(f"{path}: problems {missing[:3]} are not in the recipe's problems "
                          "(the data changed since the refilter: remove the file to "
                          "refilter)")  # fmt: skip
     return [by_id[i] for i in ids]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from codeloop.algo.loss import LOSSES, behaviour_weights
-from codeloop.config import Config
+from codeloop.config import Config, ConfigError
 from codeloop.memory import trim_when_above
 from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
 from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -98,7 +98,7 @@ class Learner:
         split = (samples[i :: t.updates_per_step] for i in range(t.updates_per_step))
         chunks, world = [c for c in split if c], self.world
         if all_max(len(chunks), world) != -all_max(-len(chunks), world):
-            raise ValueError("every rank needs trainer.updates_per_step samples or more")
+            raise ConfigError("every rank needs trainer.updates_per_step samples or more")
         stepped, policy = 0, LOSSES[algo.loss]
         for chunk in chunks:
             # The denominator: the step's tokens (or sequences) with signal (a zero advantage

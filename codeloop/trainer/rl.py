@@ -31,8 +31,9 @@ import torch
 
 from codeloop.algo.advantage import group_advantages, has_signal
 from codeloop.algo.resample import penalty, resample
-from codeloop.config import AlgoConfig, Config
-from codeloop.data.problems import Problem
+from codeloop.config import AlgoConfig, Config, ConfigError
+from codeloop.data.problems import DataError, Problem
+from codeloop.errors import RunError
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect, seed_of
@@ -97,10 +98,10 @@ class RLRun:
                  tools: ToolExecutor, logger: RunLogger, engine: TransformersEngine | None = None,
                  world: World | None = None) -> None:  # fmt: skip
         if not problems:
-            raise ValueError("RL needs at least one training problem (data.train)")
+            raise DataError("RL needs at least one training problem (data.train)")
         t, world = cfg.trainer, world or World()
         if world.distributed and t.prompts_per_step < world.size:
-            raise ValueError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size}")
+            raise ConfigError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size}")
         self.cfg, self.fmt, self.problems, self.world = cfg, fmt, list(problems), world
         self.tools, self.logger = tools, logger
         self.servers = _servers(cfg)  # all of them: rank 0 reloads every one
@@ -264,7 +265,7 @@ class RLRun:
         if not (refill and world.distributed):
             return groups, sampled
         if 0 < len(groups) < world.size:
-            raise RuntimeError(f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
+            raise RunError(f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
                                f"rounds, fewer than the {world.size} ranks: raise "
                                "trainer.prompts_per_step")  # fmt: skip
         return groups[world.rank :: world.size], sampled
@@ -354,7 +355,7 @@ def _servers(cfg: Config) -> list[OpenAIEngine]:
     if r.backend != "openai":
         return []
     if not r.endpoints:
-        raise ValueError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
+        raise ConfigError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
     return servers(r.endpoints, r, r.served_model or cfg.trainer.model)
 
 

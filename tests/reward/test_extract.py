@@ -73,3 +73,22 @@ def test_last_boxed_on_plain_text() -> None:
     assert last_boxed("\\boxed{1} and \\boxed{2}").answer == "2"
     assert last_boxed("nothing").reason == Reason.NO_BOXED
     assert last_boxed("\\boxed{\\{1\\}}").answer == "\\{1\\}"  # escaped braces do not count
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "reason"),
+    [
+        ("<answer>\\boxed{1}\\boxed{2}</answer>", "1, 2", Reason.OK),  # no space between
+        ("<answer>\\fbox{1} or \\fbox{2}</answer>", "1, 2", Reason.OK),  # fbox counts as a box
+        # a bad box among good ones: the last bad one is the reason
+        ("<answer>\\boxed{1} \\boxed{}</answer>", None, Reason.EMPTY_BOXED),
+        ("<answer>\\boxed{} \\boxed{2} \\boxed{3</answer>", None, Reason.UNBALANCED_BRACES),
+        ("<answer>so it is \\boxed</answer>", None, Reason.EMPTY_BOXED),  # nothing after it
+    ],
+)  # fmt: skip
+def test_several_boxes_and_bad_ones(text: str, answer: str | None, reason: Reason) -> None:
+    assert _x(text) == (answer, reason)
+
+
+def test_a_box_at_the_very_end_of_the_text_is_empty() -> None:
+    assert (last_boxed("the answer is \\boxed").reason) == Reason.EMPTY_BOXED

@@ -1,3 +1,5 @@
+from fractions import Fraction
+
 import pytest
 
 from codeloop.reward.integer import parse_integer
@@ -38,3 +40,27 @@ def test_no_tolerance_and_no_percentage_rule() -> None:
     assert parse_integer("2500") != 25
     assert parse_integer("0.25") is None
     assert parse_integer("103.99") is None
+
+
+def test_an_exponent_up_to_400_is_a_number_and_beyond_it_is_not() -> None:
+    from codeloop.reward.integer import parse_number
+
+    assert parse_number("1e400") == 10**400 and parse_number("1e-400") == Fraction(1, 10**400)
+    assert parse_number("1e401") is None and parse_number("1e-401") is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [
+        ("3/4", Fraction(3, 4)), ("-3/4", Fraction(-3, 4)), (" 3 / 4 ", Fraction(3, 4)),
+        ("\\frac{3}{4}", Fraction(3, 4)), ("-\\frac{1}{2}", Fraction(-1, 2)),
+        ("\\dfrac34", Fraction(3, 4)), ("\\tfrac{10}{4}", Fraction(5, 2)),
+        ("$\\frac{3}{4}$", Fraction(3, 4)), ("5", Fraction(5)), ("1,000/4", Fraction(250)),
+        ("3/0", None), ("x/4", None), ("3/y", None), ("3/4/5", None), ("\\frac{a}{b}", None),
+        ("\\frac{3}{0}", None), ("", None),
+    ],
+)  # fmt: skip
+def test_parse_simple_reads_a_number_or_a_ratio_of_two(answer: str, value: Fraction | None) -> None:
+    from codeloop.reward.integer import parse_simple
+
+    assert parse_simple(answer) == value
