@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from codeloop.trainer.model import default_device, resolve_dtype
 
 T = TypeVar("T")
+LEAVE_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,12 @@ def launched_main() -> bool:
 
 
 def _leave() -> None:
+    """Every rank reaches the end before any tears the group down: a rank whose peer has already
+    closed its connections can abort at exit. Bounded wait: a rank that failed never arrives."""
     if dist.is_initialized():
+        if dist.get_backend() == "gloo":  # NCCL has no barrier with its own timeout
+            with contextlib.suppress(Exception):
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
         dist.destroy_process_group()
 
 

@@ -106,3 +106,44 @@ def test_policies_on_both_paths(pred: str, gold: str, expected: bool) -> None:
     fast = fast_check(pred, gold)
     assert (fast if fast is not None else equivalent(pred, gold)) is expected
     assert equivalent(pred, gold) is expected  # the workers' path decides the same alone
+
+
+@pytest.mark.parametrize(
+    ("text", "form"),
+    [
+        ("\\begin{pmatrix}5\\end{pmatrix}", "5"),  # one entry: the entry
+        ("\\begin{bmatrix}1 \\\\ 2\\end{bmatrix}", "(1, 2)"),  # a column: a tuple
+        ("\\begin{pmatrix}1 & 2\\end{pmatrix}", "(1, 2)"),  # a row: a tuple
+        # rows of unequal length: neither a row nor a column, kept as a matrix
+        ("\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}"),
+    ],
+)  # fmt: skip
+def test_matrices_of_one_row_or_column_are_tuples(text: str, form: str) -> None:
+    assert forms.matrices(text) == form
+
+
+def test_rewrite_takes_the_answer_out_of_its_box() -> None:
+    assert forms.rewrite("\\boxed{5}") == "5"
+    assert forms.rewrite("\\fbox{7}") == "7"
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "wrong"),
+    [
+        ("25\\%", "25", True), ("25%", "25", True), ("25 percent", "25", True),
+        ("25 pct", "25", True), ("25", "25", False), ("25\\%", "0.25", False),
+        ("25\\%", "25\\%", False), ("2 apples", "2", False),
+    ],
+)  # fmt: skip
+def test_a_percentage_for_an_integer_gold(pred: str, gold: str, wrong: bool) -> None:
+    assert forms.percent_for_integer(pred, gold) is wrong
+
+
+def test_other_readings_keep_the_answer_on_its_side() -> None:
+    # a decimal comma in the answer reads as a point: (answer read, gold)
+    assert forms.other_readings("1,5", "1.25") == [("1.5", "1.25")]
+    # in the gold: (answer, gold read)
+    assert forms.other_readings("1.25", "1,5") == [("1.25", "1.5")]
+    # a gold percentage also reads without its sign when the answer has none
+    assert forms.other_readings("25", "25\\%") == [("25", "25")]
+    assert forms.other_readings("1,220", "1.22") == []  # a thousands separator
