@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from codeloop.data.problems import Problem
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN, TOOL_NAME, format_observation
+from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN, format_observation
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]*)>>")
@@ -99,7 +100,7 @@ def _same_number(text: str, answer: str) -> bool:
 
 
 def _call(code: str) -> str:
-    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+    payload = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": code}})
     return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
 

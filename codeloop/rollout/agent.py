@@ -1,9 +1,9 @@
 """The multi-turn agent loop: think, call the tool, read the result, ..., answer.
 
 One trajectory, token in and token out: each turn the engine continues prompt + response so
-far and stops at `</tool_call>` or the end of the turn; a tool call is parsed, run through the
-tool executor, and its observation inserted as tokens with loss mask 0 (logprob 0.0); sampled
-tokens have loss mask 1 and the engine's logprob. Budgets: `max_turns` assistant turns,
+far and stops at `</tool_call>` or the end of the turn; a tool call is parsed, run by the tool
+it names (`tools.py`), and its observation inserted as tokens with loss mask 0 (logprob 0.0);
+sampled tokens have loss mask 1 and the engine's logprob. Budgets: `max_turns` assistant turns,
 `max_response_tokens` for sampled and inserted tokens together, `max_tokens_per_turn`. End
 states: `answered` (the turn ended and holds a closed `<answer>`), `no_answer` (it ended
 without), `truncated_length` (a token budget ran out, or an observation would not fit),
@@ -14,14 +14,15 @@ not run, since no turn is left to read its output), `error` (the engine failed).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from codeloop.config import RolloutConfig
 from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, format_observation, parse_tool_call
+from codeloop.rollout.tools import Tool, Toolbox, toolbox
 from codeloop.types import (
-    ExecRequest,
     ExecResult,
     ExecStatus,
     RolloutStatus,
@@ -49,7 +50,7 @@ class _Response:
 
 async def run_trajectory(
     engine: Engine,
-    tools: ToolExecutor,
+    tools: ToolExecutor | Toolbox | Sequence[Tool],
     fmt: PromptFormat,
     cfg: RolloutConfig,
     prompt_id: str,
@@ -57,7 +58,9 @@ async def run_trajectory(
     prompt_ids: list[int],
     seed: int | None = None,
 ) -> Trajectory:
-    """Roll out one trajectory to an end state (see the module docstring)."""
+    """Roll out one trajectory to an end state (see the module docstring). `tools`: the tools
+    by name, or a sequence of them, or a `ToolExecutor` (the Python tool over it)."""
+    tools = toolbox(tools)
     response, records, turns = _Response(), list[ToolCallRecord](), 0
     status = RolloutStatus.TRUNCATED_TURNS
     while turns < cfg.max_turns:
@@ -106,14 +109,14 @@ def _has_answer(turn_text: str) -> bool:
     return start >= 0 and turn_text.find("</answer>", start) >= 0
 
 
-async def _call_tool(tools: ToolExecutor, turn_text: str, who: str) -> ToolCallRecord:
-    call = parse_tool_call(turn_text)
+async def _call_tool(tools: Toolbox, turn_text: str, who: str) -> ToolCallRecord:
+    call = parse_tool_call(turn_text, tools)
     if isinstance(call, str):
         return ToolCallRecord(None, ExecResult(status=ExecStatus.REJECTED, stderr=call), call)
-    request = ExecRequest(code=call.arguments["code"], stdin=call.arguments.get("input", ""))
     try:
-        result = await tools.execute(request)
-    except Exception as err:  # the executor should not raise; a trajectory must not die of it
-        log.exception("tool executor failed for %s", who)
-        result = ExecResult(status=ExecStatus.SANDBOX_ERROR, stderr=f"tool executor failed: {err}")
+        result = await tools[call.name].run(call.arguments)
+    except Exception as err:  # a tool should not raise; a trajectory must not die of it
+        log.exception("tool %s failed for %s", call.name, who)
+        failed = f"tool {call.name} failed: {err}"
+        result = ExecResult(status=ExecStatus.SANDBOX_ERROR, stderr=failed)
     return ToolCallRecord(call, result)

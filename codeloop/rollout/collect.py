@@ -25,17 +25,28 @@ from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
+from codeloop.rollout.tools import Tool, Toolbox, toolbox
 from codeloop.types import Trajectory
 
 
 @dataclass(frozen=True)
 class Agent:
-    """The engine (or a scheduler over engines), tools, format and settings of a rollout."""
+    """The engine (or a scheduler over engines), tools, format and settings of a rollout.
+    `tools`: the tools by name (`tools.toolbox` makes them from a sequence of tools, or from a
+    `ToolExecutor`: the Python tool); the prompt format must list the same ones."""
 
     engine: Engine | Scheduler
-    tools: ToolExecutor
+    tools: ToolExecutor | Toolbox | Sequence[Tool]
     fmt: PromptFormat
     rollout: RolloutConfig
+
+    def __post_init__(self) -> None:
+        tools = toolbox(self.tools)
+        listed = [schema.get("function", schema).get("name") for schema in self.fmt.tools]
+        if sorted(map(str, listed)) != sorted(tools):
+            raise ValueError(f"the prompt lists the tools {listed}, the agent has {list(tools)}: "
+                             "give PromptFormat(tools=...) the agent's tools' schemas")  # fmt: skip
+        object.__setattr__(self, "tools", tools)
 
 
 def in_flight_limit(scheduler: Scheduler) -> int:

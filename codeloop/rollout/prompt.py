@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
-from codeloop.rollout.toolcall import CALL_CLOSE, TOOL_SCHEMA
+from codeloop.rollout.toolcall import CALL_CLOSE
+from codeloop.rollout.tools import PYTHON_SCHEMA
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds codeloop/
@@ -42,7 +44,9 @@ class PromptFormat:
     """Renders prompts and tool responses with one tokenizer and one chat template."""
 
     def __init__(self, tokenizer: Any, template_path: str = "", system_prompt: str = SYSTEM_PROMPT,
-                 user_instruction: str = USER_INSTRUCTION) -> None:  # fmt: skip
+                 user_instruction: str = USER_INSTRUCTION,
+                 tools: Sequence[dict[str, Any]] = (PYTHON_SCHEMA,)) -> None:  # fmt: skip
+        """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`)."""
         self.tokenizer = tokenizer
         self.system_prompt, self.user_instruction = system_prompt, user_instruction
         path = Path(template_path) if template_path else DEFAULT_TEMPLATE
@@ -53,7 +57,7 @@ class PromptFormat:
             raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
         self.template = path.read_text()
         self.eval_settings: dict[str, Any] = {}  # saved beside a trained policy
-        self.tools = [TOOL_SCHEMA]
+        self.tools = list(tools)
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = self._end_of_turn_ids()
 

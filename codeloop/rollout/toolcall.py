@@ -1,39 +1,21 @@
 """Tool calls in the assistant's text, and tool results as the text the model reads next.
 
-A call is the JSON object inside the turn's last `<tool_call>...</tool_call>`:
-`{"name": "execute_python_code_with_standard_io", "arguments": {"code": "...", "input": "..."}}`
-(`input`, the program's stdin, is optional). Bad JSON, an unknown tool, a missing or mistyped
-argument are not exceptions: `parse_tool_call` returns the error text, which goes back to the
-model as the tool response and counts as a failed call.
+A call is the JSON object inside the turn's last `<tool_call>...</tool_call>`: `{"name": ...,
+"arguments": {...}}`, naming one of the agent's tools (`tools.py`; the report's one is
+`execute_python_code_with_standard_io` with `code` and an optional `input`, the program's
+stdin). Bad JSON, an unknown tool, a missing or mistyped argument are not exceptions:
+`parse_tool_call` returns the error text, which goes back to the model as the tool response and
+counts as a failed call.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from codeloop.rollout.tools import PYTHON_ONLY, Toolbox
 from codeloop.types import ExecResult, ExecStatus, ToolCall
 
-TOOL_NAME = "execute_python_code_with_standard_io"
-TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": (
-            "Run Python code with `input` as its standard input and return what it prints, or "
-            "its error. If the last statement is a bare expression, its value is printed."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "The Python code to run."},
-                "input": {"type": "string", "description": "Standard input for the code."},
-            },
-            "required": ["code"],
-        },
-    },
-}
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(rf"{CALL_OPEN}(.*?){CALL_CLOSE}", re.DOTALL)
 
@@ -43,8 +25,8 @@ def in_open_call(text: str) -> bool:
     return text.rfind(CALL_OPEN) > text.rfind(CALL_CLOSE)
 
 
-def parse_tool_call(turn_text: str) -> ToolCall | str:
-    """The turn's last tool call, or the error text to show the model."""
+def parse_tool_call(turn_text: str, tools: Toolbox = PYTHON_ONLY) -> ToolCall | str:
+    """The turn's last tool call to one of `tools`, or the error text to show the model."""
     found = _CALL.findall(turn_text)
     if not found:
         return "Error: no <tool_call>...</tool_call> block found."
@@ -57,18 +39,21 @@ def parse_tool_call(turn_text: str) -> ToolCall | str:
     if not isinstance(payload, dict):
         return 'Error: the tool call must be a JSON object with "name" and "arguments".'
     name, arguments = payload.get("name"), payload.get("arguments")
-    if name != TOOL_NAME:
-        return f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME!r}."
+    if not isinstance(name, str) or name not in tools:
+        names = ", ".join(repr(n) for n in tools)
+        which = f"the only tool is {names}" if len(tools) == 1 else f"the tools are {names}"
+        return f"Error: unknown tool {name!r}; {which}."
     if isinstance(arguments, str):  # some models send the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             pass
-    if not isinstance(arguments, dict) or not isinstance(arguments.get("code"), str):
-        return 'Error: missing argument "code" (a string).'
-    if not isinstance(arguments.get("input", ""), str):
-        return 'Error: argument "input" must be a string.'
-    return ToolCall(name=name, arguments=arguments, raw=raw)
+    if not isinstance(arguments, dict):
+        return 'Error: "arguments" must be a JSON object.'
+    checked = tools[name].check(arguments)
+    if isinstance(checked, str):
+        return checked
+    return ToolCall(name=name, arguments=checked, raw=raw)
 
 
 def _clip(text: str, max_chars: int) -> str:

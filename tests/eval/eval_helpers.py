@@ -14,7 +14,7 @@ from codeloop.data.tokenizer import train_tokenizer
 from codeloop.eval.evaluate import evaluate
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.sandbox.pool import LocalSandbox
 
 K = 4
@@ -29,7 +29,7 @@ def fmt() -> PromptFormat:
 
 
 def _call(code: str) -> str:
-    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+    call = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": code}})
     return f"<tool_call>\n{call}\n</tool_call>"
 
 

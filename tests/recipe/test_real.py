@@ -16,7 +16,7 @@ from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
 from codeloop.recipe.real import disk_needed, disk_warning, run_real, tool_metrics
 from codeloop.recipe.sizes import Sizes
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.trainer.checkpoint import save_checkpoint
 from codeloop.trainer.model import tiny_model
 from codeloop.types import (
@@ -88,7 +88,7 @@ def _trajectory(status: RolloutStatus, text: str, calls: list[ToolCallRecord]) -
 
 
 def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> None:
-    ran = ToolCallRecord(ToolCall(TOOL_NAME, {"code": "print(1)"}, ""), ExecResult(ExecStatus.OK))
+    ran = ToolCallRecord(ToolCall(PYTHON_TOOL, {"code": "print(1)"}, ""), ExecResult(ExecStatus.OK))
     bad = ToolCallRecord(None, ExecResult(ExecStatus.REJECTED), "bad JSON")
     called = '<tool_call>\n{"name": ...}\n</tool_call>'
     looping = "<tool_call>\nx1 = 1\nx1 = 1"

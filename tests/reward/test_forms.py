@@ -115,7 +115,8 @@ def test_policies_on_both_paths(pred: str, gold: str, expected: bool) -> None:
         ("\\begin{bmatrix}1 \\\\ 2\\end{bmatrix}", "(1, 2)"),  # a column: a tuple
         ("\\begin{pmatrix}1 & 2\\end{pmatrix}", "(1, 2)"),  # a row: a tuple
         # rows of unequal length: neither a row nor a column, kept as a matrix
-        ("\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}"),
+        ("\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}",
+         "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}"),
     ],
 )  # fmt: skip
 def test_matrices_of_one_row_or_column_are_tuples(text: str, form: str) -> None:

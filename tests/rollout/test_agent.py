@@ -8,7 +8,7 @@ from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.reward import Verdict, Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus, Trajectory
 
@@ -16,7 +16,7 @@ END = "<|im_end|>"
 
 
 def _call(code: str) -> str:
-    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": code}})
+    payload = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": code}})
     return f"Let me compute it.\n<tool_call>\n{payload}\n</tool_call>"
 
 

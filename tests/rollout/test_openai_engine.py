@@ -240,10 +240,10 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
 
     from codeloop.config import RolloutConfig
     from codeloop.rollout.agent import run_trajectory
-    from codeloop.rollout.toolcall import TOOL_NAME
+    from codeloop.rollout.tools import PYTHON_TOOL
     from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
-    payload = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(5)"}})
+    payload = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": "print(5)"}})
     call = f"<tool_call>\n{payload}\n</tool_call>"
     turns = [fmt.encode(call), fmt.encode("<answer>\\boxed{5}</answer>")]
     bodies: list[dict[str, Any]] = []

@@ -3,13 +3,13 @@ from pathlib import Path
 import pytest
 
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 
 
 def test_the_default_prompt(fmt: PromptFormat) -> None:
     text = fmt.tokenizer.decode(fmt.prompt_ids("What is 2 + 3?"))
     assert text.startswith("<|im_start|>system\n")
-    assert f'"name": "{TOOL_NAME}"' in text and "<tools>" in text
+    assert f'"name": "{PYTHON_TOOL}"' in text and "<tools>" in text
     assert "<|im_start|>user\nSolve the following problem." in text
     assert "\\boxed{}" in text and "What is 2 + 3?<|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n<reason>")  # the first turn opens reasoning

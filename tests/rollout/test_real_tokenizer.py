@@ -18,7 +18,7 @@ from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine, finish_reason
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus
 
 
@@ -84,7 +84,7 @@ class _Replay:
 
 
 def test_token_in_token_out_and_masks_with_a_real_vocabulary(real: PromptFormat) -> None:
-    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(48 + 24)"}})
+    call = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": "print(48 + 24)"}})
     text = f"Add them.</reason>\n<tool_call>\n{call}\n</tool_call>"
     by_char = [i for ch in text for i in real.encode(ch)]  # sampled one character at a time
     assert by_char != real.encode(text)  # a re-tokenisation would change them
@@ -108,7 +108,7 @@ def test_token_in_token_out_and_masks_with_a_real_vocabulary(real: PromptFormat)
 def test_the_prompt_renders_the_tools_and_opens_the_reasoning(real: PromptFormat) -> None:
     text = real.tokenizer.decode(real.prompt_ids("How many clips?"))
     assert text.startswith("<|im_start|>system\n")
-    assert f'"name": "{TOOL_NAME}"' in text and "<tools>" in text
+    assert f'"name": "{PYTHON_TOOL}"' in text and "<tools>" in text
     assert text.endswith("How many clips?<|im_end|>\n<|im_start|>assistant\n<reason>")
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from codeloop.rollout.toolcall import TOOL_NAME, format_observation, in_open_call, parse_tool_call
+from codeloop.rollout.toolcall import format_observation, in_open_call, parse_tool_call
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.types import ExecResult, ExecStatus, ToolCall
 
 
@@ -9,14 +10,14 @@ def _call(body: str) -> str:
 
 
 def test_a_well_formed_call() -> None:
-    body = f'{{"name": "{TOOL_NAME}", "arguments": {{"code": "print(2)", "input": "5"}}}}'
+    body = f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "print(2)", "input": "5"}}}}'
     call = parse_tool_call(_call(body))
-    assert call == ToolCall(TOOL_NAME, {"code": "print(2)", "input": "5"}, body)
+    assert call == ToolCall(PYTHON_TOOL, {"code": "print(2)", "input": "5"}, body)
 
 
 def test_the_last_call_of_the_turn_counts_and_string_arguments_are_accepted() -> None:
-    first = f'{{"name": "{TOOL_NAME}", "arguments": {{"code": "1"}}}}'
-    last = f'{{"name": "{TOOL_NAME}", "arguments": "{{\\"code\\": \\"2\\"}}"}}'
+    first = f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1"}}}}'
+    last = f'{{"name": "{PYTHON_TOOL}", "arguments": "{{\\"code\\": \\"2\\"}}"}}'
     call = parse_tool_call(_call(first) + _call(last))
     assert isinstance(call, ToolCall) and call.arguments == {"code": "2"}
 
@@ -28,10 +29,10 @@ def test_the_last_call_of_the_turn_counts_and_string_arguments_are_accepted() ->
         (_call("{not json"), "not valid JSON"),
         (_call("[1, 2]"), "must be a JSON object"),
         (_call('{"name": "bash", "arguments": {"code": "ls"}}'), "unknown tool 'bash'"),
-        (_call(f'{{"name": "{TOOL_NAME}", "arguments": {{}}}}'), 'missing argument "code"'),
-        (_call(f'{{"name": "{TOOL_NAME}", "arguments": {{"code": 5}}}}'),
+        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{}}}}'), 'missing argument "code"'),
+        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": 5}}}}'),
          'missing argument "code"'),
-        (_call(f'{{"name": "{TOOL_NAME}", "arguments": {{"code": "1", "input": 3}}}}'),
+        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1", "input": 3}}}}'),
          '"input" must be a string'),
     ],
 )  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.toolcall import TOOL_NAME
+from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.trainer.model import tiny_model
 
 CORPUS = [
@@ -23,7 +23,7 @@ def trainer_fmt() -> PromptFormat:
 
 
 def conversation(fmt: PromptFormat, a: int, b: int) -> list[dict[str, str]]:
-    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": f"print({a} + {b})"}})
+    call = json.dumps({"name": PYTHON_TOOL, "arguments": {"code": f"print({a} + {b})"}})
     return [
         *fmt.messages(f"What is {a} + {b}?"),
         {
