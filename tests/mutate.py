@@ -71,12 +71,16 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
     "codeloop/sandbox/zygote.py": (["_status_from"], ["tests/sandbox/test_status.py"]),
 }
 # Mutants that change no behaviour a caller can see (equivalent mutants), each with the reason:
-# (module, function, mutation, text on its line, text where the mutated code starts; with a
-# final `$`, all the rest of the line) -> why.
+# (module, function, mutation, text on its line (with a newline: on it and the line before),
+# text where the mutated code starts (with a final `$`: all the rest of the line)) -> why.
 EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
     ("codeloop/algo/loss.py", "policy_loss", "0 -> 1", "if dual_clip > 0", "0"):
         "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
     ("codeloop/algo/loss.py", "policy_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
+        "at A = 0 both sides are 0",
+    ("codeloop/algo/loss.py", "sequence_loss", "0 -> 1", "if dual_clip > 0", "0"):
+        "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
+    ("codeloop/algo/loss.py", "sequence_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
         "at A = 0 both sides are 0",
     ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if neg <= min(", "neg"):
         "at equality the branch assigns the value neg already has",
@@ -92,6 +96,18 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
         "</answer> is searched after <answer>: found, it is never at 0",
     ("codeloop/reward/extract.py", "_final_answer_block", "0 -> 1", "if end < 0", "0"):
         "</answer> is searched after <answer>: found, it is never at 0",
+    ("codeloop/reward/symbolic.py", "_expand_plus_minus", "In -> NotIn", "minus_first =",
+     "match.group"): "the two expansions are compared as a set: their order does not matter",
+    ("codeloop/reward/symbolic.py", "_parsed", "0 -> 1", "boxed_match_priority=0", "0"):
+        "the answers parsed here carry no \\boxed (extraction took it off): no box to rank",
+    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if not pred_form or not gold_form",
+     "not pred_form"): "an empty side then parses to nothing and the check below says False",
+    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if not gold_parsed or not pred_",
+     "not gold_parsed"): "verify over an empty parse is False",
+    ("codeloop/reward/symbolic.py", "_equivalent", "False -> True",
+     "if not gold_parsed or not pred_parsed:\n        return False", "False$"):
+        "unreached: both forms are non-empty here and math-verify's parse of a non-empty answer "
+        "holds at least the answer's own text",
     ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
      "turns"):
         "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
@@ -141,13 +157,16 @@ class Mutant:
     source: str
     text: str = ""  # the original line
     at: str = ""  # the original line from where the mutated code starts
+    before: str = ""  # the line before it
 
     def equivalent(self) -> str:
         """Why this mutant is harmless, when EQUIVALENT names it; else ''."""
         for (module, function, what, line, at), why in EQUIVALENT.items():
             same = (module, function, what) == (self.module, self.function, self.what)
             here = self.at.rstrip() == at[:-1] if at.endswith("$") else self.at.startswith(at)
-            if same and line in self.text and here:
+            lines = f"{self.before.strip()}\n{self.text}" if "\n" in line else self.text
+            wanted = "\n".join(part.strip() for part in line.split("\n"))
+            if same and wanted in lines and here:
                 return why
         return ""
 
@@ -245,7 +264,8 @@ def mutants(module: str, functions: list[str] | None) -> Iterator[Mutant]:
                 yield Mutant(module, function.name, line, what,
                              ast.unparse(ast.fix_missing_locations(mutated)),
                              lines[line - 1].strip() if line else "",
-                             lines[line - 1][node.col_offset :] if line else "")  # fmt: skip
+                             lines[line - 1][node.col_offset :] if line else "",
+                             lines[line - 2] if line > 1 else "")  # fmt: skip
 
 
 def _where(node: ast.AST) -> tuple[int, int, int, int]:

@@ -148,3 +148,23 @@ def test_other_readings_keep_the_answer_on_its_side() -> None:
     # a gold percentage also reads without its sign when the answer has none
     assert forms.other_readings("25", "25\\%") == [("25", "25")]
     assert forms.other_readings("1,220", "1.22") == []  # a thousands separator
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("1,2", ["1", "2"]),
+        ("(1, 2), [3, 4]", ["(1, 2)", " [3, 4]"]),
+        ("\\frac{1,000}{2}, 3", ["\\frac{1,000}{2}", " 3"]),  # a comma inside braces stays
+        ("{a, (b, c)}, d", ["{a, (b, c)}", " d"]),
+    ],
+)  # fmt: skip
+def test_a_list_splits_at_its_top_level_commas_only(text: str, parts: list[str]) -> None:
+    from codeloop.reward.fastpath import _split_top_level
+
+    assert _split_top_level(text) == parts
+
+
+def test_words_compare_without_case() -> None:
+    assert equivalent("Monday", "monday") and equivalent("monday", "Monday")
+    assert not equivalent("Tuesday", "monday")
