@@ -37,13 +37,13 @@ def _bench(args: argparse.Namespace) -> int:
     run: Callable[[list[str]], int]
     match args.sub:
         case "reward":
-            from codeloop.reward.bench import main as run
+            from codeloop.bench.reward import main as run
         case "scheduler":
-            from codeloop.rollout.bench_scheduler import main as run
+            from codeloop.bench.scheduler import main as run
         case "rollout":
-            from codeloop.rollout.bench_rollout import main as run
+            from codeloop.bench.rollout import main as run
         case _:
-            from codeloop.trainer.bench_train import main as run
+            from codeloop.bench.train import main as run
     return run(args.extra)
 
 
@@ -70,7 +70,7 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
 
 
 def _sandbox_bench(args: argparse.Namespace) -> int:
-    from codeloop.sandbox import bench
+    from codeloop.bench import sandbox as bench
 
     return bench.main(args.extra)
 

@@ -6,7 +6,8 @@
 - `symbolic`: equivalence for everything else (math-verify with exact decimals, `\\pm`).
 - `workers`, `zygote`: the killable processes that run `symbolic` under a deadline per item.
 - `verifier`: `Verifier.score` / `score_batch` and module-level `score` / `score_batch`.
-- `bench`: `codeloop bench reward`, against plain math-verify on the same labelled cases.
+- `agreement`: the labelled cases; `codeloop bench reward` (`codeloop/bench/reward.py`) scores
+  them against plain math-verify.
 """
 
 from codeloop.reward.verifier import RewardResult, Verdict, Verifier, score, score_batch

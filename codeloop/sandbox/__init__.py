@@ -3,7 +3,8 @@
 Parts: `executor` (what runs inside a child: notebook semantics, tracebacks, the trailer),
 `isolation` (namespaces, private root, limits, uids), `zygote` (a single-threaded warm
 interpreter that forks one child per call), `pool` (`WorkerPool` and `LocalSandbox`, the
-in-process sandbox), `server` (the HTTP API), `client` (`SandboxClient`), `bench`.
+in-process sandbox), `server` (the HTTP API), `client` (`SandboxClient`); its benchmark is
+`codeloop/bench/sandbox.py`.
 
 What each call is protected against, on a Linux host where the server runs as root (the
 start-up report names every feature that is active and every one that is missing;

@@ -166,3 +166,15 @@ def test_gspo_refuses_token_weights_and_skips_empty_rows() -> None:
     loss, _ = sequence_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([1.0, 5.0]),
                             torch.tensor([[1, 1], [0, 0]]), 1)  # fmt: skip
     assert loss.item() == pytest.approx(-1.0)
+
+
+def test_gspo_dual_clip_caps_a_negative_advantage_at_c_times_it() -> None:
+    # s = 4 (both tokens ratio 4), A = -2: max(8, 2.56) = 8, capped at -c A = 6; A = +0.5 with
+    # s = 1 is untouched: -0.5
+    new = torch.log(torch.tensor([[4.0, 4.0], [1.0, 1.0]]))
+    loss, _ = sequence_loss(new, torch.zeros(2, 2), torch.tensor([-2.0, 0.5]), torch.ones(2, 2),
+                            1, 0.2, 0.28, dual_clip=3.0)  # fmt: skip
+    assert loss.item() == pytest.approx(6.0 - 0.5)
+    plain, _ = sequence_loss(new[:1], torch.zeros(1, 2), torch.tensor([-2.0]), torch.ones(1, 2),
+                             1, 0.2, 0.28)  # fmt: skip
+    assert plain.item() == pytest.approx(8.0)

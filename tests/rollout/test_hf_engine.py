@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from codeloop.rollout.bench_rollout import bandwidth_bound
+from codeloop.bench.rollout import bandwidth_bound
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
@@ -139,7 +139,7 @@ def _bench_rollout(tmp_path: object, *args: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
-    from codeloop.rollout import bench_rollout
+    from codeloop.bench import rollout as bench_rollout
 
     out = Path(str(tmp_path)) / "rollout.json"
     common = ["--model", "random", "--hidden", "32", "--layers", "1", "--out", str(out)]
@@ -179,7 +179,7 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
 
 
 def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
-    from codeloop.rollout.bench_rollout import _ratios
+    from codeloop.bench.rollout import _ratios
 
     def row(speed: float) -> dict[str, float]:
         return {"tokens_per_s": speed}
@@ -244,7 +244,7 @@ def test_bench_rollout_in_bfloat16_scores_its_tokens_in_float32(tmp_path: object
 
 
 def test_logprob_gap_by_hand(engine: TransformersEngine, fmt: PromptFormat) -> None:
-    from codeloop.rollout.bench_rollout import logprob_gap
+    from codeloop.bench.rollout import logprob_gap
 
     prompt = fmt.encode("What is 2 + 3?")
     generation = asyncio.run(engine.generate(prompt, SamplingParams(4, temperature=0.5, seed=3)))

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from codeloop.rollout import bench_scheduler
-from codeloop.rollout.bench_scheduler import SimEngine, Trajectory, _Prompt, run_simulated
+from codeloop.bench import scheduler as bench_scheduler
+from codeloop.bench.scheduler import SimEngine, Trajectory, _Prompt, run_simulated
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
 

@@ -51,13 +51,13 @@ from typing import Any, TypeVar
 
 import torch
 
+from codeloop.bench.static_engine import StaticBatchEngine
 from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.static_engine import StaticBatchEngine
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 

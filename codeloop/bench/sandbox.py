@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codeloop.bench import overload
 from codeloop.config import SandboxConfig
 from codeloop.helpformat import HelpFormatter
-from codeloop.sandbox import overload
 from codeloop.sandbox.client import SandboxClient
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
