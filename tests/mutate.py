@@ -108,6 +108,12 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
      "if not gold_parsed or not pred_parsed:\n        return False", "False$"):
         "unreached: both forms are non-empty here and math-verify's parse of a non-empty answer "
         "holds at least the answer's own text",
+    ("codeloop/reward/fastpath.py", "fast_check", "condition negated", "if other is None:", "if"):
+        "no pair is known whose own reading is decided False while another one is undecided: "
+        "the other readings are plain numbers wherever the pair's own is decided",
+    ("codeloop/reward/fastpath.py", "fast_check", "Is -> IsNot", "if other is None:", "other"):
+        "the other readings are then decided too: the mutant only sends a pair the fast path "
+        "found wrong on to the workers, which find it wrong as well (slower, same verdict)",
     ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
      "turns"):
         "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
