@@ -9,9 +9,10 @@ The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up 
 - `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
   problem and gold answer; `codeloop view` and `codeloop entropy` read it.
 - `summary.json`: avg@k (pass@1), unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean
-  response tokens and turns, tool calls per trajectory, tool-error ratio, statuses, the share
-  of trajectories that call the tool (`tool_use`, a complete call) and of those cut off inside
-  a call (`cut_off_in_call`), and the share of calls that are malformed.
+  response and policy tokens and turns, tool calls per trajectory, tool-error ratio, statuses,
+  the share of trajectories that call the tool (`tool_use`) and of those cut off inside a call
+  (`cut_off_in_call`), and the share of calls that are malformed (`rollout/stats.py`, as RL
+  logs them).
 
 Samples are seeded by (seed, problem id, sample index), so a resumed run samples what the
 uninterrupted one would have.
@@ -37,8 +38,8 @@ from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
-from codeloop.rollout.toolcall import in_open_call
-from codeloop.types import RolloutStatus, Trajectory
+from codeloop.rollout.stats import sample, stats
+from codeloop.types import Trajectory
 
 
 def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = "",
@@ -85,48 +86,15 @@ def eval_rollout_config(cfg: Config) -> RolloutConfig:
                                max_response_tokens=e.max_response_tokens)  # fmt: skip
 
 
-def cut_off_in_call(trajectory: Trajectory) -> bool:
-    """It ran out of tokens inside a tool call it had opened (a cell repeating itself up to the
-    length limit): the call never ran."""
-    return trajectory.status == RolloutStatus.TRUNCATED_LENGTH and in_open_call(trajectory.text)
-
-
-def tool_record(samples: Sequence[Trajectory]) -> dict[str, Any]:
-    """What `tool_shares` needs of some trajectories: their calls, tool errors, malformed calls,
-    calls per sample and whether each was cut off inside a call."""
-    calls = [r for t in samples for r in t.tool_calls]
-    return {
-        "tool_calls": len(calls),
-        "tool_errors": sum(r.failed for r in calls),
-        "malformed_calls": sum(r.malformed for r in calls),
-        "calls": [len(t.tool_calls) for t in samples],
-        "cut_off_in_call": [cut_off_in_call(t) for t in samples],
-    }
-
-
-def tool_shares(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Over `tool_record`s: the share of trajectories with a complete call (`tool_use`), of those
-    cut off inside one, and of calls that are malformed."""
-    n = max(sum(len(r["calls"]) for r in records), 1)
-    calls = sum(r["tool_calls"] for r in records)
-    return {
-        "tool_use": sum(c > 0 for r in records for c in r["calls"]) / n,
-        "cut_off_in_call": sum(sum(r["cut_off_in_call"]) for r in records) / n,
-        "malformed_calls": sum(r["malformed_calls"] for r in records) / calls if calls else 0.0,
-    }
-
-
 def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:
-    """The per-problem line of `results.jsonl`."""
+    """The per-problem line of `results.jsonl`: correctness and answers (pass@k, maj@k) and
+    each sample's record for the statistics (`rollout/stats.py`)."""
     return {
         "id": problem.id,
         "gold": problem.answer,
         "correct": [t.reward == 1.0 for t in samples],
         "answers": [t.final_answer for t in samples],
-        "statuses": [str(t.status) for t in samples],
-        "response_tokens": [len(t.response_ids) for t in samples],
-        "turns": [t.num_turns for t in samples],
-        **tool_record(samples),
+        "samples": [sample(t) for t in samples],
     }
 
 
@@ -134,9 +102,9 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Benchmark metrics over per-problem results (all with the same k)."""
     k = len(results[0]["correct"])
     k_values = [2**i for i in range(k.bit_length()) if 2**i <= k]
-    n = sum(len(r["correct"]) for r in results)
-    statuses = Counter(s for r in results for s in r["statuses"])
-    calls = sum(r["tool_calls"] for r in results)
+    samples = [s for r in results for s in r["samples"]]
+    found = stats(samples)
+    statuses = Counter(s["status"] for s in samples)
     return {
         "problems": len(results),
         "k": k,
@@ -144,14 +112,15 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
            for key, value in summarise([r["correct"] for r in results], k_values).items()},
         f"maj@{k}": sum(majority_correct(r["answers"], r["correct"]) for r in results)
         / len(results),
-        "response_tokens": sum(sum(r["response_tokens"]) for r in results) / n,
-        "turns": sum(sum(r["turns"]) for r in results) / n,
-        "tool_calls_per_trajectory": calls / n,
-        "tool_error_ratio": sum(r["tool_errors"] for r in results) / calls if calls else 0.0,
-        "statuses": {s: statuses[s] / n for s in sorted(statuses)},
-        # none of them when some lines come from a version that did not record them (a
-        # resumed older evaluation), rather than shares of the wrong totals
-        **(tool_shares(results) if all("calls" in r for r in results) else {}),
+        "response_tokens": found["response_tokens"],
+        "policy_tokens": found["policy_tokens"],
+        "turns": found["turns"],
+        "tool_calls_per_trajectory": found["tool_calls"],
+        "tool_error_ratio": found["tool_error_ratio"],
+        "statuses": {s: statuses[s] / len(samples) for s in sorted(statuses)},
+        "tool_use": found["tool_use"],
+        "cut_off_in_call": found["cut_off_in_call"],
+        "malformed_calls": found["malformed_calls"],
     }  # fmt: skip
 
 
@@ -174,8 +143,15 @@ def _complete_lines(path: Path) -> list[str]:
 
 def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Finished problems of an earlier run, by id."""
-    records = (json.loads(line) for line in _complete_lines(out_dir / "results.jsonl"))
-    return {record["id"]: record for record in records}
+    path = out_dir / "results.jsonl"
+    done = {}
+    for number, line in enumerate(_complete_lines(path), 1):
+        record = json.loads(line)
+        if "samples" not in record:
+            raise DataError(f"{path}:{number}: a line without per-sample records (written by an "
+                            "older codeloop): evaluate into a new directory")  # fmt: skip
+        done[record["id"]] = record
+    return done
 
 
 def _keep_finished_trajectories(path: Path, done: set[str]) -> None:

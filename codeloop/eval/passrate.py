@@ -17,6 +17,7 @@ from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.stats import trajectory_stats
 from codeloop.types import Trajectory
 
 
@@ -37,18 +38,12 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
 
 
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-    """Accuracy (avg@k), mean response tokens, and the tool-error ratio among correct ones."""
-    flat = [t for g in groups for t in g]
-    correct = [t for t in flat if t.reward == 1.0]
-    calls = [r for t in correct for r in t.tool_calls]
-    return {
-        "accuracy": sum(t.reward or 0.0 for t in flat) / max(len(flat), 1),
-        "response_tokens": sum(len(t.response_ids) for t in flat) / max(len(flat), 1),
-        # the model's own tokens: the response without the tool's output
-        "policy_tokens": sum(t.num_policy_tokens for t in flat) / max(len(flat), 1),
-        "tool_error_ratio_correct": sum(r.failed for r in calls) / len(calls) if calls else 0.0,
-        "tool_calls": sum(len(t.tool_calls) for t in flat) / max(len(flat), 1),
-    }
+    """Accuracy (avg@k), mean response and policy tokens, tool calls, and the tool-error ratio
+    among correct answers (`rollout/stats.py`)."""
+    found = trajectory_stats([t for g in groups for t in g])
+    keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct",
+            "tool_calls")  # fmt: skip
+    return {key: found[key] for key in keys}
 
 
 async def pass_rates(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,

@@ -37,7 +37,7 @@ import torch
 
 from codeloop.config import Config, load_config
 from codeloop.data.problems import Problem, load_problems, split_dev
-from codeloop.eval.evaluate import eval_rollout_config, tool_record, tool_shares
+from codeloop.eval.evaluate import eval_rollout_config
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.memory import trim_when_above
@@ -46,6 +46,7 @@ from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.stats import trajectory_stats
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
@@ -85,8 +86,9 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     """The share of trajectories that call the tool (a complete call, run in the sandbox), of
     those that ran out of tokens inside a call they had opened (a cell repeating itself up to
     the length limit: never run, so not counted as calling the tool), and of calls that are
-    malformed."""
-    return tool_shares([tool_record(g) for g in groups])
+    malformed (`rollout/stats.py`)."""
+    found = trajectory_stats([t for g in groups for t in g])
+    return {key: found[key] for key in ("tool_use", "cut_off_in_call", "malformed_calls")}
 
 
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,

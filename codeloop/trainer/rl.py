@@ -21,7 +21,6 @@ import copy
 import random
 import time
 import zlib
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
+from codeloop.rollout.stats import trajectory_stats
 from codeloop.trainer.batch import Sample, collate, from_trajectory, on_device, token_logprobs
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import (
@@ -53,7 +53,7 @@ from codeloop.trainer.distributed import (
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.weights import EngineSink, ServerSink, WeightSink
-from codeloop.types import RolloutStatus, Trajectory
+from codeloop.types import Trajectory
 
 if TYPE_CHECKING:
     from codeloop.trainer.async_rl import AsyncRL
@@ -366,29 +366,19 @@ def _lap(timings: dict[str, float], key: str, since: float) -> float:
 
 
 def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
-    sampled = [t for g in groups for t in g.sampled]
-    kept = [t for g in groups for t in g.kept]
-    correct = [t for t in sampled if t.reward == 1.0]
-    calls = [r for t in sampled for r in t.tool_calls]
-    statuses = Counter(str(t.status) for t in sampled)
-
-    def error_ratio(trajectories: list[Trajectory]) -> float:
-        records = [r for t in trajectories for r in t.tool_calls]
-        return sum(r.failed for r in records) / len(records) if records else 0.0
-
+    """`rollout/stats.py` over every sampled trajectory (`rollout/...`, `reward/mean`) and the
+    kept ones (`reward/kept_mean`); RoC's tool-error ratio among right answers of both."""
+    sampled = trajectory_stats([t for g in groups for t in g.sampled])
+    kept = trajectory_stats([t for g in groups for t in g.kept])
     metrics = {
-        "reward/mean": sum(t.reward or 0.0 for t in sampled) / max(len(sampled), 1),
-        "reward/kept_mean": sum(t.reward or 0.0 for t in kept) / max(len(kept), 1),
-        "rollout/response_tokens": sum(len(t.response_ids) for t in sampled) / max(len(sampled), 1),
-        "rollout/turns": sum(t.num_turns for t in sampled) / max(len(sampled), 1),
-        "rollout/tool_calls": len(calls) / max(len(sampled), 1),
-        "rollout/tool_error_ratio": error_ratio(sampled),
-        "rollout/infra_faults": sum(t.infra_fault for t in sampled) / max(len(sampled), 1),
-        "roc/tool_error_ratio_correct": error_ratio(correct),
-        "roc/tool_error_ratio_kept_correct": error_ratio([t for t in kept if t.reward == 1.0]),
+        "reward/mean": sampled["accuracy"],
+        "reward/kept_mean": kept["accuracy"],
+        "roc/tool_error_ratio_correct": sampled["tool_error_ratio_correct"],
+        "roc/tool_error_ratio_kept_correct": kept["tool_error_ratio_correct"],
     }
-    for status in RolloutStatus:  # every status, so that ranks average the same keys
-        metrics[f"rollout/status_{status}"] = statuses[str(status)] / max(len(sampled), 1)
+    for key, value in sampled.items():
+        if key not in ("accuracy", "tool_error_ratio_correct"):
+            metrics[f"rollout/{key}"] = value
     return metrics
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from eval_helpers import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
 
+from codeloop.data.problems import DataError
 from codeloop.eval.evaluate import evaluate
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.model import tiny_model
@@ -76,21 +77,17 @@ def test_a_killed_evaluation_resumes_where_it_stopped(
     assert len(keys) == 5 * K and set(keys.values()) == {1}
 
 
-def test_results_without_the_tool_use_record_give_no_tool_use_shares(
+def test_results_lines_of_an_older_format_are_named_not_misread(
     fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
 ) -> None:
-    full_dir, full_summary = scripted_run
+    full_dir, _ = scripted_run
     out = tmp_path / "older"
     shutil.copytree(full_dir, out)
     results = read_jsonl(out / "results.jsonl")
-    newer = ("calls", "cut_off_in_call", "malformed_calls")
-    older = [{k: v for k, v in r.items() if k not in newer} for r in results[:2]]
-    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older + results[2:]))
-    policy = ScriptedPolicy(fmt)
-    summary = run_eval(fmt, out, policy)  # every problem has its line: nothing is sampled
-    assert not policy.first_turns
-    assert not set(newer) & set(summary) and "tool_use" not in summary
-    assert summary == {k: v for k, v in full_summary.items() if k not in (*newer, "tool_use")}
+    older = [{k: v for k, v in r.items() if k != "samples"} for r in results[:1]]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older + results[1:]))
+    with pytest.raises(DataError, match="results.jsonl:1: a line without per-sample records"):
+        run_eval(fmt, out, ScriptedPolicy(fmt))
 
 
 def test_another_k_in_the_same_directory_is_an_error(
