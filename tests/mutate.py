@@ -114,6 +114,17 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
     ("codeloop/reward/fastpath.py", "fast_check", "Is -> IsNot", "if other is None:", "other"):
         "the other readings are then decided too: the mutant only sends a pair the fast path "
         "found wrong on to the workers, which find it wrong as well (slower, same verdict)",
+    ("codeloop/reward/verifier.py", "score_async", "condition negated", "if self._thread is None",
+     "if"): "without its own thread the loop's default executor runs the check; the pool "
+            "serialises checks under its lock: the same results",
+    ("codeloop/reward/verifier.py", "score_async", "Is -> IsNot", "if self._thread is None",
+     "self._thread"): "as above: a new thread per call, the same results",
+    ("codeloop/reward/verifier.py", "score_async", "1 -> 2", "ThreadPoolExecutor(1,", "1"):
+        "two threads: the pool serialises checks under its lock, the same results",
+    ("codeloop/reward/verifier.py", "score_batch", "True -> False", "strict=True", "True"):
+        "the pool answers one check per pair: the lengths are equal; strict only checks it",
+    ("codeloop/reward/verifier.py", "close", "True -> False", "shutdown(wait=True)", "True"):
+        "close comes after every score_async was awaited: nothing is left to wait for",
     ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
      "turns"):
         "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
