@@ -38,7 +38,8 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier, one_process
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.rl import RLRun, problem_digest
+from codeloop.trainer.rl import RLRun
+from codeloop.trainer.state import RunState, problem_digest
 
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
@@ -70,13 +71,12 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             current = run.problems = kept
+            run.state.problems = problem_digest(kept)
             if carried is not None and not stage.reset_optimizer:
                 run.learner.optimizer.load_state_dict(carried["optimizer"])
                 run.learner.lr_schedule.load_state_dict(carried["lr_schedule"])
-            if carried is not None and carried["problems"] == problem_digest(run.problems):
-                run.data_position = carried["data_position"]  # the same problems: go on
-                run.pending = carried["pending"]  # async: drawn, not trained
-                run.async_next = carried["async_next"]
+            if carried is not None:  # the same problems: go on drawing where it stopped
+                run.state.carry_on_from(carried["state"])
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index, stage_dir.name)
@@ -95,11 +95,11 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         barrier(world)
         summaries.append(summary)
         learner = run.learner
-        carried = {"optimizer": learner.optimizer.state_dict(),
-                   "lr_schedule": learner.lr_schedule.state_dict(),
-                   "data_position": run.data_position, "pending": run.pending,
-                   "async_next": run.async_next,
-                   "problems": problem_digest(run.problems)}  # fmt: skip
+        carried = {
+            "optimizer": learner.optimizer.state_dict(),
+            "lr_schedule": learner.lr_schedule.state_dict(),
+            "state": run.state,
+        }
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
     return summaries
@@ -167,17 +167,17 @@ def _final_model(stage_dir: Path) -> Any:
 
 
 def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
-    """Load a finished stage's final weights into `model`; return its optimiser state."""
+    """Load a finished stage's final weights into `model`; return its optimiser, schedule and
+    run state."""
     import torch
 
     model.load_state_dict(_final_model(stage_dir).state_dict())
     state_file = _final_checkpoint(stage_dir) / "state.pt"
     state: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=False)
-    extra = state["extra"]  # the checkpoint file keeps the schedule under "scheduler"
-    return {"optimizer": state["optimizer"], "lr_schedule": state["scheduler"],
-            "data_position": extra["data_position"], "problems": extra.get("problems"),
-            "pending": extra.get("pending", []),
-            "async_next": extra.get("async_next", [])}  # fmt: skip
+    run_state = RunState()
+    run_state.load_state_dict(state["extra"])
+    # the checkpoint file keeps the schedule under "scheduler"
+    return {"optimizer": state["optimizer"], "lr_schedule": state["scheduler"], "state": run_state}
 
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:

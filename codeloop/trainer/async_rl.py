@@ -156,17 +156,17 @@ class AsyncRL:
         self.run, self.cfg, self.world = run, cfg, world
         # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
         self.batch = len(range(world.rank, cfg.trainer.prompts_per_step, world.size))
-        if len(run.async_next) == world.size:
-            self.next = run.async_next[world.rank]  # draws made, resumed with the same world
+        if len(run.state.async_next) == world.size:
+            self.next = run.state.async_next[world.rank]  # draws made, resumed with the same world
         else:
-            self.next = -(-max(run.data_position - world.rank, 0) // world.size)
+            self.next = -(-max(run.state.data_position - world.rank, 0) // world.size)
         self.gate = Gate(run.step_index)
         engines = [GatedEngine(e, self.gate) for e in run.engines]
         n = cfg.algo.group_size * cfg.algo.oversample
         scheduler = Scheduler.for_rollout(engines, cfg.rollout, self.batch * n, run.kv_sharing)
         self.agent = Agent(scheduler, run.tools, run.fmt, cfg.rollout)
         self.ready: asyncio.Queue[Group] = asyncio.Queue()
-        self.redo = [p for p in sorted(run.pending) if p % world.size == world.rank]  # first
+        self.redo = [p for p in sorted(run.state.pending) if p % world.size == world.rank]  # first
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
         self.taken = run.step_index * self.batch  # groups taken for training, all steps
         self.outstanding = 0  # groups generating or queued
@@ -207,7 +207,7 @@ class AsyncRL:
         else:
             position = self.next * self.world.size + self.world.rank
             self.next += 1
-            self.run.data_position = max(self.run.data_position, position + 1)
+            self.run.state.data_position = max(self.run.state.data_position, position + 1)
         problem = self.positions[position] = self.run.problem_at(position)
         return position, problem
 
@@ -220,7 +220,7 @@ class AsyncRL:
                                     keys=[position], on_trajectory=self._scored)  # fmt: skip
         finally:
             self.activity.stop()
-        group = make_group(problem, sampled[0], algo, self.run.roc_rng, position)
+        group = make_group(problem, sampled[0], algo, self.run.state.roc_rng, position)
         self.ready.put_nowait(group)
 
     def _scored(self, trajectory: Trajectory) -> None:

@@ -20,7 +20,6 @@ import asyncio
 import copy
 import random
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from codeloop.trainer.distributed import (
 )
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.state import RunState, problem_digest
 from codeloop.trainer.weights import EngineSink, ServerSink, WeightSink
 from codeloop.types import Trajectory
 
@@ -86,11 +86,6 @@ def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
     kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []
     advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
     return Group(problem, list(sampled), kept, advantages, position)
-
-
-def problem_digest(problems: Sequence[Problem]) -> int:
-    """A checksum of the problems' ids in order: which list a data position indexes."""
-    return zlib.crc32("\n".join(p.id for p in problems).encode())
 
 
 class RLRun:
@@ -128,10 +123,7 @@ class RLRun:
         )  # fmt: skip
         self.verifier = Verifier(cfg.reward)
         self.step_index = 0
-        self.data_position = 0
-        self.roc_rng = random.Random(t.seed)
-        self.pending: list[int] = []  # async: data positions drawn, not trained (checkpointed)
-        self.async_next: list[int] = []  # async: each rank's draws so far (checkpointed)
+        self.state = RunState(t.seed, problems=problem_digest(self.problems))
         self.async_loop: AsyncRL | None = None  # trainer.mode = "async"
 
     # -- the loop --------------------------------------------------------------------------
@@ -273,8 +265,8 @@ class RLRun:
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
         chosen = []
         for _ in range(count):
-            chosen.append((self.data_position, self.problem_at(self.data_position)))
-            self.data_position += 1
+            chosen.append((self.state.data_position, self.problem_at(self.state.data_position)))
+            self.state.data_position += 1
         return chosen
 
     def problem_at(self, position: int) -> Problem:
@@ -293,7 +285,7 @@ class RLRun:
         scored = await collect(agent, [p for _, p in problems], n, self.verifier,
                                self.cfg.trainer.seed, keys=positions,
                                progress="rollout" if self.world.is_main else "")  # fmt: skip
-        return [make_group(problem, sampled, algo, self.roc_rng, position)
+        return [make_group(problem, sampled, algo, self.state.roc_rng, position)
                 for (position, problem), sampled in zip(problems, scored, strict=True)]  # fmt: skip
 
     def rollout_scheduler(self, batch_size: int = 0) -> Scheduler:
@@ -309,18 +301,14 @@ class RLRun:
 
     def save(self) -> None:
         """A checkpoint of this step (every rank calls it: the weights are gathered)."""
+        state = self.state
         if self.async_loop is not None:  # every rank's positions drawn and not trained
             mine = self.async_loop.pending()
-            self.pending = sorted(p for part in all_gather(mine, self.world) for p in part)
-            self.async_next = all_gather(self.async_loop.next, self.world)
-            self.data_position = max(all_gather(self.data_position, self.world))
-        extra = {
-            "data_position": self.data_position,
-            "roc_rng": self.roc_rng.getstate(),
-            "problems": problem_digest(self.problems),  # what data_position indexes
-            "pending": self.pending,
-            "async_next": self.async_next,
-        }
+            state.pending = sorted(p for part in all_gather(mine, self.world) for p in part)
+            state.async_next = all_gather(self.async_loop.next, self.world)
+            state.data_position = max(all_gather(state.data_position, self.world))
+        state.problems = problem_digest(self.problems)  # what data_position indexes
+        extra = state.state_dict()
         self.learner.save(self.logger.run_dir, self.step_index, extra, self.fmt)
 
     def resume(self) -> bool:
@@ -330,10 +318,7 @@ class RLRun:
         path = latest_checkpoint(self.logger.run_dir)
         if path is not None:
             self.step_index, extra = self.learner.load(path)
-            self.data_position = int(extra["data_position"])
-            self.roc_rng.setstate(extra["roc_rng"])
-            self.pending = [int(p) for p in extra.get("pending", [])]
-            self.async_next = [int(k) for k in extra.get("async_next", [])]
+            self.state.load_state_dict(extra)
         if self.world.is_main:
             self.logger.rewind(self.step_index)
         return path is not None

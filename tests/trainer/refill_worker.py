@@ -12,6 +12,7 @@ from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.trainer import distributed
 from codeloop.trainer.rl import Group, RLRun
+from codeloop.trainer.state import RunState
 
 
 async def synthetic_rollout(problems: list[tuple[int, Problem]]) -> list[Group]:
@@ -27,12 +28,13 @@ def main() -> None:
     out = Path(sys.argv[1])
     world = distributed.init()
     run = RLRun.__new__(RLRun)  # only what _groups reads: no model, engine or sandbox
-    run.cfg, run.world, run.data_position = Config(), world, 0
+    run.cfg, run.world = Config(), world
+    run.state = RunState()
     run.cfg.algo.drop_zero_signal_groups = True
     run.problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
     run._rollout = synthetic_rollout  # type: ignore[method-assign]
     groups, _ = asyncio.run(run._groups(4))
-    record = {"positions": [g.position for g in groups], "data_position": run.data_position}
+    record = {"positions": [g.position for g in groups], "data_position": run.state.data_position}
     (out / f"rank{world.rank}.json").write_text(json.dumps(record))
     distributed.barrier(world)
 

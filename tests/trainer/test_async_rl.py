@@ -158,8 +158,8 @@ def test_a_stop_mid_step_loses_and_duplicates_no_problem(
         seen |= {json.loads(line)["position"] for line in path.read_text().splitlines()}
     # every position drawn before the stop was trained or dropped (without signal) afterwards
     # or before it, or is still pending now
-    assert set(range(drawn)) <= seen | set(run.pending)
-    assert set(pending) <= seen | set(run.pending)
+    assert set(range(drawn)) <= seen | set(run.state.pending)
+    assert set(pending) <= seen | set(run.state.pending)
 
 
 def test_the_gate_holds_new_calls_until_those_inside_are_done() -> None:
