@@ -82,6 +82,8 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
         "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
     ("codeloop/algo/loss.py", "sequence_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
         "at A = 0 both sides are 0",
+    ("codeloop/algo/loss.py", "behaviour_weights", "True -> False", "strict=True", "True"):
+        "the three lists have one entry per token: strict only checks it",
     ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if neg <= min(", "neg"):
         "at equality the branch assigns the value neg already has",
     ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if pos <= min(", "pos"):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from codeloop.algo.advantage import group_advantages, has_signal
-from codeloop.algo.loss import LOSSES, policy_loss, sequence_loss, token_entropy
+from codeloop.algo.loss import LOSSES, behaviour_weights, policy_loss, sequence_loss, token_entropy
 
 
 def test_one_correct_of_four() -> None:
@@ -76,11 +76,11 @@ def test_dual_clip_caps_at_c_times_the_advantage() -> None:
 
 
 def test_token_weights_multiply_each_tokens_loss() -> None:
-    # ratios 1, A = +1: per-token -1, weighted 2 and 0.5: (-2 - 0.5) / 2
+    # ratios 1, A = +1: per-token -1, weighted 2 and 1: (-2 - 1) / 2
     old = torch.zeros(1, 2)
     loss, _ = policy_loss(torch.zeros(1, 2), old, torch.tensor([1.0]), torch.ones(1, 2),
-                          denominator=2, weights=torch.tensor([[2.0, 0.5]]))  # fmt: skip
-    assert loss.item() == pytest.approx(-1.25)
+                          denominator=2, weights=torch.tensor([[2.0, 1.0]]))  # fmt: skip
+    assert loss.item() == pytest.approx(-1.5)
 
 
 def test_masked_tokens_add_nothing_to_the_metrics() -> None:
@@ -178,3 +178,31 @@ def test_gspo_dual_clip_caps_a_negative_advantage_at_c_times_it() -> None:
     plain, _ = sequence_loss(new[:1], torch.zeros(1, 2), torch.tensor([-2.0]), torch.ones(1, 2),
                              1, 0.2, 0.28)  # fmt: skip
     assert plain.item() == pytest.approx(8.0)
+
+
+def test_gspo_clips_above_and_counts_a_one_token_sequence() -> None:
+    # s = sqrt(2 x 2) = 2 with A = +1: clipped at 1.28; a one-token sequence with ratio 1.1 and
+    # A = +1: s = 1.1 (its own ratio), kept: (-1.28 - 1.1) / 2
+    new = torch.log(torch.tensor([[2.0, 2.0], [1.1, 1.0]]))
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, _ = sequence_loss(new, torch.zeros(2, 2), torch.tensor([1.0, 1.0]), mask, 2, 0.2, 0.28)
+    assert loss.item() == pytest.approx((-1.28 - 1.1) / 2)
+
+
+def test_gspo_clips_by_its_own_ranges_unless_told() -> None:
+    # s = 1.001 with A = +1 under GSPO's default range [1 - 3e-4, 1 + 4e-4]: -1.0004; with
+    # A = -1 and s = 0.999: max(0.999, 0.9997) = 0.9997
+    up, _ = sequence_loss(torch.log(torch.tensor([[1.001]])), torch.zeros(1, 1),
+                          torch.tensor([1.0]), torch.ones(1, 1), 1)  # fmt: skip
+    assert up.item() == pytest.approx(-1.0004, abs=1e-7)
+    down, _ = sequence_loss(torch.log(torch.tensor([[0.999]])), torch.zeros(1, 1),
+                            torch.tensor([-1.0]), torch.ones(1, 1), 1)  # fmt: skip
+    assert down.item() == pytest.approx(0.9997, abs=1e-7)
+
+
+def test_behaviour_weights_by_hand() -> None:
+    # proximal -0.5, -1.0 against behaviour -1.0, -0.2 (the first token is a prompt token):
+    # exp(0.5) = 1.65 capped at 1.5; exp(-0.8) = 0.449
+    weights = behaviour_weights([0.0, -0.5, -1.0], [0.0, -1.0, -0.2], [0, 1, 1], cap=1.5)
+    assert weights == pytest.approx([0.0, 1.5, math.exp(-0.8)])
+    assert behaviour_weights([-3.0], [-1.0], [1], cap=1.5) == pytest.approx([math.exp(-2.0)])
