@@ -78,16 +78,20 @@ def test_stop_when_ends_training_and_a_later_phase_continues_the_step_numbers(
         return steps == 3
 
     logged: list[int] = []
+    rewound: list[int] = []
 
     class Steps:
         def log(self, step: int, metrics: dict[str, float]) -> None:
             logged.append(step)
 
+        def rewind(self, step: int) -> None:  # what a killed attempt left past it is dropped
+            rewound.append(step)
+
     first = train_sft(model, trainer_fmt, data, cfg, Steps(), stop_when=stop_when)  # type: ignore[arg-type]
     assert len(first) == 3 and asked == [1, 2, 3]
     cfg.epochs = 1
     train_sft(model, trainer_fmt, data, cfg, Steps(), first_step=3)  # type: ignore[arg-type]
-    assert logged == [1, 2, 3, 4, 5, 6, 7]
+    assert logged == [1, 2, 3, 4, 5, 6, 7] and rewound == [0, 3]
 
 
 def test_a_conversation_over_the_token_limit_names_its_line(
