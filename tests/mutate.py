@@ -98,6 +98,17 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
         "</answer> is searched after <answer>: found, it is never at 0",
     ("codeloop/reward/extract.py", "_final_answer_block", "0 -> 1", "if end < 0", "0"):
         "</answer> is searched after <answer>: found, it is never at 0",
+    ("codeloop/reward/integer.py", "_normalise", "0 -> 1", "range(3 if", "0)"):
+        "wrappers are backslash commands: without a backslash a pass removes nothing",
+    ("codeloop/reward/integer.py", "_normalise", "3 -> 4", "range(3 if", "3 if"):
+        "a fourth pass unwraps a fourth level of nesting, which answers do not have: the "
+        "limit only bounds the work",
+    ("codeloop/reward/integer.py", "parse_number", "1 -> 2", "if not text[:1].isdigit()", "1"):
+        "the gate only skips a currency substitution that cannot match (a currency sign "
+        "starts with no digit or ends with no letter or digit): two characters gate the same",
+    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if pred_form == gold_form or",
+     "pred_form == gold_form"): "math-verify finds identical forms and words that differ in "
+                                "case equal too: the line saves its time, not its verdict",
     ("codeloop/reward/symbolic.py", "_expand_plus_minus", "In -> NotIn", "minus_first =",
      "match.group"): "the two expansions are compared as a set: their order does not matter",
     ("codeloop/reward/symbolic.py", "_parsed", "0 -> 1", "boxed_match_priority=0", "0"):
