@@ -2,6 +2,7 @@
 no process of a killed run survives it, and (synchronous mode) the log equals that of a run that
 was never killed."""
 
+import json
 import random
 import subprocess
 import sys
@@ -122,3 +123,60 @@ def test_sft_killed_after_a_step_starts_over_and_logs_each_step_once(
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2, 3]
     assert (tmp_path / "run" / "sft_model" / "model.safetensors").is_file()
     assert left_behind([killed.pid]) == []
+
+
+@pytest.mark.slow
+def test_a_recipe_killed_in_either_stage_logs_each_step_once(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    run_dir, config = tmp_path / "recipe", tmp_path / "recipe.toml"
+    config.write_text(f"""
+[trainer]
+model = "{base}"
+output_dir = "{run_dir}"
+prompts_per_step = 2
+checkpoint_every = 2
+[data]
+train = "{problems}"
+[algo]
+group_size = 2
+drop_zero_signal_groups = false
+[rollout]
+max_response_tokens = 16
+[sandbox]
+workers = 1
+[reward]
+workers = 1
+[[recipe.stages]]
+name = "one"
+steps = 3
+[[recipe.stages]]
+name = "two"
+steps = 3
+""")
+    args = ["recipe", "--config", str(config)]
+    killed = []
+    # killed: after stage one's step 3 is logged (its checkpoint is at 2); after stage two's
+    # step 1 is logged (the resumed stage one logs its step 3 first); while stage two's
+    # checkpoint at step 2 is written
+    expected = [("1-one", [1, 2, 3]), ("2-two", [1]), ("2-two", [1, 2])]
+    for (point, n), (stage, steps) in zip(
+        (("logged", 3), ("logged", 2), ("checkpoint", 1)), expected, strict=True
+    ):
+        run = _start([str(KILL_AT), point, str(n), *args])
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
+        assert [m["step"] for m in read_metrics(run_dir / stage)] == steps
+        killed.append(run.pid)
+    assert list((run_dir / "2-two" / "checkpoints").glob(".partial-*"))  # cut short
+    finished = _start(["-m", "codeloop", *args])
+    _, err = finished.communicate(timeout=300)
+    assert finished.returncode == 0, err[-3000:]
+    for stage in ("1-one", "2-two"):
+        assert [m["step"] for m in read_metrics(run_dir / stage)] == [1, 2, 3]
+        dumps = sorted(p.name for p in (run_dir / stage / "trajectories").iterdir())
+        assert dumps == [f"step_{s:06d}.jsonl" for s in (1, 2, 3)]
+        assert json.loads((run_dir / stage / "stage.json").read_text())["steps"] == 3
+    assert not list(run_dir.rglob(".partial-*"))
+    assert left_behind(killed) == []
