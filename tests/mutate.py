@@ -141,6 +141,9 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
     ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
      "turns"):
         "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
+    ("codeloop/rollout/agent.py", "run_trajectory", "LtE -> Lt", "if budget <= 0", "budget"):
+        "the budget is at least 1 here: a turn that used it up ended the loop (length), and an "
+        "observation goes in only with a token left after it",
     ("codeloop/rollout/agent.py", "add", "1 -> 2", "[-1] * len(ids)", "1"):
         "a negative version means unknown (Trajectory.policy_versions): -1 and -2 read alike",
     ("codeloop/rollout/agent.py", "_has_answer", "GtE -> Gt", 'find("</answer>", start) >= 0',
