@@ -159,6 +159,9 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
      "value"): "in one process weight is 1; the two-process tests (slow) run weight 0",
     ("codeloop/trainer/learner.py", "_update", "True -> False", "zero_grad(set_to_none=True)",
      "True"): "gradients zeroed or set to None: the next backward starts from nothing either way",
+    ("codeloop/trainer/learner.py", "_update", "True -> False",
+     "for sample, engine in zip(samples, behaviour, strict=True)", "True"):
+        "one behaviour list per sample: strict only checks it",
     ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "1 -> 2",
      'batch["input_ids"][:1, :1]', "1"): "a padding forward for FSDP (several ranks): its "
                                           "output is not used",

@@ -102,13 +102,14 @@ def test_a_step_without_signal_leaves_the_weights_and_one_token_with_signal_trai
     assert all(torch.equal(p, q) for p, q in zip(before, learner.model.parameters(), strict=True))
     # one policy token, sampled by these very weights (ratio 1): loss -r A / 1 token = -1, and
     # the entropy of its next-token distribution over that one token
-    single = Sample([5, 6], [0, 1], [0.0, 0.0], advantage=1.0)
+    # (after two prompt tokens, whose positions count in neither)
+    single = Sample([5, 6, 7], [0, 0, 1], [0.0, 0.0, 0.0], advantage=1.0)
     with torch.no_grad():
         own, entropy = token_logprobs(learner.model, collate([single], 0), entropy=True)
-    single.old_logprobs = [0.0, float(own[0, 0])]
+    single.old_logprobs = [0.0, 0.0, float(own[0, 1])]
     metrics = learner.update([single])
     assert metrics["loss/policy_tokens"] == 1 and metrics["loss/loss"] == pytest.approx(-1.0)
-    assert metrics["loss/entropy"] == pytest.approx(float(entropy[0, 0]), rel=1e-5)  # type: ignore[index]
+    assert metrics["loss/entropy"] == pytest.approx(float(entropy[0, 1]), rel=1e-5)  # type: ignore[index]
     assert not all(torch.equal(p, q) for p, q in zip(before, learner.model.parameters(),
                                                      strict=True))  # fmt: skip
 
