@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from codeloop.algo.group import MAX_REFILL_ROUNDS, Group, make_group
 from codeloop.config import ConfigError
 from codeloop.data.problems import Problem
 from codeloop.progress import progress_bar
@@ -58,7 +59,7 @@ from codeloop.rollout.engine import Engine, Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer.batch import from_trajectory
 from codeloop.trainer.distributed import all_max
-from codeloop.trainer.rl import MAX_REFILL_ROUNDS, Group, RLRun, make_group
+from codeloop.trainer.rl import RLRun
 from codeloop.types import Trajectory
 
 

@@ -2,16 +2,16 @@
 
 `RLRun.step()` reads top to bottom: draw prompts in the data order, `collect` oversample x G
 scored trajectories per prompt (`rollout/collect.py`), keep G per prompt with
-Resample-on-Correct and compute group advantages (refilling dropped zero-signal groups when
-`algo.drop_zero_signal_groups`), let the `Learner` (`learner.py`: the sharded policy, its loss,
-optimiser, learning-rate schedule and checkpoints) take its optimiser steps, publish the new
-weights through a `WeightSink` (`weights.py`: the in-process engine, or servers that reload a
-saved directory), log, checkpoint. Everything random is seeded from `trainer.seed`, the data
-position and the sample index, and the checkpoint holds the data position and the RoC
-generator, so a run stopped and resumed reproduces the uninterrupted run (with a deterministic
-engine). Trajectories go through a `Scheduler` (`rollout.scheduler`) over the engines: the
-in-process engine, or one `OpenAIEngine` per `rollout.endpoints` (`rollout.backend = "openai"`:
-vLLM, SGLang, `codeloop serve`).
+Resample-on-Correct and compute group advantages (`algo/group.py`; refilling dropped
+zero-signal groups when `algo.drop_zero_signal_groups`), let the `Learner` (`learner.py`: the
+sharded policy, its loss, optimiser, learning-rate schedule and checkpoints) take its optimiser
+steps, publish the new weights through a `WeightSink` (`weights.py`: the in-process engine, or
+servers that reload a saved directory), log, checkpoint. Everything random is seeded from
+`trainer.seed`, the data position and the sample index, and the checkpoint holds the data
+position and the RoC generator (`state.py`), so a run stopped and resumed reproduces the
+uninterrupted run (with a deterministic engine). Trajectories go through a `Scheduler`
+(`rollout.scheduler`) over the engines: the in-process engine, or one `OpenAIEngine` per
+`rollout.endpoints` (`rollout.backend = "openai"`: vLLM, SGLang, `codeloop serve`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import copy
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from codeloop.algo.advantage import group_advantages, has_signal
-from codeloop.algo.resample import penalty, resample
-from codeloop.config import AlgoConfig, Config, ConfigError
+from codeloop.algo.group import MAX_REFILL_ROUNDS, Group, make_group
+from codeloop.algo.resample import penalty
+from codeloop.config import Config, ConfigError
 from codeloop.data.problems import DataError, Problem
 from codeloop.errors import RunError
 from codeloop.progress import progress_bar
@@ -59,33 +58,7 @@ if TYPE_CHECKING:
     from codeloop.trainer.async_rl import AsyncRL
 
 T = TypeVar("T")
-MAX_REFILL_ROUNDS = 4
 RELOAD_PROBE_TOKENS = 16  # greedy tokens a server is checked on after a reload
-
-
-@dataclass
-class Group:
-    problem: Problem
-    sampled: list[Trajectory]
-    kept: list[Trajectory]
-    advantages: list[float]
-    position: int = 0  # in the data order: the same on every rank
-
-    @property
-    def has_signal(self) -> bool:
-        """Its kept rewards differ (else its advantages are all 0 and it trains nothing)."""
-        return has_signal([t.reward or 0.0 for t in self.kept])
-
-
-def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
-               rng: random.Random, position: int = 0) -> Group:  # fmt: skip
-    """The scored samples of one prompt, resampled to the G that train, with advantages. One
-    that hit an infrastructure fault is evidence of nothing: never kept, so neither rewarded
-    nor penalised."""
-    healthy = [t for t in sampled if not t.infra_fault]
-    kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []
-    advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
-    return Group(problem, list(sampled), kept, advantages, position)
 
 
 class RLRun:

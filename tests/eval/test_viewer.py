@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from eval_helpers import PROBLEMS, read_jsonl
 
+from codeloop.algo.group import Group
 from codeloop.eval.entropy import analyse_file
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import Group, _dump
+from codeloop.trainer.rl import _dump
 from codeloop.types import Trajectory
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.trainer import distributed
-from codeloop.trainer.rl import Group, RLRun
+from codeloop.trainer.rl import RLRun
 from codeloop.trainer.state import RunState
 
 

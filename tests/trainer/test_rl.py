@@ -15,6 +15,7 @@ import torch
 import transformers
 from trainer_helpers import conversation
 
+from codeloop.algo.group import make_group
 from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
 from codeloop.rollout.hf_engine import TransformersEngine
@@ -22,7 +23,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun, make_group
+from codeloop.trainer.rl import RLRun
 from codeloop.trainer.sft import train_sft
 from codeloop.types import (
     ExecResult,
