@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from fake_http import serve
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from codeloop.rollout.engine import Generation, SamplingParams
@@ -115,14 +116,8 @@ def test_live_kv_readings(served: tuple[str, Path]) -> None:
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(text=text)
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        vllm = OpenAIEngine(f"http://127.0.0.1:{port}", kv_capacity_tokens=1000)
+        runner, url = await serve({("GET", "/metrics"): metrics})
+        vllm = OpenAIEngine(url, kv_capacity_tokens=1000)
         ours = OpenAIEngine(served[0])
         try:
             await vllm.refresh_kv()
@@ -171,15 +166,9 @@ def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
         async def models(request: web.Request) -> web.Response:
             return web.json_response({"data": [{"id": "policy", "root": str(served)}]})
 
-        app = web.Application()
-        app.router.add_post("/collective_rpc", record)
-        app.router.add_post("/update_weights_from_disk", record)
-        app.router.add_get("/v1/models", models)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        runner, url = await serve({("POST", "/collective_rpc"): record,
+                                   ("POST", "/update_weights_from_disk"): record,
+                                   ("GET", "/v1/models"): models})  # fmt: skip
         vllm, sglang = OpenAIEngine(url, backend="vllm"), OpenAIEngine(url, backend="sglang")
         try:
             await vllm.reload(str(served))
@@ -263,14 +252,8 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
     prompt = fmt.prompt_ids("What is 2 + 3?")
 
     async def main() -> Any:
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        engine = OpenAIEngine(f"http://127.0.0.1:{port}", model="policy")
+        runner, url = await serve({("POST", "/v1/completions"): completions})
+        engine = OpenAIEngine(url, model="policy")
         try:
             return await run_trajectory(engine, Tools(), fmt, cfg, "p", 0, prompt, seed=7)
         finally:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from fake_http import serve
 
 from codeloop.config import SandboxConfig
 from codeloop.sandbox.client import SandboxClient
@@ -20,14 +21,7 @@ def _ok(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _fake(handler: Callable[[web.Request], Any]) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_post("/v1/execute/batch", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve({("POST", "/v1/execute/batch"): handler})
 
 
 def test_batches_concurrent_calls_and_keeps_order() -> None:
