@@ -71,12 +71,11 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             current = run.problems = kept
-            run.state.problems = problem_digest(kept)
             if carried is not None and not stage.reset_optimizer:
                 run.learner.optimizer.load_state_dict(carried["optimizer"])
                 run.learner.lr_schedule.load_state_dict(carried["lr_schedule"])
             if carried is not None:  # the same problems: go on drawing where it stopped
-                run.state.carry_on_from(carried["state"])
+                run.state.carry_on_from(carried["state"], problem_digest(kept))
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index, stage_dir.name)

@@ -48,9 +48,7 @@ def parse_tool_call(turn_text: str, tools: Toolbox = PYTHON_ONLY) -> ToolCall | 
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             pass
-    if not isinstance(arguments, dict):
-        return 'Error: "arguments" must be a JSON object.'
-    checked = tools[name].check(arguments)
+    checked = tools[name].check(arguments if isinstance(arguments, dict) else {})
     if isinstance(checked, str):
         return checked
     return ToolCall(name=name, arguments=checked, raw=raw)

@@ -96,7 +96,7 @@ class RLRun:
         )  # fmt: skip
         self.verifier = Verifier(cfg.reward)
         self.step_index = 0
-        self.state = RunState(t.seed, problems=problem_digest(self.problems))
+        self.state = RunState(t.seed)  # `save` records which problems its position indexes
         self.async_loop: AsyncRL | None = None  # trainer.mode = "async"
 
     # -- the loop --------------------------------------------------------------------------

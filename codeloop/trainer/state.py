@@ -48,10 +48,10 @@ class RunState:
         self.pending = [int(p) for p in state.get("pending", [])]
         self.async_next = [int(k) for k in state.get("async_next", [])]
 
-    def carry_on_from(self, before: RunState) -> None:
+    def carry_on_from(self, before: RunState, problems: int) -> None:
         """A new stage goes on drawing where `before` (the stage before it) stopped, when it
-        trains on the same problems; else it starts the data order afresh. Resampling's RNG
-        starts from the seed in every stage."""
-        if before.problems == self.problems:
+        trains on the same problems (`problems`: the `problem_digest` of its own); else it
+        starts the data order afresh. Resampling's RNG starts from the seed in every stage."""
+        if before.problems == problems:
             self.data_position = before.data_position
             self.pending, self.async_next = list(before.pending), list(before.async_next)

@@ -32,6 +32,8 @@ def test_the_last_call_of_the_turn_counts_and_string_arguments_are_accepted() ->
         (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{}}}}'), 'missing argument "code"'),
         (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": 5}}}}'),
          'missing argument "code"'),
+        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": 5}}'), 'missing argument "code"'),
+        (_call(f'{{"name": "{PYTHON_TOOL}"}}'), 'missing argument "code"'),  # no arguments
         (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1", "input": 3}}}}'),
          '"input" must be a string'),
     ],

@@ -23,11 +23,11 @@ def test_the_state_goes_into_a_checkpoint_and_back() -> None:
 
 def test_a_stage_goes_on_drawing_only_over_the_same_problems() -> None:
     before = RunState(1, data_position=9, problems=problem_digest(PROBLEMS), pending=[8])
-    same = RunState(1, problems=problem_digest(PROBLEMS))
-    same.carry_on_from(before)
+    same = RunState(1)
+    same.carry_on_from(before, problem_digest(PROBLEMS))
     assert (same.data_position, same.pending) == (9, [8])
     assert same.roc_rng.random() == random.Random(1).random()  # resampling starts afresh
-    other = RunState(1, problems=problem_digest(PROBLEMS[:1]))
-    other.carry_on_from(before)
+    other = RunState(1)
+    other.carry_on_from(before, problem_digest(PROBLEMS[:1]))
     assert (other.data_position, other.pending) == (0, [])
     assert problem_digest(PROBLEMS) != problem_digest(PROBLEMS[::-1])  # the order counts
