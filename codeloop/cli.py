@@ -394,9 +394,9 @@ def _real(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from codeloop.reference import main
+    from codeloop import reference
 
-    return main(args.out, args.check)
+    return reference.main(args.out, args.check, main, build_parser())
 
 
 def _import_gguf(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,26 +69,23 @@ def _commands(parser: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ..
             yield from _commands(sub, (*path, name))
 
 
-def _help(path: tuple[str, ...]) -> str:
+def _help(cli: Callable[[list[str]], int], path: tuple[str, ...]) -> str:
     """What `codeloop PATH --help` prints."""
-    from codeloop.cli import main
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main([*path, "--help"])
+        cli([*path, "--help"])
     return out.getvalue().rstrip()
 
 
-def cli_page() -> str:
-    """Markdown: `codeloop --help`, then each command's."""
-    from codeloop.cli import build_parser
-
+def cli_page(cli: Callable[[list[str]], int], parser: Any) -> str:
+    """Markdown: `codeloop --help`, then each command's (`cli`: the command line's entry point;
+    `parser`: its argument parser)."""
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:
-        lines = ["# Command line", "", NOTE, "", "## codeloop", "", "```", _help(()), "```"]
-        for path in _commands(build_parser()):
-            lines += ["", f"## codeloop {' '.join(path)}", "", "```", _help(path), "```"]
+        lines = ["# Command line", "", NOTE, "", "## codeloop", "", "```", _help(cli, ()), "```"]
+        for path in _commands(parser):
+            lines += ["", f"## codeloop {' '.join(path)}", "", "```", _help(cli, path), "```"]
     finally:
         if before is None:
             del os.environ["COLUMNS"]
@@ -97,15 +94,15 @@ def cli_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def pages() -> dict[str, str]:
-    return {"configuration.md": config_page(), "cli.md": cli_page()}
+def pages(cli: Callable[[list[str]], int], parser: Any) -> dict[str, str]:
+    return {"configuration.md": config_page(), "cli.md": cli_page(cli, parser)}
 
 
-def main(out_dir: str, check: bool) -> int:
+def main(out_dir: str, check: bool, cli: Callable[[list[str]], int], parser: Any) -> int:
     """Write the pages into `out_dir`, or with `check` name those that differ (exit 1)."""
     folder = Path(out_dir)
     stale = []
-    for name, text in pages().items():
+    for name, text in pages(cli, parser).items():
         path = folder / name
         if check:
             if not path.is_file() or path.read_text() != text:

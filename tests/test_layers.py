@@ -1,8 +1,10 @@
-"""The layering of DESIGN.md holds: checked by walking every import in the package's source.
+"""The layering of the design page holds: checked by walking every import in the package's source.
 
 types/config < sandbox, reward, algo, data < rollout < trainer < recipe, eval, bench < cli. A module
 may import its own layer or lower ones. sandbox, reward and algo import neither transformers,
-an inference engine nor ray. Heavy optional packages are imported inside functions only.
+an inference engine nor ray. Heavy optional packages are imported inside functions only. No
+modules import each other, directly or round a longer circle, not even through an import inside
+a function.
 """
 
 import ast
@@ -33,6 +35,58 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             raise AssertionError(f"{path}: use absolute imports (codeloop.x), not relative ones")
     return found
+
+
+def _module(path: Path) -> str:
+    """`codeloop/trainer/rl.py` -> `codeloop.trainer.rl` (a package: its `__init__`)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules it imports (anywhere in it)."""
+    files = {_module(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:  # a submodule, or a name
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
+                            else node.module for a in node.names}  # fmt: skip
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of `graph`: each set of modules that reach one another (Tarjan's strongly
+    connected components of more than one module), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            if component:
+                found.append(sorted([node, *component]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def _part(path: Path) -> str:
@@ -83,3 +137,22 @@ def test_importing_the_core_stays_light() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_circle_finder_finds_circles(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    fake = tmp_path / "codeloop"
+    (fake / "trainer").mkdir(parents=True)
+    (fake / "trainer" / "__init__.py").write_text("")
+    (fake / "trainer" / "rl.py").write_text("from codeloop.trainer.loop import run\n")
+    (fake / "trainer" / "loop.py").write_text("def f():\n    from codeloop.trainer import ends\n")
+    (fake / "trainer" / "ends.py").write_text("import codeloop.trainer.rl\n")
+    (fake / "trainer" / "apart.py").write_text("from codeloop.trainer import rl\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    graph = _graph()
+    assert graph["codeloop.trainer.loop"] == {"codeloop.trainer.ends"}  # inside a function too
+    assert _cycles(graph) == [["codeloop.trainer.ends", "codeloop.trainer.loop",
+                               "codeloop.trainer.rl"]]  # fmt: skip

@@ -5,13 +5,14 @@ from pathlib import Path
 import pytest
 
 from codeloop import reference
+from codeloop.cli import build_parser, main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    return reference.pages()
+    return reference.pages(main, build_parser())
 
 
 def test_the_pages_in_docs_are_what_the_code_generates(pages: dict[str, str]) -> None:
@@ -37,11 +38,13 @@ def test_every_command_has_its_help(pages: dict[str, str]) -> None:
 def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      pages: dict[str, str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr(reference, "pages", lambda: pages)  # generated once for the module
-    assert reference.main(str(tmp_path), check=True) == 1
+    monkeypatch.setattr(
+        reference, "pages", lambda cli, parser: pages
+    )  # generated once for the module
+    assert reference.main(str(tmp_path), True, main, build_parser()) == 1
     assert "configuration.md" in capsys.readouterr().out
-    assert reference.main(str(tmp_path), check=False) == 0
-    assert reference.main(str(tmp_path), check=True) == 0
+    assert reference.main(str(tmp_path), False, main, build_parser()) == 0
+    assert reference.main(str(tmp_path), True, main, build_parser()) == 0
 
 
 def test_every_relative_link_of_the_readme_and_docs_exists() -> None:

@@ -1,6 +1,6 @@
 """`codeloop bench train`: training throughput, peak memory, and where an RL step's time goes.
 
-1. Update throughput: the RL update (`RLRun.update`: micro-batches under a token budget,
+1. Update throughput: the RL update (`Learner.update`: micro-batches under a token budget,
    clipped loss, AdamW) on random sequences of a tiny random model, against a baseline measured
    in the same run: one plain forward/backward/step of cross-entropy over the same padded batch.
    The ratio is the trainer's overhead (or gain) over the bare model.
@@ -34,7 +34,7 @@ from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import build_run
 
 
 def _samples(count: int, length: int, vocab: int, seed: int) -> list[Sample]:
@@ -177,15 +177,14 @@ async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem
     cfg.trainer.output_dir = run_dir
     async with LocalSandbox(cfg.sandbox) as tools:
         logger = RunLogger(run_dir, tensorboard=False)
-        run = RLRun(cfg, model, fmt, problems, tools, logger, world=world)
+        run = build_run(cfg, model, fmt, problems, tools, logger, world=world)
         try:
             start = time.perf_counter()
             for _ in range(steps):
                 run.learner.update(samples)
             _sync()
             update_only = (time.perf_counter() - start) / steps
-            await run.sync_weights()
-            metrics = await run.step()
+            (metrics,) = await run.train(1)
         finally:
             await run.close()
             logger.close()

@@ -32,13 +32,12 @@ from codeloop.data.problems import DataError, Problem
 from codeloop.errors import RunError
 from codeloop.eval.passrate import pass_rates
 from codeloop.files import write_atomic
-from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, barrier, one_process
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.state import RunState, problem_digest
 
 
@@ -63,7 +62,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             current = _refiltered(stage_dir, problems) or current
             continue
         logger = RunLogger(stage_dir, tensorboard=world.is_main)
-        run = RLRun(scfg, model, fmt, current, tools, logger, world=world)
+        run = build_run(scfg, model, fmt, current, tools, logger, world=world)
         try:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
             if kept is None:
@@ -111,11 +110,11 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], c
     await run.sync_weights()
     world = run.world
     mine = list(problems)[world.rank :: world.size]
-    agent = Agent(run.rollout_scheduler(), run.tools, run.fmt, cfg.rollout)
+    agent = run.rollout.agent()
     samples = stage.refilter_samples
     low, high = stage.refilter_min_pass_rate, stage.refilter_max_pass_rate
     progress = f"{stage.name or 'stage'} refilter" if world.is_main else ""
-    rates = await pass_rates(agent, mine, samples, run.verifier, cfg.trainer.seed, progress)
+    rates = await pass_rates(agent, mine, samples, run.rollout.verifier, cfg.trainer.seed, progress)
     rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
     kept = [p for p in problems if low <= rates[p.id] <= high]
     band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"

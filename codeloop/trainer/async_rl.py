@@ -1,12 +1,13 @@
 """Asynchronous RL (`trainer.mode = "async"`): generation never waits for the optimiser.
 
-A producer keeps groups (oversample x G samples of one problem, in the data order) generating
-through the same `collect` as the synchronous loop, and puts each scored, resampled group on a
-queue the moment it ends. The learner takes the first `prompts_per_step` usable groups off the
-queue, trains on them while the producer goes on (`Learner.update_async`: in a worker thread on
-a GPU; on a CPU on the loop's thread between the engine's steps), then publishes the weights,
-which become policy version `step_index`. Rank 0 shows the step's groups taken on a bar, with
-the trajectories sampled and the groups passed over or stale since the last step.
+`AsyncGroups` is the RL loop's group source in this mode (`groups.py`). A producer keeps
+groups (oversample x G samples of one problem, in the data order) generating through the same
+`collect` as the synchronous loop, and puts each scored, resampled group on a queue the moment it
+ends. The loop's learner takes the first `prompts_per_step` usable groups off the queue, trains
+on them while the producer goes on (`Learner.update_async`: in a worker thread on a GPU; on a
+CPU on the loop's thread between the engine's steps), then publishes the weights, which become
+policy version `step_index`. Rank 0 shows the step's groups taken on a bar, with the trajectories
+sampled and the groups passed over or stale since the last step.
 
 Staleness is bounded as AReaL bounds it: a group may start at version v only while the groups
 taken for training plus those outstanding (generating or queued) stay below
@@ -51,15 +52,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from codeloop.algo.group import MAX_REFILL_ROUNDS, Group, make_group
-from codeloop.config import ConfigError
+from codeloop.config import Config, ConfigError
 from codeloop.data.problems import Problem
 from codeloop.progress import progress_bar
-from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.collect import collect
 from codeloop.rollout.engine import Engine, Generation, SamplingParams
-from codeloop.rollout.scheduler import Scheduler
-from codeloop.trainer.batch import from_trajectory
-from codeloop.trainer.distributed import all_max
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.distributed import World, all_gather, all_max
+from codeloop.trainer.groups import Drawn, samples_of
+from codeloop.trainer.rollout_side import RolloutSide
+from codeloop.trainer.state import RunState
 from codeloop.types import Trajectory
 
 
@@ -144,40 +145,50 @@ class Activity:
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
 
 
-class AsyncRL:
-    """The asynchronous loop over an `RLRun`'s learner, engines and sink (module docstring)."""
+class AsyncGroups:
+    """The asynchronous group source (module docstring): a producer running ahead of the
+    learner over the rollout side's engines, each behind a `Gate`."""
 
-    def __init__(self, run: RLRun) -> None:
-        cfg, world = run.cfg, run.world
-        if run.servers and cfg.trainer.partial_rollout == "continue":
+    wait_metric = "timing/wait_for_groups_s"
+    in_thread: bool | None = (
+        None  # on a GPU in a worker thread, on a CPU between the engine's steps
+    )
+
+    def __init__(self, cfg: Config, world: World, state: RunState,
+                 order: Callable[[int], Problem], rollout: RolloutSide,
+                 version: int) -> None:  # fmt: skip
+        """`version`: the policy version the engines serve (the step the run starts from)."""
+        if rollout.servers and cfg.trainer.partial_rollout == "continue":
             raise ConfigError(
                 "trainer.partial_rollout = 'continue' swaps weights mid-request, "
                 "which only the in-process engine can; servers need 'wait'"
             )
-        self.run, self.cfg, self.world = run, cfg, world
+        self.cfg, self.world, self.state, self.order = cfg, world, state, order
+        self.verifier = rollout.verifier
         # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
         self.batch = len(range(world.rank, cfg.trainer.prompts_per_step, world.size))
-        if len(run.state.async_next) == world.size:
-            self.next = run.state.async_next[world.rank]  # draws made, resumed with the same world
+        if len(state.async_next) == world.size:
+            self.next = state.async_next[world.rank]  # draws made, resumed with the same world
         else:
-            self.next = -(-max(run.state.data_position - world.rank, 0) // world.size)
-        self.gate = Gate(run.step_index)
-        engines = [GatedEngine(e, self.gate) for e in run.engines]
+            self.next = -(-max(state.data_position - world.rank, 0) // world.size)
+        self.gate = Gate(version)
         n = cfg.algo.group_size * cfg.algo.oversample
-        scheduler = Scheduler.for_rollout(engines, cfg.rollout, self.batch * n, run.kv_sharing)
-        self.agent = Agent(scheduler, run.tools, run.fmt, cfg.rollout)
+        self.agent = rollout.agent(self.batch * n, [GatedEngine(e, self.gate)
+                                                    for e in rollout.engines])  # fmt: skip
         self.ready: asyncio.Queue[Group] = asyncio.Queue()
-        self.redo = [p for p in sorted(run.state.pending) if p % world.size == world.rank]  # first
+        self.redo = [p for p in sorted(state.pending) if p % world.size == world.rank]  # first
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
-        self.taken = run.step_index * self.batch  # groups taken for training, all steps
+        self.taken = version * self.batch  # groups taken for training, all steps
         self.outstanding = 0  # groups generating or queued
-        self.finished: list[Group] = []  # trained or discarded since the last log
+        self.finished: list[Group] = []  # trained or discarded since the last step
         self.trained: set[int] = set()  # id() of those of `finished` that trained
         self.counts: Counter[str] = Counter()
         self.activity = Activity()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._producer: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._staleness: list[int] = []  # of the last step's kept trajectories
         self.bar: Any = None  # this step's progress (rank 0): groups taken, trajectories sampled
         self.sampled = 0  # trajectories scored since the last step
 
@@ -185,10 +196,16 @@ class AsyncRL:
         """This rank's data positions drawn but neither trained nor discarded."""
         return sorted({*self.positions, *self.redo})
 
+    def save(self, state: RunState) -> None:
+        """Every rank's positions drawn and not trained, and its draws so far."""
+        state.pending = sorted(p for part in all_gather(self.pending(), self.world) for p in part)
+        state.async_next = all_gather(self.next, self.world)
+        state.data_position = max(all_gather(state.data_position, self.world))
+
     # -- the producer ----------------------------------------------------------------------
 
     def _may_start(self) -> bool:
-        bound = (self.run.step_index + self.cfg.trainer.max_staleness + 1) * self.batch
+        bound = (self.gate.version + self.cfg.trainer.max_staleness + 1) * self.batch
         return self.taken + self.outstanding < bound
 
     async def _produce(self) -> None:
@@ -208,8 +225,8 @@ class AsyncRL:
         else:
             position = self.next * self.world.size + self.world.rank
             self.next += 1
-            self.run.state.data_position = max(self.run.state.data_position, position + 1)
-        problem = self.positions[position] = self.run.problem_at(position)
+            self.state.data_position = max(self.state.data_position, position + 1)
+        problem = self.positions[position] = self.order(position)
         return position, problem
 
     async def _group(self, position: int, problem: Problem) -> None:
@@ -217,11 +234,11 @@ class AsyncRL:
         self.activity.start()
         try:
             sampled = await collect(self.agent, [problem], algo.group_size * algo.oversample,
-                                    self.run.verifier, self.cfg.trainer.seed,
+                                    self.verifier, self.cfg.trainer.seed,
                                     keys=[position], on_trajectory=self._scored)  # fmt: skip
         finally:
             self.activity.stop()
-        group = make_group(problem, sampled[0], algo, self.run.state.roc_rng, position)
+        group = make_group(problem, sampled[0], algo, self.state.roc_rng, position)
         self.ready.put_nowait(group)
 
     def _scored(self, trajectory: Trajectory) -> None:
@@ -251,37 +268,79 @@ class AsyncRL:
             self.trained.add(id(group))
         self._wake.set()
 
-    # -- the learner -----------------------------------------------------------------------
+    # -- what the learner sees -------------------------------------------------------------
 
-    async def train(self, steps: int, stepped: Callable[[dict[str, float]], None] | None = None
-                    ) -> list[dict[str, float]]:  # fmt: skip
-        """`steps` steps; `stepped` is called with each step's metrics. Rank 0 shows a bar of
-        the step's groups with signal taken, with the trajectories sampled, groups passed over
-        for want of signal and stale groups since the last step."""
-        await self.run.sync_weights()
-        producer = asyncio.create_task(self._produce())
+    async def start(self) -> None:
+        """The producer starts; rank 0 shows a bar of each step's groups with signal taken,
+        with the trajectories sampled, groups passed over for want of signal and stale groups
+        since the last step."""
+        self._producer = asyncio.create_task(self._produce())
         self.bar = progress_bar(total=self.batch, desc="rollout", unit="group", leave=False,
-                        disable=not self.world.is_main)  # fmt: skip
-        history: list[dict[str, float]] = []
-        try:
-            for _ in range(steps):
-                history.append(await self.step())
-                if stepped is not None:
-                    stepped(history[-1])
-            return history
-        finally:
+                                disable=not self.world.is_main)  # fmt: skip
+
+    async def stop(self) -> None:
+        if self.bar is not None:
             self.bar.close()
             self.bar = None
-            producer.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(producer, *self._tasks, return_exceptions=True)
+        tasks = [t for t in (self._producer, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._producer = None
+
+    async def draw(self) -> Drawn:
+        version, t = self.gate.version, self.cfg.trainer
+        batch = await self._next_batch()
+        self.taken += self.batch  # this step's share, even if it is short
+        for group in batch:  # out of `outstanding`
+            self._retire(group, trained=True)
+        samples = samples_of(batch)
+        self._staleness = [version - (tr.oldest_version if tr.oldest_version is not None
+                                      else version) for g in batch for tr in g.kept]  # fmt: skip
+        self._wake.set()  # the producer may start the groups the bound now allows
+        if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
+            samples = []  # a rank without enough: nobody steps (the update's passes must match)
+        drawn = Drawn(batch, self.finished, samples, self.trained)
+        self.finished, self.trained = [], set()
+        return drawn
+
+    @asynccontextmanager
+    async def publishing(self, version: int) -> AsyncIterator[None]:
+        """`wait`: no request is being decoded while the weights change; then the bound lets
+        the producer start what version `version` allows."""
+        if self.cfg.trainer.partial_rollout == "wait":
+            async with self.gate.closed():
+                yield
+        else:
+            yield
+        self.gate.version = version
+        self._wake.set()
+
+    def metrics(self, drawn: Drawn, waited: float, updated: float
+                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+        staleness = self._staleness
+        overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
+        local = {  # averaged over the ranks (the maximum is the same on every rank)
+            "async/staleness_max": float(all_max(max(staleness, default=0), self.world)),
+            "async/overlap": overlap,
+            "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
+        }
+        counts: dict[str, float] = {
+            "async/stale_groups": self.counts.pop("stale", 0),
+            "async/regenerated_groups": self.counts.pop("regenerated", 0),
+            "async/outstanding_groups": self.outstanding,
+            "rollout/groups_kept": len(drawn.train),
+            "rollout/groups_dropped": self.counts.pop("no_signal", 0),
+        }
+        self.sampled = 0
+        self._show(0)
+        return local, counts
 
     async def _next_batch(self) -> list[Group]:
         """This step's groups: the first usable ones to finish. Like the synchronous refill
         (MAX_REFILL_ROUNDS rounds), at most MAX_REFILL_ROUNDS x batch groups without signal
         are passed over in a step; then it trains on what it has, possibly nothing."""
-        t, version = self.cfg.trainer, self.run.step_index
+        t, version = self.cfg.trainer, self.gate.version
         batch: list[Group] = []
         passed_over = 0
         while len(batch) < self.batch and passed_over < MAX_REFILL_ROUNDS * self.batch:
@@ -305,56 +364,6 @@ class AsyncRL:
             batch.append(group)
             self._show(len(batch))
         return batch
-
-    async def step(self) -> dict[str, float]:
-        run, t = self.run, self.cfg.trainer
-        version, start = run.step_index, time.perf_counter()
-        batch = await self._next_batch()
-        waited = time.perf_counter()
-        self.taken += self.batch  # this step's share, even if it is short
-        for group in batch:  # out of `outstanding`
-            self._retire(group, trained=True)
-        samples = [from_trajectory(tr, a) for g in batch
-                   for tr, a in zip(g.kept, g.advantages, strict=True)]  # fmt: skip
-        staleness = [version - (tr.oldest_version if tr.oldest_version is not None else version)
-                     for g in batch for tr in g.kept]  # fmt: skip
-        self._wake.set()  # the producer may start the groups the bound now allows
-        if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
-            samples = []  # a rank without enough: nobody steps (the update's passes must match)
-        losses = await run.learner.update_async(samples)
-        updated = time.perf_counter()
-        overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
-        if t.partial_rollout == "wait":
-            async with self.gate.closed():
-                run.step_index += 1
-                await run.sync_weights()
-        else:
-            run.step_index += 1
-            await run.sync_weights()
-        self.gate.version = run.step_index
-        self._wake.set()
-        end = time.perf_counter()
-        finished, trained = self.finished, self.trained
-        self.finished, self.trained = [], set()
-        local = {  # averaged over the ranks (the maximum is the same on every rank)
-            "async/staleness_max": float(all_max(max(staleness, default=0), self.world)),
-            "timing/wait_for_groups_s": waited - start,
-            "timing/update_s": updated - waited,
-            "timing/sync_s": end - updated,
-            "timing/step_s": end - start,
-            "async/overlap": overlap,
-            "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
-        }
-        counts: dict[str, float] = {
-            "async/stale_groups": self.counts.pop("stale", 0),
-            "async/regenerated_groups": self.counts.pop("regenerated", 0),
-            "async/outstanding_groups": self.outstanding,
-            "rollout/groups_kept": len(batch),
-            "rollout/groups_dropped": self.counts.pop("no_signal", 0),
-        }
-        self.sampled = 0
-        self._show(0)
-        return run.finish_step(finished, local, losses, counts, trained)
 
 
 def _oldest_version(group: Group, current: int) -> int:

@@ -14,7 +14,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import load_policy
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import build_run
 from codeloop.trainer.sft import load_conversations, train_sft
 
 
@@ -62,7 +62,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
         logger = RunLogger(cfg.trainer.output_dir, tensorboard=world.is_main)
-        run = RLRun(cfg, model, fmt, problems, tools, logger, world=world)
+        run = build_run(cfg, model, fmt, problems, tools, logger, world=world)
         history = []
         try:
             if run.resume():

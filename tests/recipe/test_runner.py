@@ -20,7 +20,7 @@ from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import default_device, tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import build_run
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
 
@@ -153,11 +153,11 @@ def test_refilter_keeps_the_problems_within_the_pass_rate_band(
     engine = Answers()
     logger = RunLogger(tmp_path, tensorboard=False)
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)
-    run = RLRun(cfg, model, fmt, PROBLEMS, None, logger, engine)  # type: ignore[arg-type]
+    run = build_run(cfg, model, fmt, PROBLEMS, None, logger, engine)  # type: ignore[arg-type]
     try:
         kept = asyncio.run(_stage_problems(run, stage, PROBLEMS, cfg))
     finally:
-        run.verifier.close()
+        run.rollout.verifier.close()
         logger.close()
     assert engine.weights_updates == 1  # the current policy is what the refilter samples
     assert [p.id for p in kept] == want
@@ -178,7 +178,7 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
         seen.append(world)
         raise Built
 
-    monkeypatch.setattr(runner, "RLRun", built)
+    monkeypatch.setattr(runner, "build_run", built)
     cfg = _config(tmp_path)
     cfg.trainer.dtype = dtype
     with pytest.raises(Built):

@@ -20,7 +20,7 @@ from codeloop.trainer import distributed
 from codeloop.trainer.batch import Sample
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import build_run
 from codeloop.trainer.sft import train_sft
 
 
@@ -66,14 +66,14 @@ def main(tokenizer_dir: str, out: Path) -> None:
 
     engine = TransformersEngine(engine_model, fmt.tokenizer, fmt.end_of_turn_ids)
     logger = RunLogger(out / f"rl{world.rank}", tensorboard=False)
-    run = RLRun(cfg, sharded, fmt, [Problem("p", "x", "1")], None, logger, engine, world)  # type: ignore[arg-type]
+    run = build_run(cfg, sharded, fmt, [Problem("p", "x", "1")], None, logger, engine, world)  # type: ignore[arg-type]
     # each optimiser step takes every 2nd sample (updates_per_step = 2); deal pairs to the ranks
     # so that the union of the ranks' mini-batches is the one-process mini-batch
     samples = [s for j, s in enumerate(rl_samples(len(fmt.tokenizer)))
                if (j // 2) % world.size == world.rank]  # fmt: skip
     rl = [run.learner.update(samples) for _ in range(2)]
     asyncio.run(run.sync_weights())  # the engine gets the gathered weights
-    run.verifier.close()
+    run.rollout.verifier.close()
     logger.close()
     weights = distributed.full_state_dict(sharded, world)
     if world.is_main:

@@ -1,4 +1,4 @@
-"""Run by torchrun (see test_distributed.py): `RLRun._groups` with zero-signal groups dropped
+"""Run by torchrun (see test_distributed.py): `SyncGroups.groups` with zero-signal groups dropped
 and refilled, over synthetic rollouts in which the group of data position p has signal when p
 is odd. Writes each rank's group positions and data position to OUT/rank<r>.json."""
 
@@ -12,7 +12,7 @@ from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.trainer import distributed
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.groups import SyncGroups, problem_at
 from codeloop.trainer.state import RunState
 
 
@@ -28,14 +28,13 @@ async def synthetic_rollout(problems: list[tuple[int, Problem]]) -> list[Group]:
 def main() -> None:
     out = Path(sys.argv[1])
     world = distributed.init()
-    run = RLRun.__new__(RLRun)  # only what _groups reads: no model, engine or sandbox
-    run.cfg, run.world = Config(), world
-    run.state = RunState()
-    run.cfg.algo.drop_zero_signal_groups = True
-    run.problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
-    run._rollout = synthetic_rollout  # type: ignore[method-assign]
-    groups, _ = asyncio.run(run._groups(4))
-    record = {"positions": [g.position for g in groups], "data_position": run.state.data_position}
+    cfg, state = Config(), RunState()
+    cfg.algo.drop_zero_signal_groups = True
+    problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
+    source = SyncGroups(cfg, world, state, lambda p: problem_at(problems, 0, p), None)
+    source.sample = synthetic_rollout  # type: ignore[method-assign]  # no engine or sandbox
+    groups, _ = asyncio.run(source.groups(4))
+    record = {"positions": [g.position for g in groups], "data_position": state.data_position}
     (out / f"rank{world.rank}.json").write_text(json.dumps(record))
     distributed.barrier(world)
 

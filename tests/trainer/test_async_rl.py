@@ -25,7 +25,7 @@ from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 
 MORE = PROBLEMS + [Problem(f"q{i}", f"What is {a} + {b}?", str(a + b))
@@ -57,17 +57,18 @@ def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resum
             setattr(cfg.trainer, key, value)
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(run_dir, tensorboard=False)
-            run = RLRun(cfg, model, fmt, MORE, sandbox, logger, engine)
+            run = build_run(cfg, model, fmt, MORE, sandbox, logger, engine)
             if resume:
                 assert run.resume()
             if fail_at:
                 update, calls = run.learner.update_async, [0]
 
-                async def failing(samples: list[Sample]) -> dict[str, float]:
+                async def failing(samples: list[Sample], in_thread: bool | None = None
+                                  ) -> dict[str, float]:  # fmt: skip
                     calls[0] += 1
                     if calls[0] == fail_at:
                         raise KeyboardInterrupt("stopped mid-step")
-                    return await update(samples)
+                    return await update(samples, in_thread)
 
                 run.learner.update_async = failing  # type: ignore[method-assign]
             try:
@@ -110,9 +111,9 @@ def test_async_steps_train_within_the_staleness_bound(
     for record in dumped:  # tokens of versions 0..2 (the weights of steps 0, 1, 2)
         assert record["versions"] and 0 <= record["versions"][0] <= record["versions"][1] <= 2
     assert any(r["versions"][1] > 0 for r in dumped)  # later groups sampled with new weights
-    for name, value in run.model.state_dict().items():  # the engine serves the last weights
-        assert torch.equal(value, run.engine.model.state_dict()[name])
-    assert run.engine.version == 3
+    for name, value in run.learner.model.state_dict().items():  # the engine serves the last weights
+        assert torch.equal(value, run.rollout.engines[0].model.state_dict()[name])
+    assert run.rollout.engines[0].version == 3
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
     page, shown, _ = render(tmp_path)  # `codeloop view` plots the async metrics
     for name in ("async/staleness_mean", "async/regenerated_groups", "async/overlap"):
@@ -223,7 +224,7 @@ def test_async_rl_on_a_server_waits_for_requests_before_each_reload(
         cfg.rollout.endpoints = [url]
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = RLRun(cfg, model, fmt, MORE, sandbox, logger)
+            run = build_run(cfg, model, fmt, MORE, sandbox, logger)
             try:
                 with pytest.raises(ConfigError, match="servers need 'wait'"):
                     await run.train(1)  # partial_rollout = continue: not with a server
@@ -266,7 +267,7 @@ def test_a_step_without_any_signal_ends_after_the_refill_budget(
 
     async def main() -> list[dict[str, float]]:
         logger = RunLogger(tmp_path, tensorboard=False)
-        run = RLRun(cfg, model, fmt, problems, None, logger, AlwaysRight())  # type: ignore[arg-type]
+        run = build_run(cfg, model, fmt, problems, None, logger, AlwaysRight())  # type: ignore[arg-type]
         try:
             return await run.train(2)
         finally:

@@ -15,7 +15,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World, pad_micro_batches
 from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import rank_share
+from codeloop.trainer.rollout_side import rank_share
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 

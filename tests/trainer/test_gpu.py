@@ -16,7 +16,7 @@ from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +48,7 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
     async def rl() -> tuple[list[dict[str, float]], RLRun]:
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(tmp_path, tensorboard=False)
-            run = RLRun(cfg, model, fmt, problems, sandbox, logger, world=world)
+            run = build_run(cfg, model, fmt, problems, sandbox, logger, world=world)
             try:
                 return await run.train(2), run
             finally:
@@ -56,12 +56,14 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
                 await run.close()
 
     metrics, run = asyncio.run(rl())
-    assert next(run.engine.model.parameters()).is_cuda
-    assert all(p.dtype == torch.float32 for p in run.model.parameters())  # bf16 compute only
+    assert next(run.rollout.engines[0].model.parameters()).is_cuda
+    assert all(
+        p.dtype == torch.float32 for p in run.learner.model.parameters()
+    )  # bf16 compute only
     assert metrics[0]["loss/policy_tokens"] > 0 and metrics[0]["rollout/tool_calls"] > 0
-    after = run.model.state_dict()
+    after = run.learner.model.state_dict()
     assert all(not torch.equal(after[k], v) for k, v in before.items())  # every parameter moved
-    served = run.engine.model.state_dict()
+    served = run.rollout.engines[0].model.state_dict()
     for name, value in after.items():  # the engine samples with the trained weights, in bf16
         assert served[name].dtype == torch.bfloat16
         assert torch.equal(value.to(torch.bfloat16), served[name])

@@ -15,7 +15,7 @@ from codeloop.trainer.batch import Sample
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import build_run
 
 
 def _samples(vocab: int) -> list[Sample]:
@@ -33,14 +33,16 @@ def _moved_share(model: Any, world: World, fmt: PromptFormat, tmp_path: Path) ->
     cfg.trainer.output_dir, cfg.trainer.warmup_steps = str(tmp_path), 0  # lr: the report's 1e-6
     before = copy.deepcopy(model.state_dict())
     logger = RunLogger(tmp_path, tensorboard=False)
-    run = RLRun(cfg, model, fmt, [Problem("p", "1+1", "2")], tools=None, logger=logger,  # type: ignore[arg-type]
+    run = build_run(cfg, model, fmt, [Problem("p", "1+1", "2")], tools=None, logger=logger,  # type: ignore[arg-type]
                 world=world)  # fmt: skip
     run.learner.update(_samples(len(fmt.tokenizer)))
     logger.close()
-    run.verifier.close()
-    after = run.model.state_dict()
+    run.rollout.verifier.close()
+    after = run.learner.model.state_dict()
     if world.compute_dtype == torch.bfloat16:
-        assert next(run.engine.model.parameters()).dtype == torch.bfloat16  # rollout in bf16
+        assert (
+            next(run.rollout.engines[0].model.parameters()).dtype == torch.bfloat16
+        )  # rollout in bf16
     moved = sum(int((after[k] != v).sum()) for k, v in before.items())
     return moved / sum(v.numel() for v in before.values())  # share of the weights a step moved
 

@@ -23,7 +23,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
-from codeloop.trainer.rl import RLRun
+from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 from codeloop.types import (
     ExecResult,
@@ -69,12 +69,12 @@ def _run(fmt: PromptFormat, weights: dict[str, torch.Tensor], run_dir: Path, ste
                                     max_batch=1, batch_window_ms=0)  # deterministic  # fmt: skip
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(run_dir, tensorboard=False)
-            run = RLRun(_config(run_dir), model, fmt, PROBLEMS, sandbox, logger, engine)
+            run = build_run(_config(run_dir), model, fmt, PROBLEMS, sandbox, logger, engine)
             if resume:
                 assert run.resume()
             metrics = await run.train(steps)
             logger.close()
-            run.verifier.close()
+            run.rollout.verifier.close()
             return metrics, run
 
     return asyncio.run(main())
@@ -85,7 +85,9 @@ def test_two_rl_steps_end_to_end(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
 ) -> None:
     metrics, run = _run(trainer_fmt, sft_weights, tmp_path, 2)
-    changed = [k for k, v in run.model.state_dict().items() if not torch.equal(v, sft_weights[k])]
+    changed = [
+        k for k, v in run.learner.model.state_dict().items() if not torch.equal(v, sft_weights[k])
+    ]
     assert len(changed) == len(sft_weights)  # every parameter moved
     m = metrics[0]
     assert 0 < m["reward/mean"] < 1, "the SFT policy should be right sometimes, not always"
@@ -96,15 +98,15 @@ def test_two_rl_steps_end_to_end(
     # 4 kept when it trained; 2 trained groups, the dropped ones counted.
     assert m["rollout/groups_kept"] == 2 and sum(d["kept"] for d in dumped) == 2 * 2
     assert len(dumped) == 4 * (2 + m["rollout/groups_dropped"])
-    for name, value in run.model.state_dict().items():  # the engine got the new weights
-        assert torch.equal(value, run.engine.model.state_dict()[name])
+    for name, value in run.learner.model.state_dict().items():  # the engine got the new weights
+        assert torch.equal(value, run.rollout.engines[0].model.state_dict()[name])
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     saved = tmp_path / "checkpoints" / "step_000002" / "model"  # weights and tokenizer: loads alone
     vocab = transformers.AutoTokenizer.from_pretrained(saved).get_vocab()
     assert vocab == trainer_fmt.tokenizer.get_vocab()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(saved).state_dict()
-    assert loaded.keys() == run.model.state_dict().keys()
-    assert all(torch.equal(loaded[k], v) for k, v in run.model.state_dict().items())
+    assert loaded.keys() == run.learner.model.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in run.learner.model.state_dict().items())
 
 
 @pytest.mark.slow
@@ -149,7 +151,7 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
         cfg.rollout.endpoints = urls
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = RLRun(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            run = build_run(cfg, model, fmt, PROBLEMS, sandbox, logger)
             try:
                 metrics = (await run.train(1))[0]
                 params = SamplingParams(8, temperature=1.0, seed=3)
@@ -172,7 +174,7 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     for generation in generations:  # both servers score with the trained weights
         ids = torch.tensor([prompt + generation.token_ids])
         with torch.no_grad():
-            trained = _chosen_logprobs(run.model, ids, len(prompt))
+            trained = _chosen_logprobs(run.learner.model, ids, len(prompt))
             before = _chosen_logprobs(original, ids, len(prompt))
         assert generation.logprobs == pytest.approx(trained, abs=1e-5)
         assert max(abs(a - b) for a, b in zip(trained, before, strict=True)) > 2e-4
@@ -196,7 +198,7 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
         cfg.rollout.endpoints = [url]
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = RLRun(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            run = build_run(cfg, model, fmt, PROBLEMS, sandbox, logger)
             try:
                 await run.sync_weights()  # the served weights are the trainer's: it passes
                 monkeypatch.setattr(OpenAIEngine, "reload", stale_reload)
@@ -260,7 +262,7 @@ def test_an_rl_step_survives_a_sandbox_server_killed_and_restarted(
         async with SandboxClient([a.url, b.url], cfg) as client:
             sandbox = _KilledAtFirstCall(client, a)
             logger = RunLogger(tmp_path, tensorboard=False)
-            run = RLRun(_config(tmp_path), model, trainer_fmt, PROBLEMS, sandbox, logger)
+            run = build_run(_config(tmp_path), model, trainer_fmt, PROBLEMS, sandbox, logger)
             first = await run.train(1)
             assert sandbox.killer is not None
             sandbox.killer.join()
@@ -268,7 +270,7 @@ def test_an_rl_step_survives_a_sandbox_server_killed_and_restarted(
             second = await run.train(1)  # the restarted server rejoins
             assert _served(sandbox.restarted[0]) > served_before
             logger.close()
-            run.verifier.close()
+            run.rollout.verifier.close()
             return first + second
 
     try:
@@ -313,10 +315,10 @@ def test_trajectories_that_hit_an_infrastructure_fault_are_masked_not_penalised(
         cfg.algo.drop_zero_signal_groups = False  # every group is dumped with what it kept
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(tmp_path, tensorboard=False)
-            run = RLRun(cfg, model, trainer_fmt, PROBLEMS, _FaultyEveryOther(sandbox), logger)
+            run = build_run(cfg, model, trainer_fmt, PROBLEMS, _FaultyEveryOther(sandbox), logger)
             (metrics,) = await run.train(1)
             logger.close()
-            run.verifier.close()
+            run.rollout.verifier.close()
             return metrics
 
     metrics = asyncio.run(main())
@@ -375,9 +377,9 @@ def _update_two(cfg: Config, fmt: PromptFormat, tmp_path: Path, ratios_a: tuple[
         sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(r)
                                        for j, r in enumerate(ratios)]  # fmt: skip
     logger = RunLogger(tmp_path, tensorboard=False)
-    run = RLRun(cfg, model, fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
+    run = build_run(cfg, model, fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
     metrics = run.learner.update([a, b])
-    run.verifier.close()
+    run.rollout.verifier.close()
     logger.close()
     return a, b, metrics
 

@@ -1,0 +1,103 @@
+"""The rollout side of an RL run, built from the config in one place: `build_rollout`.
+
+What samples and scores trajectories for the trainer: this rank's engines (the in-process
+engine, a copy of the policy in the compute dtype, or its share of the OpenAI-compatible servers
+in `rollout.endpoints`), the tools, the prompt format, the verifier, and the `WeightSink` that
+publishes the trained weights to the engines (with the servers' reload check inside). The RL loop
+receives it; `agent` makes the `Agent` a rollout runs through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from codeloop.config import Config, ConfigError
+from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent
+from codeloop.rollout.engine import Engine, ToolExecutor
+from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.openai_engine import OpenAIEngine, servers
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
+from codeloop.trainer.distributed import World
+from codeloop.trainer.weights import EngineSink, ReloadCheck, ServerSink, WeightSink
+
+T = TypeVar("T")
+
+
+@dataclass
+class RolloutSide:
+    cfg: Config
+    engines: list[Engine]  # this rank's
+    kv_sharing: int  # how many ranks share each of them
+    tools: ToolExecutor
+    fmt: PromptFormat
+    verifier: Verifier
+    sink: WeightSink
+    servers: list[OpenAIEngine]  # all of them (closed at the end)
+
+    def agent(self, batch_size: int = 0, engines: Sequence[Engine] | None = None) -> Agent:
+        """An agent over a scheduler of this rank's engines (or `engines` standing in front of
+        them) with its share of each server's KV capacity; `batch_size`: trajectories per
+        batch (the static scheduler deals them out by it)."""
+        scheduler = Scheduler.for_rollout(list(engines or self.engines), self.cfg.rollout,
+                                          batch_size, self.kv_sharing)  # fmt: skip
+        return Agent(scheduler, self.tools, self.fmt, self.cfg.rollout)
+
+    async def close(self) -> None:
+        """Close the verifier's workers and the servers' HTTP sessions."""
+        self.verifier.close()
+        await asyncio.gather(*(server.close() for server in self.servers))
+
+
+def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecutor, world: World,
+                  run_dir: str | Path, probe: list[int],
+                  engine: TransformersEngine | None = None) -> RolloutSide:  # fmt: skip
+    """The rollout side `cfg` names. `model`: the policy before the learner shards it (the
+    in-process engine samples with a copy of it); `probe`: the prompt a server's reload is
+    checked on; `engine`: an in-process engine to use instead of a new one."""
+    r = cfg.rollout
+    every = _servers(cfg)
+    mine, sharing = rank_share(every, world)
+    engines: list[Engine] = list(mine) or [
+        engine
+        or TransformersEngine(
+            copy.deepcopy(model).to(world.device, world.compute_dtype),
+            fmt.tokenizer,
+            fmt.end_of_turn_ids,
+            max_batch=r.engine_max_batch,
+            max_kv_tokens=r.kv_capacity_tokens,
+        )  # fmt: skip
+    ]
+    sink: WeightSink = EngineSink(engines[0])
+    if every:
+        check = ReloadCheck(probe, r.reload_check_tol, fmt.tokenizer.pad_token_id or 0)
+        sink = ServerSink(every, mine, Path(r.weights_dir or Path(run_dir) / "weights"), model,
+                          fmt.tokenizer, world, not r.kv_capacity_tokens,
+                          check if r.reload_check_tol else None)  # fmt: skip
+    return RolloutSide(cfg, engines, sharing, tools, fmt, Verifier(cfg.reward), sink, every)
+
+
+def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:
+    """The servers this rank schedules over, and how many ranks share each of them. Each rank
+    runs its own scheduler, whose KV reservations the others do not see: with at least as many
+    servers as ranks every rank gets servers of its own; with fewer, rank r uses server
+    r mod n, whose capacity is split among the ranks that share it."""
+    if len(servers) >= world.size or not servers:
+        return list(servers[world.rank :: world.size]), 1
+    home = world.rank % len(servers)
+    return [servers[home]], len(range(home, world.size, len(servers)))
+
+
+def _servers(cfg: Config) -> list[OpenAIEngine]:
+    r = cfg.rollout
+    if r.backend != "openai":
+        return []
+    if not r.endpoints:
+        raise ConfigError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
+    return servers(r.endpoints, r, r.served_model or cfg.trainer.model)
