@@ -19,6 +19,11 @@ class InputFileError(CodeloopError, ValueError):
     """An input file that is not there, empty where content is needed, or not text."""
 
 
+class ModelError(CodeloopError, ValueError):
+    """A model (or its tokenizer and chat template) that cannot be loaded or used, with the path
+    or name that failed."""
+
+
 class RunError(CodeloopError, RuntimeError):
     """A run that cannot go on with its config and data (a refilter that keeps no problem, a
     step that finds too few groups with signal): the message says what to change."""

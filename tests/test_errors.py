@@ -10,9 +10,9 @@ import codeloop
 from codeloop.config import ConfigError
 from codeloop.data.pretrained import PretrainedError
 from codeloop.data.problems import DataError
+from codeloop.errors import ModelError
 from codeloop.rollout.openai_engine import EngineError
 from codeloop.sandbox.pool import IsolationError
-from codeloop.trainer.model import ModelError
 from codeloop.trainer.sft import SFTDataError
 
 

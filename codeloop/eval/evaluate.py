@@ -51,7 +51,8 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     `rollout.kv_capacity_tokens`); the prompt is rendered here with `tokenizer` (a directory or
     hub name; defaults to `model`).
     """
-    from codeloop.trainer.model import ModelError, default_device, load_policy, load_tokenizer
+    from codeloop.errors import ModelError
+    from codeloop.trainer.model import default_device, load_policy, load_tokenizer
 
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
     endpoints = [e for e in endpoints if e]

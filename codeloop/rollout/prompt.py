@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
+from codeloop.errors import ModelError, read_text_input
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.rollout.tools import PYTHON_SCHEMA
 
@@ -53,9 +54,7 @@ class PromptFormat:
         inside = PACKAGE_ROOT / path  # `codeloop/recipe/x.jinja`, wherever codeloop is installed
         if not path.is_file() and not path.is_absolute() and inside.is_file():
             path = inside
-        if not path.is_file():
-            raise FileNotFoundError(f"rollout.chat_template: no such file: {path}")
-        self.template = path.read_text()
+        self.template = read_text_input(path, "rollout.chat_template")
         self.eval_settings: dict[str, Any] = {}  # saved beside a trained policy
         self.tools = list(tools)
         self._tool_prefix, self._tool_suffix = self._tool_turn()
@@ -115,7 +114,10 @@ class PromptFormat:
         text = self.render(with_tool, add_generation_prompt=True)
         after_call = text[text.index(_ASSISTANT_MARK) + len(_ASSISTANT_MARK) :]
         if _TOOL_MARK not in after_call:
-            raise ValueError("chat template: a 'tool' message is not rendered (no tool support?)")
+            raise ModelError(
+                "the chat template does not render a 'tool' message (no tool "
+                "support?): give rollout.chat_template one that does"
+            )
         prefix, _, suffix = after_call.partition(_TOOL_MARK)
         return prefix, suffix
 

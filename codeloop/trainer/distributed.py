@@ -30,6 +30,7 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from codeloop.errors import ModelError
 from codeloop.trainer.model import default_device, resolve_dtype
 
 T = TypeVar("T")
@@ -114,7 +115,10 @@ def shard(model: Any, world: World) -> Any:
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"shard: {type(model).__name__} has no .model.layers to shard")
+        raise ModelError(
+            f"{type(model).__name__} has no .model.layers (decoder layers) for "
+            "FSDP to shard over the ranks: run it in one process"
+        )
     policy = MixedPrecisionPolicy(param_dtype=world.compute_dtype, reduce_dtype=torch.float32)
     for layer in layers:
         fully_shard(layer, mp_policy=policy)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-from codeloop.errors import CodeloopError
+from codeloop.errors import ModelError
 
 
 def default_device() -> torch.device:
@@ -21,10 +21,6 @@ def resolve_dtype(setting: str) -> torch.dtype:
     if setting == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[setting]
-
-
-class ModelError(CodeloopError, ValueError):
-    """A model that cannot be loaded, with the path or name that failed."""
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

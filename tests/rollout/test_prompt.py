@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from codeloop.errors import InputFileError, ModelError
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
 
@@ -37,11 +38,13 @@ def test_a_user_template(fmt: PromptFormat, tmp_path: Path) -> None:
 
 
 def test_template_errors_name_the_problem(fmt: PromptFormat, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="rollout.chat_template: no such file"):
+    with pytest.raises(
+        InputFileError, match="rollout.chat_template: .*missing.jinja: no such file"
+    ):
         PromptFormat(fmt.tokenizer, str(tmp_path / "missing.jinja"))
     no_tools = tmp_path / "no_tools.jinja"
     no_tools.write_text("{% for m in messages if m.role != 'tool' %}{{ m.content }}{% endfor %}")
-    with pytest.raises(ValueError, match="'tool' message is not rendered"):
+    with pytest.raises(ModelError, match="does not render a 'tool' message"):
         PromptFormat(fmt.tokenizer, str(no_tools))
 
 

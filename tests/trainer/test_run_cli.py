@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import cli_inputs, rl_arguments
 
+from codeloop.cli import main
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.logs import read_metrics
 
@@ -88,3 +89,26 @@ def test_input_errors_exit_2_with_the_file_named(
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip() == f"codeloop {command}: {message.format(**names)}"
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [("missing.jinja", "rollout.chat_template: {tmp}/missing.jinja: no such file"),
+     ("no_tools.jinja", "the chat template does not render a 'tool' message (no tool support?): "
+                        "give rollout.chat_template one that does")],
+)  # fmt: skip
+def test_a_chat_template_that_cannot_serve_is_named(
+    trainer_fmt: PromptFormat, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    template: str, message: str
+) -> None:  # fmt: skip
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    (tmp_path / "no_tools.jinja").write_text(
+        "{% for m in messages if m.role != 'tool' %}{{ m.content }}{% endfor %}"
+    )
+    argv = ["train", "--trainer.model", str(base), "--data.train", str(problems),
+            "--trainer.output_dir", str(tmp_path / "run"),
+            "--rollout.chat_template", str(tmp_path / template)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after the model's loading bars: one line
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"codeloop train: {message.format(tmp=tmp_path)}"
