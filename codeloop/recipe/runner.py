@@ -71,8 +71,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             current = run.problems = kept
             if carried is not None and not stage.reset_optimizer:
-                run.learner.optimizer.load_state_dict(carried["optimizer"])
-                run.learner.lr_schedule.load_state_dict(carried["lr_schedule"])
+                run.learner.load_optimizer_state(carried)
             if carried is not None:  # the same problems: go on drawing where it stopped
                 run.state.carry_on_from(carried["state"], problem_digest(kept))
             if run.resume():
@@ -92,12 +91,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             write_atomic(done, json.dumps(summary, indent=2))
         barrier(world)
         summaries.append(summary)
-        learner = run.learner
-        carried = {
-            "optimizer": learner.optimizer.state_dict(),
-            "lr_schedule": learner.lr_schedule.state_dict(),
-            "state": run.state,
-        }
+        carried = run.learner.optimizer_state() | {"state": run.state}
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
     return summaries
@@ -151,7 +145,10 @@ def _refiltered(stage_dir: Path, problems: Sequence[Problem]) -> list[Problem] |
 def _final_checkpoint(stage_dir: Path) -> Path:
     path = latest_checkpoint(stage_dir)
     if path is None:
-        raise FileNotFoundError(f"{stage_dir}: the stage ended without a checkpoint")
+        raise RunError(
+            f"{stage_dir}: stage.json says the stage ended, but it has no checkpoint "
+            "to go on from: remove stage.json to run the stage again"
+        )
     return path
 
 

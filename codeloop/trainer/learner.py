@@ -174,6 +174,17 @@ class Learner:
         """The full (unsharded) weights: on every rank, or on rank 0 only (empty elsewhere)."""
         return full_state_dict(self.model, self.world, everywhere=everywhere)
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimiser's and the learning-rate schedule's state (what a recipe stage carries
+        to the next)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "lr_schedule": self.lr_schedule.state_dict()}  # fmt: skip
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Go on from `optimizer_state()` (of this policy, in an earlier stage)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_schedule.load_state_dict(state["lr_schedule"])
+
     def save(self, run_dir: str | Path, step: int, extra: dict[str, Any],
              tokenizer: Any = None) -> None:  # fmt: skip
         """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and,

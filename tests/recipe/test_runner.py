@@ -9,6 +9,7 @@ import torch
 from codeloop.config import Config, SandboxConfig, StageConfig
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.errors import RunError
 from codeloop.eval.passrate import pass_rates
 from codeloop.recipe import runner
 from codeloop.recipe.runner import _stage_problems, run_recipe
@@ -184,3 +185,12 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
     with pytest.raises(Built):
         asyncio.run(run_recipe(cfg, None, None, PROBLEMS, None))  # type: ignore[arg-type]
     assert seen[0].compute_dtype == getattr(torch, dtype) and seen[0].device == default_device()
+
+
+def test_a_finished_stage_without_its_checkpoint_is_named(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    stage_dir = tmp_path / "1-short"
+    stage_dir.mkdir()
+    (stage_dir / "stage.json").write_text("{}")  # its checkpoints removed by hand
+    with pytest.raises(RunError, match="1-short: stage.json says the stage ended, but it has no"):
+        asyncio.run(run_recipe(cfg, torch.nn.Linear(1, 1), None, PROBLEMS, None))  # type: ignore[arg-type]
