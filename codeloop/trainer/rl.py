@@ -73,11 +73,12 @@ class RLRun:
         local, counts = source.metrics(drawn, waited, updated)
         return self.finish_step(drawn, clock.timings() | local, losses, counts)
 
-    async def train(self, steps: int, progress: str = "") -> list[dict[str, float]]:
-        """`steps` RL steps, their groups drawn synchronously or asynchronously
-        (`trainer.mode`). `progress`: the label of a progress bar over the steps (rank 0; none
-        when empty), the last reward beside it."""
-        self.source = self._new_source()
+    async def train(self, steps: int, progress: str = "", source: GroupSource | None = None
+                    ) -> list[dict[str, float]]:  # fmt: skip
+        """`steps` RL steps, their groups drawn from `source`, or synchronously or
+        asynchronously as `trainer.mode` says. `progress`: the label of a progress bar over the
+        steps (rank 0; none when empty), the last reward beside it."""
+        self.source = source or self._new_source()
         await self.sync_weights()
         await self.source.start()
         history: list[dict[str, float]] = []

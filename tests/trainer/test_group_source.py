@@ -1,0 +1,113 @@
+"""The RL loop takes its groups from any `GroupSource`: a schedule defined here (it replays one
+hand-made group each step) drives `RLRun.train`, which trains on exactly its samples, publishes
+each new version inside its `publishing` block, and logs and checkpoints what it adds."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+
+from codeloop.algo.group import Group
+from codeloop.config import Config
+from codeloop.data.problems import Problem
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.groups import Drawn, samples_of
+from codeloop.trainer.logs import RunLogger, read_metrics
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rl import build_run
+from codeloop.trainer.state import RunState
+from codeloop.types import RolloutStatus, Trajectory
+
+PROBLEM = Problem("p", "What is 1 + 1?", "2")
+
+
+def _group(index: int) -> Group:
+    """Two samples of 3 sampled tokens after a 2-token prompt: one right (+1), one wrong (-1)."""
+    sampled = [Trajectory(PROBLEM.id, i, [1, 2], [5 + i, 6, 7], [1, 1, 1], [-1.0] * 3,
+                          RolloutStatus.ANSWERED, final_answer=answer, reward=reward,
+                          text=f"\\boxed{{{answer}}}")
+               for i, (answer, reward) in enumerate([("2", 1.0), ("3", 0.0)])]  # fmt: skip
+    return Group(PROBLEM, sampled, sampled, [1.0, -1.0], position=index)
+
+
+class Replay:
+    """A group source of one hand-made group a step, recording what the loop asks of it."""
+
+    wait_metric = "timing/replay_s"
+    in_thread: bool | None = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.drawn: list[Drawn] = []
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def draw(self) -> Drawn:
+        self.calls.append("draw")
+        group = _group(len(self.drawn))
+        self.drawn.append(Drawn([group], [group], samples_of([group])))
+        return self.drawn[-1]
+
+    @asynccontextmanager
+    async def publishing(self, version: int) -> AsyncIterator[None]:
+        self.calls.append(f"publishing {version}")
+        yield
+        self.calls.append("published")
+
+    def metrics(self, drawn: Drawn, waited: float, updated: float
+                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+        assert drawn is self.drawn[-1] and waited <= updated
+        return {"replay/mean": 0.5}, {"replay/groups": len(drawn.train)}
+
+    def save(self, state: RunState) -> None:
+        state.pending = [41, 42]
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+class Weights:
+    """An engine that records the policy versions published to it (it samples nothing)."""
+
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int = 0) -> None:
+        self.versions.append(version)
+
+
+def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    cfg = Config()
+    cfg.trainer.output_dir, cfg.trainer.checkpoint_every = str(tmp_path), 1
+    cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.reward.workers = 1e-3, 0, 1
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    engine, source = Weights(), Replay()
+    logger = RunLogger(tmp_path, tensorboard=False)
+    run = build_run(cfg, model, trainer_fmt, [PROBLEM], None, logger, engine)  # type: ignore[arg-type]
+
+    async def main() -> list[dict[str, float]]:
+        try:
+            return await run.train(2, source=source)
+        finally:
+            await run.close()
+
+    history = asyncio.run(main())
+    logger.close()
+    assert source.calls == ["start", "draw", "publishing 1", "published",
+                            "draw", "publishing 2", "published", "stop"]  # fmt: skip
+    assert engine.versions == [0, 1, 2]  # the weights before the first step, then each step's
+    for metrics in history:
+        assert metrics["loss/policy_tokens"] == 6  # 2 samples x 3 sampled tokens, both signal
+        assert metrics["reward/mean"] == 0.5 and metrics["replay/mean"] == 0.5
+        assert metrics["replay/groups"] == 1
+        timings = ("timing/replay_s", "timing/update_s", "timing/sync_s")
+        assert metrics["timing/step_s"] == sum(metrics[k] for k in timings)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+    state = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert state["extra"]["pending"] == [41, 42]  # what the source saves, in the checkpoint
+    assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
