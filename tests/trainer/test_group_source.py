@@ -1,19 +1,22 @@
 """The RL loop takes its groups from any `GroupSource`: a schedule defined here (it replays one
 hand-made group each step) drives `RLRun.train`, which trains on exactly its samples, publishes
-each new version inside its `publishing` block, and logs and checkpoints what it adds."""
+each new version inside its `publishing` block, and logs and checkpoints what it adds. The
+synchronous source refills groups without signal, within MAX_REFILL_ROUNDS rounds."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.trainer.groups import Drawn, samples_of
+from codeloop.trainer.distributed import World
+from codeloop.trainer.groups import Drawn, SyncGroups, problem_at, samples_of
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import build_run
@@ -23,13 +26,16 @@ from codeloop.types import RolloutStatus, Trajectory
 PROBLEM = Problem("p", "What is 1 + 1?", "2")
 
 
-def _group(index: int) -> Group:
-    """Two samples of 3 sampled tokens after a 2-token prompt: one right (+1), one wrong (-1)."""
-    sampled = [Trajectory(PROBLEM.id, i, [1, 2], [5 + i, 6, 7], [1, 1, 1], [-1.0] * 3,
-                          RolloutStatus.ANSWERED, final_answer=answer, reward=reward,
-                          text=f"\\boxed{{{answer}}}")
-               for i, (answer, reward) in enumerate([("2", 1.0), ("3", 0.0)])]  # fmt: skip
-    return Group(PROBLEM, sampled, sampled, [1.0, -1.0], position=index)
+def _group(position: int, rewards: Sequence[float] = (1.0, 0.0), problem: Problem = PROBLEM
+           ) -> Group:  # fmt: skip
+    """Two samples of 3 sampled tokens after a 2-token prompt, with these rewards (right: 1) and
+    their group advantages (+1, -1 for a right and a wrong one)."""
+    sampled = [Trajectory(problem.id, i, [1, 2], [5 + i, 6, 7], [1, 1, 1], [-1.0] * 3,
+                          RolloutStatus.ANSWERED, final_answer="2" if r else "3", reward=r,
+                          text="\\boxed{2}" if r else "\\boxed{3}")
+               for i, r in enumerate(rewards)]  # fmt: skip
+    advantages = [1.0 if r else -1.0 for r in rewards] if len(set(rewards)) > 1 else [0.0, 0.0]
+    return Group(problem, sampled, sampled, advantages, position)
 
 
 class Replay:
@@ -111,3 +117,47 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
     state = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
     assert state["extra"]["pending"] == [41, 42]  # what the source saves, in the checkpoint
     assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
+
+
+def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroups, RunState]:
+    """`SyncGroups` over synthetic groups: the group of data position p has signal when
+    `signal(p)` (rewards 1, 0; else 0, 0)."""
+    cfg, state = Config(), RunState()
+    cfg.trainer.prompts_per_step, cfg.algo.drop_zero_signal_groups = 4, refill
+    problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
+    source = SyncGroups(cfg, World(), state, lambda p: problem_at(problems, 0, p), None)
+
+    async def sample(chosen: Sequence[tuple[int, Problem]]) -> list[Group]:
+        groups = []
+        for position, problem in chosen:
+            groups.append(_group(position, (1.0, 0.0) if signal(position) else (0.0, 0.0),
+                                 problem))  # fmt: skip
+        return groups
+
+    source.sample = sample  # type: ignore[method-assign]
+    return source, state
+
+
+@pytest.mark.parametrize(
+    ("refill", "signal", "trained", "sampled", "without_signal"),
+    [
+        # odd positions have signal: round 1 draws 0-3 (keeps 1, 3), round 2 draws 4-5 (5),
+        # round 3 draws 6 (none), round 4 draws 7 (7)
+        (True, lambda p: p % 2 == 1, [1, 3, 5, 7], 8, 4),
+        (False, lambda p: p % 2 == 1, [0, 1, 2, 3], 4, 2),  # no refill: all four stay
+        (True, lambda p: False, [], 16, 16),  # MAX_REFILL_ROUNDS rounds of 4, then it gives up
+    ],
+)  # fmt: skip
+def test_the_synchronous_source_refills_groups_without_signal(
+    refill: bool, signal: Callable[[int], bool], trained: list[int], sampled: int,
+    without_signal: int
+) -> None:  # fmt: skip
+    source, state = _synchronous(refill, signal)
+    drawn = asyncio.run(source.draw())
+    assert [g.position for g in drawn.train] == trained
+    assert [g.position for g in drawn.finished] == list(range(sampled))  # every group sampled
+    assert state.data_position == sampled  # the next problem to draw
+    assert source.metrics(drawn, 0.0, 0.0) == (
+        {},
+        {"rollout/groups_kept": len(trained), "rollout/groups_dropped": without_signal},
+    )
