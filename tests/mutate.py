@@ -2,7 +2,8 @@
 
 `python tests/mutate.py [--only NAME] [--out FILE]` (or `make mutate`) plants one small bug at a
 time in the modules of TARGETS (a comparison turned around, an operator swapped, a constant moved
-by one, a condition negated, `and` for `or`, ...), runs the tests that guard that module, and
+by one, a condition negated, `and` for `or`, ...), runs the tests that guard that module (those
+not marked slow, unless SLOW_GUARDS names the module: two ranks under torchrun, say), and
 counts the mutant as killed when they fail (or hang past a time limit). It prints, and writes as
 Markdown to FILE, a table of mutants, killed and survivors by module, then every survivor with
 its line, so that each is either killed by a new test or named as harmless.
@@ -69,7 +70,17 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
         ["tests/trainer/test_learner.py", "tests/trainer/test_rl.py"],
     ),
     "codeloop/sandbox/zygote.py": (["_status_from"], ["tests/sandbox/test_status.py"]),
+    "codeloop/trainer/groups.py": (
+        ["groups", "_next_problems", "problem_at", "samples_of"],
+        [
+            "tests/trainer/test_group_source.py",  # one process; below, two ranks under torchrun
+            "tests/trainer/test_distributed.py::"
+            "test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps",
+        ],
+    ),  # fmt: skip
 }
+# Modules whose guarding tests include slow ones (named above by node id): run them too.
+SLOW_GUARDS = {"codeloop/trainer/groups.py"}
 # Mutants that change no behaviour a caller can see (equivalent mutants), each with the reason:
 # (module, function, mutation, text on its line (with a newline: on it and the line before),
 # text where the mutated code starts (with a final `$`: all the rest of the line)) -> why.
@@ -171,8 +182,12 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
      "v if m else 0.0", "0.0"): "a position outside the loss mask is never in the loss",
     ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "True -> False",
      "strict=True", "True"): "the two lengths are equal; strict only checks it",
+    ("codeloop/trainer/groups.py", "samples_of", "True -> False", "strict=True", "True"):
+        "a group has one advantage per kept trajectory; strict only checks it",
+    ("codeloop/trainer/groups.py", "groups", "GtE -> Gt", "if len(groups) >= count", "len"):
+        "at equality the rounds left draw count - len(groups) = 0 problems: the same groups",
 }  # fmt: skip
-PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu", "--no-header"]
+PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "--no-header"]
 
 _COMPARE_SWAPS: dict[type, type] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -296,7 +311,10 @@ def mutants(module: str, functions: list[str] | None) -> Iterator[Mutant]:
                     for other in ast.walk(fresh)
                     if type(other) is type(node) and _where(other) == _where(node)
                 )
-                mutated = _Replace(twin, ast.copy_location(replacement, node)).visit(fresh)
+                # a copy: a replacement may be a node of the original tree (`not x` -> `x`),
+                # whose own location must stay for its mutants
+                placed = ast.copy_location(copy.deepcopy(replacement), node)
+                mutated = _Replace(twin, placed).visit(fresh)
                 yield Mutant(module, function.name, line, what,
                              ast.unparse(ast.fix_missing_locations(mutated)),
                              lines[line - 1].strip() if line else "",
@@ -309,20 +327,25 @@ def _where(node: ast.AST) -> tuple[int, int, int, int]:
             getattr(node, "end_lineno", -1), getattr(node, "end_col_offset", -1))  # fmt: skip
 
 
-def _run_tests(copy_root: Path, tests: list[str], timeout_s: float) -> str:
-    """'killed', 'survived' or 'timeout': pytest over `tests` in a forked child."""
+def _run_tests(copy_root: Path, tests: list[str], timeout_s: float, slow: bool = False) -> str:
+    """'killed', 'survived' or 'timeout': pytest over `tests` (`slow` ones too) in a forked
+    child."""
     pid = os.fork()
     if pid == 0:
         try:
             os.chdir(copy_root)
             sys.path.insert(0, str(copy_root))
             sys.path.insert(0, str(copy_root / "tests"))
+            # the same for the Python processes a test starts (torchrun workers, the CLI)
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(copy_root), str(copy_root / "tests")])
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             import pytest
 
-            code = pytest.main([*PYTEST, *tests])
+            marks = "not gpu" if slow else "not slow and not gpu"
+            code = pytest.main([*PYTEST, "-m", marks, *tests])
         except BaseException:  # noqa: BLE001 - a mutant that breaks the import is killed
             code = 1
         os._exit(int(code))
@@ -368,7 +391,8 @@ def main() -> int:
             if args.only and not any(part in module for part in args.only):
                 continue
             started = time.monotonic()
-            if _run_tests(work, tests, 1800) != "survived":
+            slow = module in SLOW_GUARDS
+            if _run_tests(work, tests, 1800, slow) != "survived":
                 print(f"{module}: its tests fail without any mutant; skipped", flush=True)
                 continue
             limit = 3 * (time.monotonic() - started) + 10
@@ -376,7 +400,7 @@ def main() -> int:
             counts = {"killed": 0, "survived": 0, "timeout": 0, "equivalent": 0}
             for mutant in mutants(module, functions):
                 (work / module).write_text(mutant.source)
-                outcome = _run_tests(work, tests, limit)
+                outcome = _run_tests(work, tests, limit, slow)
                 if outcome == "survived" and mutant.equivalent():
                     outcome = "equivalent"
                 counts[outcome] += 1

@@ -130,12 +130,13 @@ def test_async_train_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -
 def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps(
     tmp_path: Path,
 ) -> None:
-    def ranks(processes: int) -> list[dict]:
-        out = tmp_path / str(processes)
+    def ranks(processes: int, rule: str = "odd", *keep: str) -> list[dict]:
+        out = tmp_path / f"{processes}-{rule}{''.join(keep)}"
         out.mkdir()
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(processes),
-                   str(Path(__file__).with_name("refill_worker.py")), str(out)]  # fmt: skip
+                   str(Path(__file__).with_name("refill_worker.py")), str(out), rule,
+                   *keep]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
@@ -145,6 +146,18 @@ def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps
     assert ranks(1) == [{"positions": [1, 3, 5, 7], "data_position": 8}]
     assert ranks(2) == [{"positions": [1, 5], "data_position": 8},
                         {"positions": [3, 7], "data_position": 8}]  # fmt: skip
+    # no signal anywhere: 4 rounds of 4 drawn, nothing to train on, on either rank
+    assert ranks(2, "none") == [{"positions": [], "data_position": 16}] * 2
+    # one group with signal for two ranks: each rank would need one; both say so
+    error = ("only 1 groups with signal after 4 rounds, fewer than the 2 ranks: raise "
+             "trainer.prompts_per_step")  # fmt: skip
+    assert ranks(2, "only_1") == [{"error": error}] * 2
+    # as many groups with signal as ranks: one each, after rounds of 4, 2, 2, 2 drawn
+    assert ranks(2, "1_and_3") == [{"positions": [1], "data_position": 10},
+                                   {"positions": [3], "data_position": 10}]  # fmt: skip
+    # without the refill every rank keeps its own share of the step's four, signal or not
+    assert ranks(2, "odd", "keep") == [{"positions": [0, 2], "data_position": 4},
+                                       {"positions": [1, 3], "data_position": 4}]  # fmt: skip
 
 
 @pytest.mark.slow
