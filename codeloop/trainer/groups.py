@@ -103,7 +103,8 @@ class SyncGroups:
 
     async def draw(self) -> Drawn:
         train, sampled = await self.groups(self.cfg.trainer.prompts_per_step)
-        self._dropped = sum(not g.has_signal for g in sampled)
+        if self.cfg.algo.drop_zero_signal_groups:  # passed over for want of signal (as async)
+            self._dropped = sum(not g.has_signal for g in sampled)
         return Drawn(train, sampled, samples_of(train))
 
     def publishing(self, version: int) -> AbstractAsyncContextManager[None]:

@@ -139,18 +139,18 @@ def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroup
 
 
 @pytest.mark.parametrize(
-    ("refill", "signal", "trained", "sampled", "without_signal"),
+    ("refill", "signal", "trained", "sampled", "dropped"),
     [
         # odd positions have signal: round 1 draws 0-3 (keeps 1, 3), round 2 draws 4-5 (5),
         # round 3 draws 6 (none), round 4 draws 7 (7)
         (True, lambda p: p % 2 == 1, [1, 3, 5, 7], 8, 4),
-        (False, lambda p: p % 2 == 1, [0, 1, 2, 3], 4, 2),  # no refill: all four stay
+        (False, lambda p: p % 2 == 1, [0, 1, 2, 3], 4, 0),  # no refill: all four stay
         (True, lambda p: False, [], 16, 16),  # MAX_REFILL_ROUNDS rounds of 4, then it gives up
     ],
 )  # fmt: skip
 def test_the_synchronous_source_refills_groups_without_signal(
     refill: bool, signal: Callable[[int], bool], trained: list[int], sampled: int,
-    without_signal: int
+    dropped: int
 ) -> None:  # fmt: skip
     source, state = _synchronous(refill, signal)
     drawn = asyncio.run(source.draw())
@@ -159,5 +159,5 @@ def test_the_synchronous_source_refills_groups_without_signal(
     assert state.data_position == sampled  # the next problem to draw
     assert source.metrics(drawn, 0.0, 0.0) == (
         {},
-        {"rollout/groups_kept": len(trained), "rollout/groups_dropped": without_signal},
+        {"rollout/groups_kept": len(trained), "rollout/groups_dropped": dropped},
     )
