@@ -96,15 +96,12 @@ class SyncGroups:
                  order: Callable[[int], Problem], rollout: RolloutSide | None) -> None:  # fmt: skip
         self.cfg, self.world, self.state, self.order = cfg, world, state, order
         self.rollout = rollout
-        self._dropped = 0
 
     async def start(self) -> None:
         pass
 
     async def draw(self) -> Drawn:
         train, sampled = await self.groups(self.cfg.trainer.prompts_per_step)
-        if self.cfg.algo.drop_zero_signal_groups:  # passed over for want of signal (as async)
-            self._dropped = sum(not g.has_signal for g in sampled)
         return Drawn(train, sampled, samples_of(train))
 
     def publishing(self, version: int) -> AbstractAsyncContextManager[None]:
@@ -112,8 +109,10 @@ class SyncGroups:
 
     def metrics(self, drawn: Drawn, waited: float, updated: float
                 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
-        return {}, {"rollout/groups_kept": len(drawn.train),
-                    "rollout/groups_dropped": self._dropped}  # fmt: skip
+        # groups passed over for want of signal, as the asynchronous source counts them
+        refill = self.cfg.algo.drop_zero_signal_groups
+        dropped = sum(not g.has_signal for g in drawn.finished) if refill else 0
+        return {}, {"rollout/groups_kept": len(drawn.train), "rollout/groups_dropped": dropped}
 
     def save(self, state: RunState) -> None:
         pass

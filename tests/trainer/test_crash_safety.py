@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from leftovers import left_behind
-from trainer_helpers import cli_inputs, rl_arguments
+from trainer_helpers import cli_inputs, recipe_config, rl_arguments
 
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.logs import read_metrics
@@ -130,31 +130,17 @@ def test_a_recipe_killed_in_either_stage_logs_each_step_once(
     trainer_fmt: PromptFormat, tmp_path: Path
 ) -> None:
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
-    run_dir, config = tmp_path / "recipe", tmp_path / "recipe.toml"
-    config.write_text(f"""
-[trainer]
-model = "{base}"
-output_dir = "{run_dir}"
-prompts_per_step = 2
-checkpoint_every = 2
-[data]
-train = "{problems}"
-[algo]
-group_size = 2
-drop_zero_signal_groups = false
-[rollout]
-max_response_tokens = 16
-[sandbox]
-workers = 1
-[reward]
-workers = 1
+    run_dir = tmp_path / "recipe"
+    stages = """
 [[recipe.stages]]
 name = "one"
 steps = 3
 [[recipe.stages]]
 name = "two"
 steps = 3
-""")
+"""
+    config = recipe_config(tmp_path / "recipe.toml", base, problems, run_dir, stages,
+                           checkpoint_every=2, refill=False)  # fmt: skip
     args = ["recipe", "--config", str(config)]
     killed = []
     # killed: after stage one's step 3 is logged (its checkpoint is at 2); after stage two's

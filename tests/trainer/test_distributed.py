@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import cli_inputs, rl_arguments, trainer_fmt  # noqa: F401  (the session fixture)
+from trainer_helpers import (  # noqa: F401  (trainer_fmt: the session fixture)
+    cli_inputs,
+    recipe_config,
+    rl_arguments,
+    trainer_fmt,
+)
 from transformers import AutoModelForCausalLM
 
 from codeloop.rollout.prompt import PromptFormat
@@ -165,22 +170,7 @@ def test_recipe_under_torchrun(trainer_fmt: PromptFormat, tmp_path: Path) -> Non
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "recipe"
     config = tmp_path / "recipe.toml"
-    config.write_text(f"""
-[trainer]
-model = "{base}"
-output_dir = "{run_dir}"
-prompts_per_step = 2
-checkpoint_every = 1
-[data]
-train = "{problems}"
-[algo]
-group_size = 2
-[rollout]
-max_response_tokens = 16
-[sandbox]
-workers = 1
-[reward]
-workers = 1
+    stages = """
 [[recipe.stages]]
 name = "one"
 steps = 1
@@ -189,7 +179,8 @@ name = "two"
 steps = 1
 refilter = true
 refilter_samples = 2
-""")
+"""
+    recipe_config(config, base, problems, run_dir, stages)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", "-m", "codeloop", "recipe", "--config",
                str(config)]  # fmt: skip

@@ -56,3 +56,28 @@ def rl_arguments(model: Path, problems: Path, run_dir: Path, prompts_per_step: i
             str(prompts_per_step), "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
             "--sandbox.workers", "1", "--reward.workers", "1", "--trainer.checkpoint_every", "1",
             "--algo.drop_zero_signal_groups", "false"]  # fmt: skip
+
+
+def recipe_config(path: Path, model: Path, problems: Path, run_dir: Path, stages: str,
+                  checkpoint_every: int = 1, refill: bool = True) -> Path:  # fmt: skip
+    """A `codeloop recipe` config at `path`: two samples a group, 16 tokens, one sandbox and one
+    verifier worker, over `model` and `problems`; `stages`: its [[recipe.stages]] as TOML."""
+    path.write_text(f"""
+[trainer]
+model = "{model}"
+output_dir = "{run_dir}"
+prompts_per_step = 2
+checkpoint_every = {checkpoint_every}
+[data]
+train = "{problems}"
+[algo]
+group_size = 2
+drop_zero_signal_groups = {str(refill).lower()}
+[rollout]
+max_response_tokens = 16
+[sandbox]
+workers = 1
+[reward]
+workers = 1
+{stages}""")
+    return path
