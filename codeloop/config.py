@@ -283,6 +283,13 @@ class TrainerConfig:
     )
     checkpoint_every: int = knob(50, "Steps between checkpoints; 0 = only at the end.", ge=0)
     keep_checkpoints: int = knob(3, "Most recent checkpoints kept on disk.", ge=1)
+    profile_step: int = knob(
+        0,
+        "Run this RL step (counted from 1 in the run directory) under torch.profiler: on a GPU "
+        "its log gets profile/gpu_share (the kernels' time over the step's; the rest is the GPU "
+        "waiting), and profile_step_NNNNNN.txt the ops that took the most. 0: none.",
+        ge=0,
+    )
 
 
 @dataclass

@@ -59,6 +59,7 @@ from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExec
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
+from codeloop.trainer.profile import device_seconds
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -213,7 +214,7 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
         f"  profiled: {measured['seconds']:.1f} s wall, {measured['tokens_per_s']:.1f} tokens/s"
     )
     if cuda:
-        kernels = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+        kernels = device_seconds(events)
         summary += (f"; GPU kernels {kernels:.1f} s "
                     f"({100 * kernels / measured['seconds']:.0f}% of the wall time)")  # fmt: skip
     order = "self_cuda_time_total" if cuda else "self_cpu_time_total"

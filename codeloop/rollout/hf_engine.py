@@ -24,14 +24,16 @@ why this is hand-written.
 
 Sampling is vectorised over the batch: the logprob returned for a token is under
 softmax(logits / temperature), before top-p (the trainer must score with the same temperature);
-temperature 0 is greedy with raw logprobs. Each row draws one uniform number per token from its
-own generator (its seed, or the engine's), and inverts the CDF of its top-p-truncated
-distribution in descending probability order, so a seeded request gets the same tokens whatever
-it was batched with. A row stops at an end-of-turn token, at a stop string (the decoded tail is
-checked, so a string that ends across token boundaries is found; the token that completes it is
-kept), or at its `max_tokens`. `update_weights` copies new weights in place between steps
-and advances `version`; each token's `Generation.versions` entry says which weights sampled it,
-so a request that spans an update (a partial rollout) is told apart token by token.
+temperature 0 is greedy with raw logprobs. A row's draw for its i-th token is a hash of (its
+seed, i) (`uniforms`: the request's seed, or one the engine draws for it), and it inverts the CDF
+of its top-p-truncated distribution in descending probability order, so a seeded request gets
+the same tokens whatever it was batched with, on any device, with no per-row work on the host.
+A row stops at an end-of-turn token, at a stop string (the decoded tail is checked, so a string
+that ends across token boundaries is found; the token that completes it is kept; only after a
+token that can complete one, `stop_completers`), or at its `max_tokens`. `update_weights`
+copies new weights in place between steps and advances `version`; each token's
+`Generation.versions` entry says which weights sampled it, so a request that spans an update
+(a partial rollout) is told apart token by token.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import asyncio
 import inspect
 import os
 import threading
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,7 +64,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future[Generation]
-    generator: torch.Generator
+    seed: int  # of its draws (`uniforms`)
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -146,7 +149,7 @@ class TransformersEngine:
         self.prefixes = PrefixCache(prefix_cache_tokens)
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
-        self._default_generator = torch.Generator().manual_seed(0)
+        self._seeds = torch.Generator().manual_seed(0)  # of the requests without a seed
         # transformers 5 renamed `past_key_values` to `cache` (and warns on the old name)
         forward = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
@@ -175,9 +178,9 @@ class TransformersEngine:
         if not prompt_ids:
             raise ValueError("generate: empty prompt")
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        generator = (self._default_generator if params.seed is None
-                     else torch.Generator().manual_seed(params.seed))  # fmt: skip
-        self._queue.append(_Request(list(prompt_ids), params, future, generator))
+        seed = (int(torch.randint(SEEDS, (), generator=self._seeds)) if params.seed is None
+                else params.seed % SEEDS)  # fmt: skip
+        self._queue.append(_Request(list(prompt_ids), params, future, seed))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
         return await future
@@ -288,8 +291,11 @@ class TransformersEngine:
         """Sample a token for each row of `batch`, record it, and cut finished rows out (their
         KV goes to the prefix cache: the prompt and every sampled token but the last); returns
         the finished requests and the others in the batch's new row order."""
-        tokens, logprobs = sample(logits, [r.params for r in rows], [r.generator for r in rows])
-        for request, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
+        draws = uniforms(torch.tensor([r.seed for r in rows]),
+                         torch.tensor([len(r.out_ids) for r in rows]))  # fmt: skip
+        tokens, logprobs = sample(logits, [r.params for r in rows], draws)
+        picked = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer
+        for request, token, logprob in zip(rows, map(int, picked[0]), picked[1], strict=True):
             request.out_ids.append(token)
             request.out_logprobs.append(logprob)
             request.out_versions.append(self.version)
@@ -309,31 +315,68 @@ class TransformersEngine:
     def _finished(
         self, generated: list[int], params: SamplingParams
     ) -> Literal["stop", "length"] | None:
-        return finish_reason(self.tokenizer, self.stop_token_ids, generated, params)
+        completers = stop_completers(self.tokenizer, params.stop) if params.stop else None
+        return finish_reason(self.tokenizer, self.stop_token_ids, generated, params, completers)
 
 
 def finish_reason(tokenizer: Any, stop_token_ids: set[int], generated: list[int],
-                  params: SamplingParams) -> Literal["stop", "length"] | None:  # fmt: skip
+                  params: SamplingParams, completers: Completers | None = None
+                  ) -> Literal["stop", "length"] | None:  # fmt: skip
     """Why a row that sampled `generated` stops now, or None: an end-of-turn token, a stop
-    string in the decoded tail (it may end across token boundaries), or `max_tokens`."""
+    string in the decoded tail (it may end across token boundaries), or `max_tokens`.
+    `completers` (`stop_completers` of `params.stop`): the tail is decoded only after a token
+    that can complete a stop string."""
     if generated[-1] in stop_token_ids:
         return "stop"
-    if params.stop:
+    if params.stop and (completers is None or completers.may_complete(generated[-1])):
         tail = tokenizer.decode(generated[-STOP_TAIL_TOKENS:])
         if any(stop in tail for stop in params.stop):
             return "stop"
     return "length" if len(generated) >= params.max_tokens else None
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+class Completers:
+    """The token ids after which a stop string can newly be in a decoded tail: those whose own
+    text holds the last character of one of them, or a replacement character (a piece of a
+    character of several bytes, which only its neighbours complete); ids past the tokenizer's
+    vocabulary are taken to complete one."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        ends = {stop[-1] for stop in stops if stop}
+        self.vocabulary = len(texts)
+        self.ids = frozenset(i for i, text in enumerate(texts)
+                             if "\ufffd" in text or any(end in text for end in ends))  # fmt: skip
+
+    def may_complete(self, token: int) -> bool:
+        return token in self.ids or not 0 <= token < self.vocabulary
+
+
+_COMPLETERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Completers]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def stop_completers(tokenizer: Any, stops: Sequence[str]) -> Completers:
+    """`Completers` of `stops` for `tokenizer`, made once (the whole vocabulary is decoded:
+    about 0.7 s for SmolLM2's 49,152 tokens on one CPU core)."""
+    known = _COMPLETERS.setdefault(tokenizer, {})
+    key = tuple(stops)
+    if key not in known:
+        known[key] = Completers(tokenizer, stops)
+    return known[key]
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One token per row of [B, V] logits and its logprob, each row with its own temperature,
-    top-p and generator (see the module docstring); returns ([B] tokens, [B] logprobs)."""
+    top-p and uniform draw in [0, 1) ([B], `uniforms`; see the module docstring); returns ([B]
+    tokens, [B] logprobs)."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)  # [B]
     greedy = temperature == 0
     logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature).unsqueeze(-1), -1)
-    draws = torch.stack([torch.rand((), generator=g) for g in generators]).to(device)  # [B]
+    draws = draws.to(device, non_blocking=True)
     tokens = logprobs.argmax(-1)  # greedy rows keep it
     nucleus = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_p < 1]
     full = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_p >= 1]
@@ -349,6 +392,38 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         picked = _invert_cdf(torch.where(kept, probs, 0.0), draws[rows])
         tokens[rows] = order.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+SEEDS = 2**62  # a request's seed is taken modulo this
+_LOW32 = 0xFFFFFFFF
+
+
+def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """[B] draws in [0, 1) (float32, 24 bits), each a hash of (seed, counter) ([B] int64 each:
+    seeds in [0, SEEDS), counters below 2**32), the same on any device and in any batch: a 32-bit
+    integer mixer (C. Wellons' `lowbias32`) over the seed's halves, then over the counter under
+    two keys made of them."""
+    seeds = seeds.long()
+    key = _mix32(_mix32((seeds & _LOW32) ^ 0x9E3779B9) ^ ((seeds >> 32) & _LOW32))
+    other = _mix32(key ^ 0x85EBCA6B)
+    mixed = _mix32((_mix32((counters.long() & _LOW32) ^ key) + other) & _LOW32)
+    return (mixed >> 8).float() / 2**24
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """`lowbias32` of values in [0, 2**32) held in int64."""
+    x = x ^ (x >> 16)
+    x = _times32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _times32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _times32(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """(x * factor) mod 2**32 for x in [0, 2**32), in two 16-bit halves of the factor so that no
+    product passes 2**49 (int64 never overflows)."""
+    low, high = factor & 0xFFFF, factor >> 16
+    return (x * low + ((x * high) & 0xFFFF) * 65536) & _LOW32
 
 
 def _invert_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:

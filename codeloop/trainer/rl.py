@@ -39,6 +39,7 @@ from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum
 from codeloop.trainer.groups import Drawn, GroupSource, SyncGroups, problem_at
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.profile import StepProfile
 from codeloop.trainer.rollout_side import RolloutSide, build_rollout
 from codeloop.trainer.state import RunState, problem_digest
 from codeloop.types import Trajectory
@@ -62,6 +63,7 @@ class RLRun:
         checkpoint."""
         source, clock = self.source, Clock()
         assert source is not None, "RLRun.step runs inside RLRun.train"
+        profiled = self._profile(self.step_index + 1)
         drawn = await source.draw()
         waited = clock.lap(source.wait_metric)
         losses = await self.learner.update_async(drawn.samples, source.in_thread)
@@ -71,7 +73,17 @@ class RLRun:
             await self.sync_weights()
         clock.lap("timing/sync_s")
         local, counts = source.metrics(drawn, waited, updated)
+        if profiled is not None:
+            local |= profiled.stop(self.logger.run_dir, self.step_index, self.world.is_main)
         return self.finish_step(drawn, clock.timings() | local, losses, counts)
+
+    def _profile(self, step: int) -> StepProfile | None:
+        """The profiler, started, when `step` is `trainer.profile_step`."""
+        if step != self.cfg.trainer.profile_step:
+            return None
+        profiled = StepProfile(self.world.device)
+        profiled.start()
+        return profiled
 
     async def train(self, steps: int, progress: str = "", source: GroupSource | None = None
                     ) -> list[dict[str, float]]:  # fmt: skip

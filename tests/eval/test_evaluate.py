@@ -223,5 +223,6 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     with_config = read_jsonl(tmp_path / "config" / "trajectories.jsonl")
     assert [t["response_ids"] for t in with_saved] == [t["response_ids"] for t in with_config]
     prompt = trained.prompt_ids(PROBLEMS[0].problem)
-    assert with_saved[0]["prompt_ids"] == prompt  # the demo template, not the rStar2 one
+    first = next(t for t in with_saved if t["prompt_id"] == PROBLEMS[0].id)  # in finishing order
+    assert first["prompt_ids"] == prompt  # the demo template, not the rStar2 one
     assert all(t["num_turns"] <= 2 for t in with_saved)  # the saved eval.max_turns

@@ -322,8 +322,46 @@ def test_max_batch_and_kv_tokens_cap_the_running_requests(
         assert [g.token_ids for g in gens] == [g.token_ids for g in free]
 
 
+def _uniform_by_hand(seed: int, counter: int) -> float:
+    """`uniforms` in Python's integers: lowbias32 over the seed's halves, then the counter."""
+
+    def mix(x: int) -> int:
+        x ^= x >> 16
+        x = x * 0x7FEB352D % 2**32
+        x ^= x >> 15
+        x = x * 0x846CA68B % 2**32
+        return x ^ (x >> 16)
+
+    key = mix(mix((seed % 2**32) ^ 0x9E3779B9) ^ (seed >> 32))
+    other = mix(key ^ 0x85EBCA6B)
+    return (mix((mix(counter ^ key) + other) % 2**32) >> 8) / 2**24
+
+
+def test_draws_are_a_hash_of_seed_and_counter() -> None:
+    from codeloop.rollout.hf_engine import SEEDS, uniforms
+
+    seeds = [0, 1, 2, 7, 2**32, 2**32 + 1, SEEDS - 1]
+    counters = [0, 1, 5, 2**31, 2**32 - 1]
+    grid = [(s, c) for s in seeds for c in counters]
+    draws = uniforms(torch.tensor([s for s, _ in grid]), torch.tensor([c for _, c in grid]))
+    assert draws.tolist() == pytest.approx([_uniform_by_hand(s, c) for s, c in grid], abs=0)
+    alone = uniforms(torch.tensor([7]), torch.tensor([5]))  # in a batch or not
+    assert float(alone) == float(draws[grid.index((7, 5))])
+    # many seeds x steps: uniform on [0, 1), no two neighbouring seeds or steps alike
+    table = uniforms(torch.arange(400).repeat_interleave(400), torch.arange(400).repeat(400))
+    assert float(table.min()) >= 0 and float(table.max()) < 1
+    counts = torch.histc(table, bins=10, min=0, max=1)  # 16,000 expected in each
+    assert float(counts.min()) > 15_400 and float(counts.max()) < 16_600
+    table = table.view(400, 400)
+    first_steps = table[:, 0]
+    assert len(set(first_steps.tolist())) == 400  # every seed starts somewhere else
+    for a, b in ((table[:-1], table[1:]), (table[:, :-1], table[:, 1:])):
+        correlation = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert abs(float(correlation)) < 0.01
+
+
 def test_sampling_follows_temperature_and_top_p() -> None:
-    from codeloop.rollout.hf_engine import sample
+    from codeloop.rollout.hf_engine import sample, uniforms
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -8.0]]).repeat(4, 1)  # [4, 5]
     params = [
@@ -334,11 +372,10 @@ def test_sampling_follows_temperature_and_top_p() -> None:
     ]
     probs_t05 = torch.softmax(logits[0] / 0.5, -1)  # [0.865, 0.117, 0.016, 0.002, ~0]
     probs_t1 = torch.softmax(logits[0], -1)  # [0.644, 0.237, 0.087, 0.032, ~0]
-    generators = [torch.Generator().manual_seed(i) for i in range(4)]
     counts = torch.zeros(4, 5)
     n = 4000
-    for _ in range(n):
-        tokens, logprobs = sample(logits, params, generators)
+    for step in range(n):
+        tokens, logprobs = sample(logits, params, uniforms(torch.arange(4), torch.full((4,), step)))
         counts[torch.arange(4), tokens] += 1
         # logprobs are under softmax(logits / T) before top-p; greedy's are the raw ones
         expected = [

@@ -16,7 +16,7 @@ import torch
 from codeloop.config import RolloutConfig
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine, finish_reason
+from codeloop.rollout.hf_engine import TransformersEngine, finish_reason, stop_completers
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus
@@ -62,6 +62,44 @@ def test_a_stop_string_is_found_when_its_last_token_arrives(real: PromptFormat) 
     ]
     assert reasons[-1] == "stop"
     assert reasons[:-1] == [None] * (len(ids) - 1)  # not at "</", "tool", "_", "call"
+
+
+def test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string(
+    real: PromptFormat,
+) -> None:
+    stops = ["</tool_call>", "答案"]  # "案" is three byte tokens: the last decodes to "\ufffd"
+    completers = stop_completers(real.tokenizer, stops)
+    decoded: list[int] = []
+
+    class Counting:  # the tokenizer, counting the tails it decodes
+        def decode(self, ids: list[int]) -> str:
+            decoded.append(len(ids))
+            return str(real.tokenizer.decode(ids))
+
+    def first_stop(ids: list[int], tokenizer: Any, with_completers: bool) -> int:
+        params = SamplingParams(1000, stop=stops)
+        for n in range(1, len(ids) + 1):
+            found = finish_reason(tokenizer, set(), ids[:n], params,
+                                  completers if with_completers else None)  # fmt: skip
+            if found == "stop":
+                return n
+        return 0
+
+    head = 'Add them: 48 + 24 > 70.\n<tool_call>\n{"code": "print(1)"}\n'
+    for text in (head + "</tool_call> more", "So 答案 is 72 > 7"):
+        canonical = real.encode(text)
+        by_char = [i for ch in text for i in real.encode(ch)]  # "答" alone: byte tokens
+        for ids in (canonical, by_char):
+            expected = first_stop(ids, real.tokenizer, False)
+            decoded.clear()
+            assert first_stop(ids, Counting(), True) == expected > 0  # the same token stops
+            stop = next(s for s in stops if s in text)
+            assert stop in real.tokenizer.decode(ids[:expected])
+            assert stop not in real.tokenizer.decode(ids[: expected - 1])
+            if stop == "</tool_call>":  # byte tokens ("答" alone) are always decoded
+                assert 0 < len(decoded) < expected / 3  # most steps decode nothing
+    assert not completers.may_complete(real.encode(" ok")[0])
+    assert completers.may_complete(len(real.tokenizer) + 5)  # past the vocabulary: checked
 
 
 class _Tools:

@@ -236,7 +236,10 @@ def test_async_rl_on_a_server_waits_for_requests_before_each_reload(
 
     with codeloop_serve(served) as url:
         metrics = asyncio.run(main(url))
-    assert all(0 < m["rollout/groups_kept"] <= 2 for m in metrics)
+    # the policy solves about one sample in ten: a step whose refill rounds all draw groups
+    # without signal trains none (and says so); the run as a whole trains
+    assert all(m["rollout/groups_kept"] <= 2 for m in metrics)
+    assert sum(m["rollout/groups_kept"] for m in metrics) > 0
     assert all(m["async/staleness_max"] <= 1 for m in metrics)
     dumped = [json.loads(line) for path in (tmp_path / "run" / "trajectories").glob("*.jsonl")
               for line in path.read_text().splitlines()]  # fmt: skip

@@ -90,6 +90,7 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
     cfg = Config()
     cfg.trainer.output_dir, cfg.trainer.checkpoint_every = str(tmp_path), 1
     cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.reward.workers = 1e-3, 0, 1
+    cfg.trainer.profile_step = 2
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     engine, source = Weights(), Replay()
@@ -114,9 +115,33 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
         timings = ("timing/replay_s", "timing/update_s", "timing/sync_s")
         assert metrics["timing/step_s"] == sum(metrics[k] for k in timings)
     assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+    profiles = sorted(p.name for p in tmp_path.glob("profile_step_*"))
+    assert profiles == ["profile_step_000002.txt"]  # trainer.profile_step only
+    profile = (tmp_path / profiles[0]).read_text()
+    assert profile.startswith("RL step 2: ") and "aten::" in profile  # the update's CPU ops
+    assert "profile/gpu_share" not in history[1]  # on a CPU: no GPU to share the time with
     state = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
     assert state["extra"]["pending"] == [41, 42]  # what the source saves, in the checkpoint
     assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
+
+
+def test_the_gpu_share_counts_each_kernel_once() -> None:
+    from torch.profiler import DeviceType
+
+    from codeloop.trainer.profile import device_seconds
+
+    class Event:
+        def __init__(self, device: DeviceType, self_us: float, annotation: bool = False) -> None:
+            self.device_type, self.self_device_time_total = device, self_us
+            self.is_user_annotation = annotation
+
+    events = [
+        Event(DeviceType.CPU, 1_500_000),  # aten::mm: its kernel's time again
+        Event(DeviceType.CUDA, 1_500_000),  # the kernel
+        Event(DeviceType.CUDA, 500_000),  # another kernel
+        Event(DeviceType.CUDA, 2_000_000, annotation=True),  # a span someone named
+    ]
+    assert device_seconds(events) == 2.0
 
 
 def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroups, RunState]:
