@@ -7,6 +7,7 @@ answers (pred, gold) with a bool until its socket closes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -44,13 +45,16 @@ def serve(conn: Connection, memory_mb: int) -> None:
     while True:
         try:
             pred, gold = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionError):  # closed; or its owner died with a reply unread
             return
         try:
             same = equivalent(pred, gold)
         except Exception:  # a parser bug, MemoryError, RecursionError: not equal
             same = False
-        conn.send(same)
+        try:
+            conn.send(same)
+        except ConnectionError:  # the owner is gone (our SIGKILL is on its way)
+            return
 
 
 def _die_with_parent(parent: int) -> None:
@@ -70,6 +74,12 @@ def zygote(control: socket.socket, memory_mb: int, parent: int) -> None:
     gc.freeze()  # keep the imported objects' pages shared with the workers
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed workers
     me = os.getpid()
+    with contextlib.suppress(ConnectionError):  # the pool died: stop quietly
+        _fork_on_request(control, memory_mb, me)
+
+
+def _fork_on_request(control: socket.socket, memory_mb: int, me: int) -> None:
+    """`zygote`'s loop: a worker for each byte received, until the control socket closes."""
     while control.recv(1):
         ours, theirs = socket.socketpair()
         pid = os.fork()

@@ -143,7 +143,10 @@ class Zygote:
 
     # -- control socket -------------------------------------------------------------------
     def _on_control(self) -> None:
-        data = self.sock.recv(1 << 20)
+        try:
+            data = self.sock.recv(1 << 20)
+        except ConnectionError:  # the pool died with our replies unread
+            data = b""
         if not data:  # the pool is gone: stop, children die with us (PDEATHSIG)
             self.running = False
             return
@@ -151,7 +154,12 @@ class Zygote:
         self.queue.extend(split_messages(self.inbox))
 
     def _answer(self, request_id: Any, result: dict[str, Any]) -> None:
-        send_message(self.sock, {"id": request_id, "result": result})
+        """Send a reply; when the pool is gone (it was killed, say), stop quietly instead: the
+        kernel's SIGKILL for us (PDEATHSIG) can come after the closed socket is seen."""
+        try:
+            send_message(self.sock, {"id": request_id, "result": result})
+        except ConnectionError:
+            self.running = False
 
     def _reply(self, call: Call, wait_status: int | None, note: str = "") -> None:
         status, error_type, exit_code = _status_from(call, wait_status)

@@ -239,6 +239,34 @@ def test_workers_die_with_the_process_that_started_them() -> None:
 
 
 @pytest.mark.slow
+def test_a_worker_whose_owner_is_gone_stops_without_a_traceback() -> None:
+    """Its owner died with its reply unread: the next read fails with ECONNRESET (not EOF),
+    which ends the worker as quietly as a closed pipe does."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from codeloop.reward.zygote import serve
+
+    ours, theirs = socket.socketpair()
+    owner, worker = Connection(ours.detach()), Connection(theirs.detach())
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            serve(worker, 0)
+            outcome.append("returned")
+        except Exception as err:
+            outcome.append(repr(err))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    owner.send(("1/2", "0.5"))
+    assert owner.poll(30)  # the worker replied: True, left unread
+    owner.close()
+    thread.join(30)
+    assert outcome == ["returned"]
+
+
 def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
     out = f"{tmp_path}/reward.json"
     command = [sys.executable, "-m", "codeloop", "bench", "reward", "--n", "300", "--n-latex",

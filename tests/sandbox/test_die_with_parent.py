@@ -40,3 +40,22 @@ def test_a_killed_process_leaves_no_sandbox_or_reward_process_behind() -> None:
         assert left_behind([run.pid]) == []
     finally:
         run.kill()
+
+
+def test_a_zygote_whose_pool_is_gone_stops_without_a_traceback() -> None:
+    """A pool killed with replies unread: the zygote's next read fails (ECONNRESET) and its next
+    reply too (EPIPE), before the kernel's SIGKILL for it arrives; it stops quietly."""
+    import socket
+
+    from codeloop.sandbox.zygote import Zygote
+
+    ours, theirs = socket.socketpair()
+    zygote = Zygote(ours, None, {"slots": 1, "uid_base": 0, "base_vm_bytes": 0})  # type: ignore[arg-type]
+    zygote._answer(1, {"status": "ok"})  # never read
+    theirs.close()
+    zygote._on_control()  # ECONNRESET
+    assert not zygote.running
+    zygote.running = True
+    zygote._answer(2, {"status": "ok"})  # EPIPE
+    assert not zygote.running
+    ours.close()
