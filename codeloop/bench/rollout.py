@@ -56,7 +56,13 @@ from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
-from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.hf_engine import (
+    STOP_TAIL_TOKENS,
+    TransformersEngine,
+    finish_reason,
+    stop_completers,
+    uniforms,
+)
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.trainer.profile import device_seconds
@@ -195,6 +201,44 @@ def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Gene
     clipped = (gap.exp() < 0.8) | (gap.exp() > 1.28)
     return {"mean_abs": float(gap.abs().mean()), "max_abs": float(gap.abs().max()),
             "outside_clip": float(clipped.float().mean()), "tokens": gap.numel()}  # fmt: skip
+
+
+GSM8K_TRAIN = Path(__file__).parents[1] / "data" / "gsm8k" / "train.jsonl"
+
+
+def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
+    """The engine's own host work in a decoding step of `rows` agent rows, besides the model's
+    and the sampling's kernels (ms a step, averaged over `steps` steps): the draws
+    (`uniforms`), and the stop-string checks after a token that can complete one against
+    decoding every row's tail. The rows are GSM8K's worked solutions with their calculations
+    written as tool calls (the packaged training split, cycled)."""
+    lines = GSM8K_TRAIN.read_text().splitlines()
+    texts = [json.loads(lines[i % len(lines)])["answer"] for i in range(rows)]
+    ids = [tokenizer.encode(t.replace("<<", CALL_OPEN).replace(">>", CALL_CLOSE)) * 4
+           for t in texts]  # fmt: skip
+    params = SamplingParams(1 << 20, stop=[CALL_CLOSE])
+    completers = stop_completers(tokenizer, params.stop)
+    ends = [STOP_TAIL_TOKENS + step for step in range(steps)]
+
+    def per_step(check: Callable[[int], object]) -> float:
+        start = time.perf_counter()
+        for end in ends:
+            check(end)
+        return 1000 * (time.perf_counter() - start) / steps
+
+    seeds = torch.arange(rows)
+    return {
+        "rows": rows,
+        "draws_ms": per_step(lambda end: uniforms(seeds, torch.full((rows,), end))),
+        "stops_ms": per_step(
+            lambda end: [
+                finish_reason(tokenizer, set(), row[:end], params, completers) for row in ids
+            ]
+        ),  # fmt: skip
+        "every_tail_ms": per_step(
+            lambda end: [finish_reason(tokenizer, set(), row[:end], params) for row in ids]
+        ),  # fmt: skip
+    }
 
 
 def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
@@ -511,6 +555,11 @@ def main(argv: list[str]) -> int:
     print(f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
           f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
           f"{100 * gap['outside_clip']:.2f}% outside the clip range", flush=True)  # fmt: skip
+    host = host_work(fmt.tokenizer, args.max_batch)
+    print(f"  the engine's host work a step at {host['rows']} rows: draws {host['draws_ms']:.2f} "
+          f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
+          f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
+          flush=True)  # fmt: skip
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
     for row, serialised in (("tools_overlapped", False), ("tools_serialised", True)):
@@ -527,6 +576,7 @@ def main(argv: list[str]) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "model": name, "device": where,
               "flops_per_token": flops_per_token, "matmul_gflops": peak, "memory_bound": bound,
-              "rows": rows, "ratios": ratios, "logprob_gap": gap}  # fmt: skip
+              "rows": rows, "ratios": ratios, "logprob_gap": gap,
+              "host_work": host}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -176,6 +176,8 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     # float32 throughout: the engine's logprobs are the full forward pass's (padding only)
     assert report["logprob_gap"]["tokens"] == 3 * 5
     assert report["logprob_gap"]["max_abs"] < 1e-4
+    host = report["host_work"]  # at --max-batch rows
+    assert host["rows"] == 4 and host["draws_ms"] > 0 and host["every_tail_ms"] > 0
 
 
 def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
