@@ -383,14 +383,15 @@ def _real(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from codeloop.recipe.real import main
-    from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_SIZES, Sizes
+    from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_MINUTES, GPU_SIZES, Sizes
 
     given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
                                                     "sft_problems", "rl_problems")}  # fmt: skip
     sizes = replace(GPU_SIZES if args.gpu else Sizes(),
                     **{k: v for k, v in given.items() if v is not None})  # fmt: skip
     config = args.config or (GPU_CONFIG if args.gpu else CPU_CONFIG)
-    return main(config, _with_out(args), sizes)
+    minutes = args.time_limit if args.time_limit is not None else GPU_MINUTES if args.gpu else 0.0
+    return main(config, _with_out(args), sizes, minutes)
 
 
 def _docs(args: argparse.Namespace) -> int:
@@ -424,7 +425,13 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
                       "runs/real-gpu; rerunning resumes it)")  # fmt: skip
     real.add_argument("--gpu", action="store_true", help="the recipe sized for one GPU: "
                       "configs/gsm8k_smollm2_gpu.toml and each size's GPU default")  # fmt: skip
-    from codeloop.recipe.sizes import GPU_SIZES, Sizes
+    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, Sizes
+
+    real.add_argument("--time-limit", type=float, metavar="MINUTES",
+                      help="no RL step starts that would leave too little time for the last "
+                           "evaluation: the policy where RL stopped is scored, and a rerun "
+                           "goes on (default none; "
+                           f"{GPU_MINUTES:g} with --gpu; 0: none)")  # fmt: skip
 
     cpu = Sizes()
     for name, help_text in (

@@ -18,7 +18,9 @@
    trajectories that call the tool, the share of calls that are malformed, the tool-error ratio
    among correct trajectories and the mean response length; `summary.json`, `curves.png`.
 Every part is skipped when its output exists, so rerunning continues (RL stages resume from their
-checkpoints).
+checkpoints). With a time limit (`minutes`) no RL step starts that would leave too little time
+for the last evaluation (as long as the longest one so far): the policy where RL stopped is
+scored (its point is named `<stage>@<steps>`), and a rerun goes on from there.
 """
 
 from __future__ import annotations
@@ -147,10 +149,16 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
     return model
 
 
-async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
-    """The whole recipe (see the module docstring); returns (and writes) the summary."""
+FINISH_S = 15.0  # saving the final policy, the summary and the plot, with room to spare
+
+
+async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
+                   ) -> dict[str, Any]:  # fmt: skip
+    """The whole recipe (see the module docstring) within `minutes` (0: no limit); returns
+    (and writes) the summary."""
     sizes = sizes or Sizes()
     start = time.perf_counter()
+    end = start + 60 * minutes if minutes else None
     run_dir = Path(cfg.trainer.output_dir)
     if not cfg.trainer.model:
         from codeloop.data.pretrained import smollm2
@@ -174,25 +182,46 @@ async def run_real(cfg: Config, sizes: Sizes | None = None) -> dict[str, Any]:
         async def measure(stage: str) -> None:
             if any(p["stage"] == stage for p in points):
                 return
+            began = time.perf_counter()
             metrics = await evaluate(model, fmt, held_out, tools, cfg, sizes.eval_samples)
-            points.append({"stage": stage, **metrics})
+            points.append({"stage": stage, **metrics, "seconds": time.perf_counter() - began})
             write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1])
+
+        def rl_deadline() -> float | None:
+            """When RL must stop: the end, less the longest evaluation so far and FINISH_S."""
+            if end is None:
+                return None
+            longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
+            return end - longest - FINISH_S
 
         model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
         await measure("sft")
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
+        stopped: dict[str, Any] | None = None
         for index, stage in enumerate(cfg.recipe.stages):
+            deadline = rl_deadline()
+            if deadline is not None and time.perf_counter() >= deadline:
+                stopped = {"stage": stage.name, "step": 0, "of": stage.steps}
+                break
             one = copy.deepcopy(cfg)
             one.recipe.stages = cfg.recipe.stages[: index + 1]
-            await run_recipe(one, model, fmt, rl_problems, tools, world)
+            last = (await run_recipe(one, model, fmt, rl_problems, tools, world, deadline))[-1]
+            if "stopped_at" in last:
+                stopped = {"stage": stage.name, "step": last["stopped_at"], "of": stage.steps}
+                if last["stopped_at"]:
+                    await measure(f"{stage.name}@{last['stopped_at']}")
+                break
             await measure(stage.name)
+        if stopped is not None:
+            print(f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
+                  f"of {stopped['stage']}; rerun to go on", flush=True)  # fmt: skip
     final = run_dir / "final_model"
     with directory_atomic(final) as partial:
         model.save_pretrained(partial)
         fmt.save_pretrained(partial)
     summary = {"model": cfg.trainer.model, "sizes": asdict(sizes), "points": points,
-               "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+               "minutes": (time.perf_counter() - start) / 60, "stopped": stopped}  # fmt: skip
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
@@ -208,12 +237,12 @@ def _print_point(point: dict[str, Any]) -> None:
           f"response {point['response_tokens']:.0f} tokens", flush=True)  # fmt: skip
 
 
-def main(config: str, overrides: list[str], sizes: Sizes) -> int:
+def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) -> int:
     cfg = load_config(config, overrides)
     torch.manual_seed(cfg.trainer.seed)
-    summary = asyncio.run(run_real(cfg, sizes))
+    summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
     print(f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {100 * first['accuracy']:.1f}% "
-          f"after SFT -> {100 * last['accuracy']:.1f}% after RL; "
+          f"after SFT -> {100 * last['accuracy']:.1f}% after RL ({last['stage']}); "
           f"{cfg.trainer.output_dir}/summary.json")  # fmt: skip
     return 0

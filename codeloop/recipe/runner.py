@@ -42,10 +42,13 @@ from codeloop.trainer.state import RunState, problem_digest
 
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                     tools: ToolExecutor, world: World | None = None
-                     ) -> list[dict[str, Any]]:  # fmt: skip
+                     tools: ToolExecutor, world: World | None = None,
+                     deadline: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Run every stage; return one summary per stage (also written to its `stage.json`).
-    Without a `world`: one process on the default device, computing in `trainer.dtype`."""
+    Without a `world`: one process on the default device, computing in `trainer.dtype`.
+    `deadline` (a `time.perf_counter()` value): no RL step starts that would end after it
+    (`RLRun.train`); a stage cut short is checkpointed but not marked finished (a rerun goes
+    on with it), its summary says `stopped_at` (the steps it has), and no later stage runs."""
     world = world or one_process(cfg.trainer.dtype)
     if not cfg.recipe.stages:
         raise ConfigError("recipe.stages is empty: nothing to run")
@@ -76,11 +79,16 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                 run.state.carry_on_from(carried["state"], problem_digest(kept))
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
-            history = await run.train(stage.steps - run.step_index, stage_dir.name)
+            history = await run.train(stage.steps - run.step_index, stage_dir.name,
+                                      deadline=deadline)  # fmt: skip
             run.save()
         finally:
             logger.close()
             await run.close()
+        if run.step_index < stage.steps:  # out of time
+            summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
+                              "problems": len(kept), "stopped_at": run.step_index})  # fmt: skip
+            break
         logged = read_metrics(stage_dir)[-1:]  # killed after the stage's last step: no history
         final = (
             history[-1] if history else {k: v for r in logged for k, v in r.items() if k != "step"}

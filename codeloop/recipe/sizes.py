@@ -22,3 +22,4 @@ CPU_CONFIG = "configs/gsm8k_smollm2.toml"  # the package's own (config.config_pa
 GPU_CONFIG = "configs/gsm8k_smollm2_gpu.toml"
 # one GPU: SFT on the training split but the RL problems, 500 x 4 development scores
 GPU_SIZES = Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=600)
+GPU_MINUTES = 9.0  # the GPU recipe's time limit (`codeloop real --time-limit`)

@@ -85,26 +85,39 @@ class RLRun:
         profiled.start()
         return profiled
 
-    async def train(self, steps: int, progress: str = "", source: GroupSource | None = None
-                    ) -> list[dict[str, float]]:  # fmt: skip
+    async def train(self, steps: int, progress: str = "", source: GroupSource | None = None,
+                    deadline: float | None = None) -> list[dict[str, float]]:  # fmt: skip
         """`steps` RL steps, their groups drawn from `source`, or synchronously or
         asynchronously as `trainer.mode` says. `progress`: the label of a progress bar over the
-        steps (rank 0; none when empty), the last reward beside it."""
+        steps (rank 0; none when empty), the last reward beside it. `deadline` (a
+        `time.perf_counter()` value): a step starts only when one as long as the last would end
+        by then (the ranks agree), so fewer than `steps` may run."""
         self.source = source or self._new_source()
         await self.sync_weights()
         await self.source.start()
         history: list[dict[str, float]] = []
+        last_s = 0.0
         try:
             with progress_bar(total=self.step_index + steps, initial=self.step_index,
                               desc=progress, unit="step",
                               disable=not (progress and self.world.is_main)) as bar:  # fmt: skip
                 for _ in range(steps):
+                    if deadline is not None and self._out_of_time(deadline, last_s):
+                        break
+                    started = time.perf_counter()
                     history.append(await self.step())
+                    last_s = time.perf_counter() - started
                     bar.update()
                     bar.set_postfix(reward=f"{history[-1]['reward/mean']:.3f}")
         finally:
             await self.source.stop()
         return history
+
+    def _out_of_time(self, deadline: float, step_s: float) -> bool:
+        """Whether a step of `step_s` seconds started now would end after `deadline`, on any
+        rank."""
+        late = time.perf_counter() + step_s > deadline
+        return all_sum(float(late), self.world) > 0
 
     def finish_step(self, drawn: Drawn, local: dict[str, float], losses: dict[str, float],
                     counts: dict[str, float]) -> dict[str, float]:  # fmt: skip

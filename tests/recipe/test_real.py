@@ -5,6 +5,7 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,14 +43,15 @@ def _gsm8k(path: Path, count: int) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.mark.slow
-def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+def _tiny_recipe(tmp_path: Path, first_stage_steps: int = 1) -> list[str]:
+    """A tiny model and GSM8K-format data in `tmp_path`; the overrides that run the real
+    recipe on them into `tmp_path / "run"`, one step a stage (`first_stage_steps` in the first)."""
     _gsm8k(tmp_path / "gsm8k.jsonl", 12)
     tokenizer = train_tokenizer(["Ann has 10 apples and gets 3. How many? print(x1)"] * 20, 400)
     tiny_model(len(tokenizer), hidden_size=32, layers=1).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     run_dir = tmp_path / "run"
-    overrides = [f"--trainer.model={tmp_path / 'model'}", f"--trainer.output_dir={run_dir}",
+    return [f"--trainer.model={tmp_path / 'model'}", f"--trainer.output_dir={run_dir}",
                  f"--data.train={tmp_path / 'gsm8k.jsonl'}", "--trainer.prompts_per_step=2",
                  "--algo.group_size=2", "--sft.epochs=1", "--sft.conversations_per_step=2",
                  "--eval.max_response_tokens=64", "--rollout.max_response_tokens=64",
@@ -59,7 +61,14 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
                  "--recipe.stages.0.refilter_max_pass_rate=1.0",
                  "--recipe.stages.2.steps=1", "--recipe.stages.2.refilter_samples=1",
                  "--recipe.stages.2.refilter_max_pass_rate=1.0",
-                 "--recipe.stages.0.overrides={}", "--recipe.stages.1.overrides={}"]  # fmt: skip
+                 "--recipe.stages.0.overrides={}", "--recipe.stages.1.overrides={}",
+                 f"--recipe.stages.0.steps={first_stage_steps}"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+    overrides = _tiny_recipe(tmp_path)
+    run_dir = tmp_path / "run"
     summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
     stages = [p["stage"] for p in summary["points"]]
     assert stages == ["sft", "stage1-short", "stage2-long", "stage3-hard"]
@@ -81,6 +90,43 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert (run_dir / "curves.png").stat().st_size > 1000
     again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done: skipped
     assert again["points"] == summary["points"]
+
+
+@pytest.mark.slow
+def test_a_time_limit_stops_rl_scores_where_it_stopped_and_a_rerun_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.trainer.rl import RLRun
+
+    overrides = _tiny_recipe(tmp_path, first_stage_steps=2)
+    run_dir = tmp_path / "run"
+
+    def run(minutes: float) -> dict[str, Any]:
+        return asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY, minutes))
+
+    # 0.6 s leave no room for an evaluation and the final save: no RL step runs
+    summary = run(0.01)
+    assert [p["stage"] for p in summary["points"]] == ["sft"]
+    assert summary["stopped"] == {"stage": "stage1-short", "step": 0, "of": 2}
+    assert (run_dir / "final_model" / "config.json").is_file()
+    # time for one step of stage 1 only: that policy is scored as "stage1-short@1"
+    monkeypatch.setattr(RLRun, "_out_of_time", lambda self, deadline, step_s: self.step_index >= 1)
+    summary = run(60)
+    assert [p["stage"] for p in summary["points"]] == ["sft", "stage1-short@1"]
+    assert summary["stopped"] == {"stage": "stage1-short", "step": 1, "of": 2}
+    assert not (run_dir / "1-stage1-short" / "stage.json").exists()  # not finished
+    monkeypatch.undo()
+    summary = run(0)  # no limit: stage 1 goes on from its step 1, then the others
+    stages = [p["stage"] for p in summary["points"]]
+    assert stages == ["sft", "stage1-short@1", "stage1-short", "stage2-long", "stage3-hard"]
+    assert summary["stopped"] is None
+    stage1 = json.loads((run_dir / "1-stage1-short" / "stage.json").read_text())
+    assert stage1["steps"] == 2 and "stopped_at" not in stage1
+    steps = [
+        json.loads(line)["step"]
+        for line in (run_dir / "1-stage1-short" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2]  # each step once
 
 
 def _trajectory(status: RolloutStatus, text: str, calls: list[ToolCallRecord]) -> Trajectory:
@@ -144,17 +190,23 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     from codeloop.recipe import real
 
     calls: list[tuple[str, list[str], Sizes]] = []
-    monkeypatch.setattr(real, "main", lambda c, o, s: calls.append((c, o, s)) or 0)
+    minutes: list[float] = []
+    monkeypatch.setattr(
+        real, "main", lambda c, o, s, m: calls.append((c, o, s)) or minutes.append(m) or 0
+    )
     assert cli.main(["real", "--gpu", "--rl-problems", "300", "--trainer.seed", "3"]) == 0
     assert cli.main(["real"]) == 0
     assert cli.main(["real", "--out", "runs/mine", "--trainer.output_dir", "runs/wins"]) == 0
-    assert calls[-1][1] == [
+    assert cli.main(["real", "--gpu", "--time-limit", "0"]) == 0
+    assert cli.main(["real", "--time-limit", "30"]) == 0
+    assert minutes == [9.0, 0.0, 0.0, 0.0, 30.0]  # the GPU recipe's limit, unless one is given
+    assert calls[2][1] == [
         "--trainer.output_dir",
         "runs/mine",
         "--trainer.output_dir",
         "runs/wins",
     ]
-    (gpu_config, overrides, gpu), (cpu_config, _, cpu), _ = calls
+    (gpu_config, overrides, gpu), (cpu_config, _, cpu) = calls[:2]
     assert gpu_config == "configs/gsm8k_smollm2_gpu.toml" and overrides == ["--trainer.seed", "3"]
     assert gpu == Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973,
                         rl_problems=300)  # fmt: skip

@@ -125,6 +125,46 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
     assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
 
 
+class SlowReplay(Replay):
+    """A `Replay` whose draws take `seconds` each."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def draw(self) -> Drawn:
+        await asyncio.sleep(self.seconds)
+        return await super().draw()
+
+
+@pytest.mark.parametrize(("budget", "steps"), [(-1.0, 0), (0.3, 1), (60.0, 3)])
+def test_no_step_starts_that_would_end_after_the_deadline(
+    trainer_fmt: PromptFormat, tmp_path: Path, budget: float, steps: int
+) -> None:
+    """Steps of 0.2 s: a deadline passed runs none; 0.3 s from now runs the first (nothing is
+    known of a step's length before it) but not the second (0.2 + 0.2 > 0.3); a minute runs all
+    three."""
+    import time
+
+    cfg = Config()
+    cfg.trainer.output_dir, cfg.reward.workers = str(tmp_path), 1
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
+    logger = RunLogger(tmp_path, tensorboard=False)
+    run = build_run(cfg, model, trainer_fmt, [PROBLEM], None, logger, Weights())  # type: ignore[arg-type]
+    source = SlowReplay(0.2)
+
+    async def main() -> list[dict[str, float]]:
+        try:
+            return await run.train(3, source=source, deadline=time.perf_counter() + budget)
+        finally:
+            await run.close()
+
+    history = asyncio.run(main())
+    logger.close()
+    assert len(history) == steps == run.step_index
+    assert source.calls.count("draw") == steps and source.calls[-1] == "stop"
+
+
 def test_the_gpu_share_counts_each_kernel_once() -> None:
     from torch.profiler import DeviceType
 
