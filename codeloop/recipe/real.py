@@ -19,8 +19,9 @@
    among correct trajectories and the mean response length; `summary.json`, `curves.png`.
 Every part is skipped when its output exists, so rerunning continues (RL stages resume from their
 checkpoints). With a time limit (`minutes`) no RL step starts that would leave too little time
-for the last evaluation (as long as the longest one so far): the policy where RL stopped is
-scored (its point is named `<stage>@<steps>`), and a rerun goes on from there.
+for the last evaluation (EVAL_MARGIN x the longest one so far) if it took as long as the step
+before it (a stage's first step, of unknown length, starts while time is left): the policy where
+RL stopped is scored (its point is named `<stage>@<steps>`), and a rerun goes on from there.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
 
 
 FINISH_S = 15.0  # saving the final policy, the summary and the plot, with room to spare
+EVAL_MARGIN = 1.25  # the last evaluation, against the longest one so far
 
 
 async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
@@ -189,11 +191,12 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             _print_point(points[-1])
 
         def rl_deadline() -> float | None:
-            """When RL must stop: the end, less the longest evaluation so far and FINISH_S."""
+            """When RL must stop: the end, less the longest evaluation so far and a quarter (a
+            trained policy answers at more length), and FINISH_S."""
             if end is None:
                 return None
             longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
-            return end - longest - FINISH_S
+            return end - EVAL_MARGIN * longest - FINISH_S
 
         model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
         await measure("sft")
