@@ -343,13 +343,18 @@ class Completers:
 
     def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        ends = {stop[-1] for stop in stops if stop}
         self.vocabulary = len(texts)
-        self.ids = frozenset(i for i, text in enumerate(texts)
-                             if "\ufffd" in text or any(end in text for end in ends))  # fmt: skip
+        self.ids = completing_ids(texts, stops)
 
     def may_complete(self, token: int) -> bool:
         return token in self.ids or not 0 <= token < self.vocabulary
+
+
+def completing_ids(texts: Sequence[str], stops: Sequence[str]) -> frozenset[int]:
+    """The ids (positions in `texts`, each token's own text) that can complete a stop string."""
+    ends = {stop[-1] for stop in stops if stop}
+    return frozenset(i for i, text in enumerate(texts)
+                     if "\ufffd" in text or any(end in text for end in ends))  # fmt: skip
 
 
 _COMPLETERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Completers]] = (

@@ -362,6 +362,65 @@ def test_draws_are_a_hash_of_seed_and_counter() -> None:
         assert abs(float(correlation)) < 0.01
 
 
+def test_a_draw_picks_where_the_cdf_passes_it() -> None:
+    """Five rows, one draw for all, worked out by hand. A: probabilities 0.1, 0.6, 0.3; B: 0.3,
+    0.1, 0.6; T = 1. Without top-p the CDF runs in id order (A: 0.1, 0.7, 1; B: 0.3, 0.4, 1);
+    with top-p 0.65 in descending order, keeping 0.6 and then 0.3 (0.6 < 0.65), renormalised
+    (A's tokens 1 then 2, B's 2 then 0, each 2/3 then 1/3); greedy ignores top-p (0.95 would
+    keep all three)."""
+    from codeloop.rollout.hf_engine import sample
+
+    a, b = torch.tensor([0.1, 0.6, 0.3]).log(), torch.tensor([0.3, 0.1, 0.6]).log()
+    logits = torch.stack([a, a, b, a, b])  # [5, 3]
+    params = [
+        SamplingParams(1, temperature=1.0),
+        SamplingParams(1, temperature=1.0, top_p=0.65),
+        SamplingParams(1, temperature=1.0, top_p=0.65),
+        SamplingParams(1, temperature=0, top_p=0.95),
+        SamplingParams(1, temperature=1.0),
+    ]
+    expected = {  # draw -> the token of each row
+        0.05: [0, 1, 2, 1, 0],
+        0.35: [1, 1, 2, 1, 1],
+        0.50: [1, 1, 2, 1, 2],
+        0.69: [1, 2, 0, 1, 2],  # nucleus: 0.69 > 2/3
+        0.71: [2, 2, 0, 1, 2],
+        0.95: [2, 2, 0, 1, 2],
+    }  # fmt: skip
+    for draw, tokens in expected.items():
+        picked, logprobs = sample(logits, params, torch.full((5,), draw))
+        assert picked.tolist() == tokens, draw
+        probs = torch.stack([a, a, b, a, b]).exp()
+        chosen = probs[torch.arange(5), picked].log()  # under T = 1, before top-p
+        assert logprobs.tolist() == pytest.approx(chosen.tolist(), abs=1e-6)
+
+
+def test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution() -> None:
+    """200 tokens, each a little less likely than the one before (id order is descending
+    order): top-p 0.9 keeps about 180 of them, more than the 64 tried first, and a draw of 0.99
+    lands among the last kept."""
+    from codeloop.rollout.hf_engine import sample
+
+    logits = -0.001 * torch.arange(200.0).unsqueeze(0)  # [1, 200]
+    params = [SamplingParams(1, temperature=1.0, top_p=0.9)]
+    token, _ = sample(logits, params, torch.tensor([0.99]))
+    probs = torch.softmax(logits[0], -1)
+    kept = int((probs.cumsum(-1) - probs <= 0.9).sum())  # 181
+    assert 150 < int(token) < kept
+
+
+def test_a_row_stops_at_max_tokens_and_not_before() -> None:
+    from codeloop.rollout.hf_engine import finish_reason
+
+    params = SamplingParams(3)
+    assert [finish_reason(None, set(), [7] * n, params) for n in (1, 2, 3)] == [
+        None,
+        None,
+        "length",
+    ]
+    assert finish_reason(None, {7}, [7], params) == "stop"  # an end-of-turn token first
+
+
 def test_sampling_follows_temperature_and_top_p() -> None:
     from codeloop.rollout.hf_engine import sample, uniforms
 
