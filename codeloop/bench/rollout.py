@@ -261,7 +261,7 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
         kernels = device_seconds(events)
         summary += (f"; GPU kernels {kernels:.1f} s "
                     f"({100 * kernels / measured['seconds']:.0f}% of the wall time)")  # fmt: skip
-    order = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    order = "self_device_time_total" if cuda else "self_cpu_time_total"
     table: str = events.table(sort_by=order, row_limit=30)
     return summary + "\n\n" + table
 

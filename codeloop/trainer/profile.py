@@ -11,6 +11,7 @@ share is logged.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,15 @@ class StepProfile:
 
     def stop(self, run_dir: Path, step: int, write: bool = True) -> dict[str, float]:
         """End the profile; write its table (when `write`) and return `profile/gpu_kernels_s`
-        and `profile/gpu_share` (on CUDA; nothing on a CPU)."""
+        and `profile/gpu_share` (on CUDA; nothing on a CPU). A profile that fails says why on
+        stderr and returns nothing: it is a diagnosis, and the run goes on without it."""
+        try:
+            return self._stop(run_dir, step, write)
+        except Exception as err:  # noqa: BLE001 - torch's profiler differs between versions
+            print(f"trainer.profile_step: no profile of step {step}: {err!r}", file=sys.stderr)
+            return {}
+
+    def _stop(self, run_dir: Path, step: int, write: bool) -> dict[str, float]:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self.started
@@ -62,7 +71,7 @@ class StepProfile:
             summary += (f"; GPU kernels {kernels:.2f} s ({100 * kernels / wall:.0f}%: the rest "
                         f"is the GPU waiting on the host, tools and the reward)")  # fmt: skip
         if write:
-            order = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+            order = "self_device_time_total" if self.cuda else "self_cpu_time_total"
             table = events.table(sort_by=order, row_limit=ROWS)
             path = run_dir / f"profile_step_{step:06d}.txt"
             path.write_text(summary + "\n\n" + table + "\n")

@@ -226,3 +226,19 @@ def test_the_synchronous_source_refills_groups_without_signal(
         {},
         {"rollout/groups_kept": len(trained), "rollout/groups_dropped": dropped},
     )
+
+
+def test_a_profile_that_fails_leaves_the_step_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.trainer.profile import StepProfile
+
+    def broken() -> None:
+        raise RuntimeError("no kineto")
+
+    profile = StepProfile(torch.device("cpu"))
+    profile.start()
+    monkeypatch.setattr(profile.profiler, "key_averages", broken)
+    assert profile.stop(tmp_path, 2) == {}
+    assert "no profile of step 2: RuntimeError('no kineto')" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
