@@ -65,6 +65,7 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future[Generation]
     seed: int  # of its draws (`uniforms`)
+    completers: Completers | None  # of its stop strings (`stop_completers`), looked up once
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -180,7 +181,8 @@ class TransformersEngine:
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         seed = (int(torch.randint(SEEDS, (), generator=self._seeds)) if params.seed is None
                 else params.seed % SEEDS)  # fmt: skip
-        self._queue.append(_Request(list(prompt_ids), params, future, seed))
+        completers = stop_completers(self.tokenizer, params.stop) if params.stop else None
+        self._queue.append(_Request(list(prompt_ids), params, future, seed, completers))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
         return await future
@@ -300,7 +302,9 @@ class TransformersEngine:
             request.out_logprobs.append(logprob)
             request.out_versions.append(self.version)
             request.finish = ("stop" if request.future.cancelled()  # its caller is gone
-                              else self._finished(request.out_ids, request.params))  # fmt: skip
+                              else finish_reason(self.tokenizer, self.stop_token_ids,
+                                                 request.out_ids, request.params,
+                                                 request.completers))  # fmt: skip
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) == len(rows):
             return [], rows
@@ -311,12 +315,6 @@ class TransformersEngine:
                     self.prefixes.store(ids, batch.row_kv(i))
         order = batch.select(keep)
         return [r for r in rows if r.finish is not None], [rows[i] for i in order]
-
-    def _finished(
-        self, generated: list[int], params: SamplingParams
-    ) -> Literal["stop", "length"] | None:
-        completers = stop_completers(self.tokenizer, params.stop) if params.stop else None
-        return finish_reason(self.tokenizer, self.stop_token_ids, generated, params, completers)
 
 
 def finish_reason(tokenizer: Any, stop_token_ids: set[int], generated: list[int],

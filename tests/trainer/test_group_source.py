@@ -137,13 +137,13 @@ class SlowReplay(Replay):
         return await super().draw()
 
 
-@pytest.mark.parametrize(("budget", "steps"), [(-1.0, 0), (0.3, 1), (60.0, 3)])
+@pytest.mark.parametrize(("budget", "steps"), [(-1.0, 0), (1.0, 1), (60.0, 3)])
 def test_no_step_starts_that_would_end_after_the_deadline(
     trainer_fmt: PromptFormat, tmp_path: Path, budget: float, steps: int
 ) -> None:
-    """Steps of 0.2 s: a deadline passed runs none; 0.3 s from now runs the first (nothing is
-    known of a step's length before it) but not the second (0.2 + 0.2 > 0.3); a minute runs all
-    three."""
+    """Steps of 0.5 s: a deadline passed runs none; 1 s from now runs the first (nothing is
+    known of a step's length before it) but not the second (more than 0.5 + 0.5 s); a minute
+    runs all three."""
     import time
 
     cfg = Config()
@@ -151,7 +151,7 @@ def test_no_step_starts_that_would_end_after_the_deadline(
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
     logger = RunLogger(tmp_path, tensorboard=False)
     run = build_run(cfg, model, trainer_fmt, [PROBLEM], None, logger, Weights())  # type: ignore[arg-type]
-    source = SlowReplay(0.2)
+    source = SlowReplay(0.5)
 
     async def main() -> list[dict[str, float]]:
         try:
