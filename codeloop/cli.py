@@ -384,6 +384,10 @@ def _real(args: argparse.Namespace) -> int:
 
     from codeloop.recipe.real import main
     from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_MINUTES, GPU_SIZES, Sizes
+    from codeloop.trainer.model import require_cuda
+
+    if args.gpu:
+        require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
 
     given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
                                                     "sft_problems", "rl_problems")}  # fmt: skip

@@ -58,3 +58,28 @@ def test_a_mistake_is_one_line_and_exit_2(argv: list[str], expected: str,
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     assert err.startswith(f"codeloop {argv[0]}") and fill(expected) in err
+
+
+def test_a_gpu_option_without_a_gpu_says_so_and_runs_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from codeloop.bench import rollout
+    from codeloop.recipe import real
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(real, "main", lambda *args: pytest.fail("the recipe ran"))
+    monkeypatch.setattr(rollout, "_load", lambda args: pytest.fail("the bench loaded a model"))
+    assert main(["real", "--gpu"]) == 2
+    assert main(["bench", "rollout", "--device", "cuda"]) == 2
+    recipe, bench = capsys.readouterr().err.strip().split("\n")
+    version = torch.__version__
+    assert recipe == (f"codeloop real: --gpu needs a GPU, and torch {version} is a CPU build: "
+                      "install a CUDA build of torch (docs/installation.md), or leave --gpu out "
+                      "for the recipe sized for a CPU")  # fmt: skip
+    assert bench.startswith("codeloop bench rollout: --device cuda needs a GPU")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert main(["real", "--gpu"]) == 2
+    assert "is a CUDA 12.8 build that finds no GPU" in capsys.readouterr().err

@@ -65,6 +65,7 @@ from codeloop.rollout.hf_engine import (
 )
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
+from codeloop.trainer.model import require_cuda
 from codeloop.trainer.profile import device_seconds
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
@@ -510,6 +511,8 @@ def main(argv: list[str]) -> int:
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)  # fmt: skip
+    if device.type == "cuda":
+        require_cuda("--device cuda", ", or measure on the CPU (--device cpu)")
     reference, fmt, name = _load(args)
     reference.to(device)
     dtype = getattr(torch, args.dtype)

@@ -16,6 +16,19 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def require_cuda(what: str, otherwise: str = "") -> None:
+    """A ModelError unless torch can use a GPU, which `what` (an option) needs; `otherwise`
+    says what to do without one."""
+    if torch.cuda.is_available():
+        return
+    build = ("a CPU build" if torch.version.cuda is None
+             else f"a CUDA {torch.version.cuda} build that finds no GPU")  # fmt: skip
+    raise ModelError(
+        f"{what} needs a GPU, and torch {torch.__version__} is {build}: install a "
+        f"CUDA build of torch (docs/installation.md){otherwise}"
+    )
+
+
 def resolve_dtype(setting: str) -> torch.dtype:
     """`auto`: bfloat16 on CUDA, float32 on CPU."""
     if setting == "auto":

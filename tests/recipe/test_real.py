@@ -191,6 +191,7 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
 
     calls: list[tuple[str, list[str], Sizes]] = []
     minutes: list[float] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --gpu asks for one
     monkeypatch.setattr(
         real, "main", lambda c, o, s, m: calls.append((c, o, s)) or minutes.append(m) or 0
     )
