@@ -2,14 +2,14 @@
 two, exactly.
 
 Accepted spellings of 1000: `1000`, `1,000`, `1{,}000`, `1\\,000`, `1 000`, `1000.0`, `+1000`,
-`01000`, `$1000$`, `\\text{1000}`, `1000^\\circ`, `1000°`, `1000\\%`, `1000 \\text{ cm}`,
-`1000 dollars`, `USD 1000`, `1000 \\text{ m}^2`, `1000 km/h`. There is no tolerance: `2500`, `0.25`
-and `25.1` are not 25 (the released rStar2-Agent grader accepts the first two and `103.99` for
-104). A percent sign divides by 100: `25\\%` is 1/4, so it is not 25 (the caller accepts it when
-the gold itself carries the percent sign). Thousands separators must group digits by three with
-no space (`1,00` and `32, 349` are not integers). A decimal is read exactly (`0.25` is 1/4, never
-a float); `1.5e3` is scientific notation. Anything else — fractions, expressions — is not parsed
-here (`None`); the symbolic path decides.
+`01000`, `$1000$`, `\\$1000`, `1000\\$`, `\\text{1000}`, `1000^\\circ`, `1000°`, `1000\\%`,
+`1000 \\text{ cm}`, `1000 dollars`, `USD 1000`, `1000 \\text{ m}^2`, `1000 km/h`. There is no
+tolerance: `2500`, `0.25` and `25.1` are not 25 (the released rStar2-Agent grader accepts the first
+two and `103.99` for 104). A percent sign divides by 100: `25\\%` is 1/4, so it is not 25 (the
+caller accepts it when the gold itself carries the percent sign). Thousands separators must group
+digits by three with no space (`1,00` and `32, 349` are not integers). A decimal is read exactly
+(`0.25` is 1/4, never a float); `1.5e3` is scientific notation. Anything else — fractions,
+expressions — is not parsed here (`None`); the symbolic path decides.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ _UNIT = r"(?:[A-Za-z]{2,}|(?:(?<=[ /])|^)[mgsLhKVWJN](?=[²³^ /]|$))(?:\^\{?[23
 _UNIT_WORDS = re.compile(rf"\s*{_UNIT}(?:\s*/\s*{_UNIT}|\s+{_UNIT})*\s*")
 
 
+_MATH_DOLLARS = re.compile(r"^\$+|(?<!\\)\$+$")  # `$...$`, not an escaped `\$` at the end
+
+
 def _normalise(text: str) -> str:
-    text = text.strip().strip("$").strip()
+    text = _MATH_DOLLARS.sub("", text.strip()).strip()
     for _ in range(3 if "\\" in text else 0):  # nested wrappers: \text{\textbf{5}}
         text = _WRAPPERS.sub(r"\1", text)
     text = _SPACES.sub(" ", text.replace("\\!", ""))  # a negative space: none at all
