@@ -66,7 +66,7 @@ from codeloop.rollout.hf_engine import (
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.trainer.model import require_cuda
-from codeloop.trainer.profile import device_seconds
+from codeloop.trainer.profile import device_seconds, quiet_profiler
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -249,6 +249,7 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
     took the most of it (self time on the GPU, or on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
+    quiet_profiler()
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:

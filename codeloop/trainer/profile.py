@@ -6,11 +6,13 @@ next batch. With the CUDA timeline recorded (no CPU ops, so the profiler adds li
 host's work), the kernels' summed time over the step's wall time is the share the GPU computed;
 the rest is the host-side waiting. The table of the kernels that took the most time goes to
 `profile_step_NNNNNN.txt` in the run directory. On a CPU the table lists the CPU ops and no
-share is logged.
+share is logged. torch's profiler backend (kineto) prints two lines to stderr for each profile:
+`quiet_profiler` keeps them off the console.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,13 @@ from typing import Any
 import torch
 
 ROWS = 30  # of the table
+KINETO_QUIET = "6"  # a kineto log level above its USDT lines' (5): it prints nothing
+
+
+def quiet_profiler() -> None:
+    """Keep kineto's lines (`USDT: ... profiler_start`, `... profiler_stop`) off the console,
+    unless KINETO_LOG_LEVEL is set. Kineto reads it when the process's first profile starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 
 
 def device_seconds(events: Any) -> float:
@@ -38,6 +47,7 @@ class StepProfile:
     def __init__(self, device: torch.device) -> None:
         from torch.profiler import ProfilerActivity, profile
 
+        quiet_profiler()
         self.cuda = device.type == "cuda"
         self.device = device
         activity = ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU

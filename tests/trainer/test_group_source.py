@@ -4,6 +4,9 @@ each new version inside its `publishing` block, and logs and checkpoints what it
 synchronous source refills groups without signal, within MAX_REFILL_ROUNDS rounds."""
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -242,3 +245,20 @@ def test_a_profile_that_fails_leaves_the_step_alone(
     assert profile.stop(tmp_path, 2) == {}
     assert "no profile of step 2: RuntimeError('no kineto')" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_profiled_step_prints_nothing_of_its_own(tmp_path: Path) -> None:
+    # kineto prints `USDT: ... profiler_start` and `... profiler_stop` on stderr for each
+    # profile unless its log level, read when a process's first profile starts, says not to
+    code = (
+        "import sys, torch; from pathlib import Path; "
+        "from codeloop.trainer.profile import StepProfile; "
+        "p = StepProfile(torch.device('cpu')); p.start(); torch.ones(8).sum(); "
+        "p.stop(Path(sys.argv[1]), 1); print('stopped')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("stopped\n", "")
+    assert (tmp_path / "profile_step_000001.txt").read_text().startswith("RL step 1: ")
