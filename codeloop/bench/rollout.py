@@ -66,7 +66,7 @@ from codeloop.rollout.hf_engine import (
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.trainer.model import require_cuda
-from codeloop.trainer.profile import device_seconds, quiet_profiler
+from codeloop.trainer.profile import device_seconds, op_table, op_times, quiet_profiler, raw_events
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -246,26 +246,24 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
                        device: torch.device) -> str:  # fmt: skip
     """Plain generation under torch.profiler: a summary line (wall time, and on a GPU the time
     its kernels ran: when that is a small share, the host sets the pace), then the ops that
-    took the most of it (self time on the GPU, or on the CPU)."""
+    took the most of it (the kernels on a GPU; on a CPU the CPU ops, each with the ops it
+    calls)."""
     from torch.profiler import ProfilerActivity, profile
 
     quiet_profiler()
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         measured = asyncio.run(_measure(engine, prompts, tokens))
         _sync(device)
-    events = prof.key_averages()
+    times = op_times(raw_events(prof), device=cuda)
     summary = (
         f"  profiled: {measured['seconds']:.1f} s wall, {measured['tokens_per_s']:.1f} tokens/s"
     )
     if cuda:
-        kernels = device_seconds(events)
+        kernels = device_seconds(times)
         summary += (f"; GPU kernels {kernels:.1f} s "
                     f"({100 * kernels / measured['seconds']:.0f}% of the wall time)")  # fmt: skip
-    order = "self_device_time_total" if cuda else "self_cpu_time_total"
-    table: str = events.table(sort_by=order, row_limit=30)
-    return summary + "\n\n" + table
+    return summary + "\n\n" + op_table(times, measured["seconds"])
 
 
 def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int,
@@ -505,8 +503,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--profile", action="store_true",
                         help="also run plain generation once more under torch.profiler: the "
-                             "ops that take the host's and the GPU's time, and the GPU's busy "
-                             "share (written beside --out)")  # fmt: skip
+                             "kernels that take the GPU's time and the GPU's busy share (on a "
+                             "CPU, the ops), written beside --out")  # fmt: skip
     parser.add_argument("--out", default="bench-results/rollout.json", help="JSON report")
     args = parser.parse_args(argv)
 

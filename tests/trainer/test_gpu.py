@@ -67,3 +67,21 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
     for name, value in after.items():  # the engine samples with the trained weights, in bf16
         assert served[name].dtype == torch.bfloat16
         assert torch.equal(value.to(torch.bfloat16), served[name])
+
+
+def test_a_profiled_step_on_the_gpu_reports_its_kernels(tmp_path: Path) -> None:
+    from codeloop.trainer.profile import StepProfile
+
+    device = torch.device("cuda")
+    x = torch.randn(2048, 2048, device=device)
+    profile = StepProfile(device)
+    profile.start()
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+    metrics = profile.stop(tmp_path, 7)
+    assert metrics["profile/gpu_kernels_s"] > 0 and 0 < metrics["profile/gpu_share"] <= 1.05
+    summary, table = (tmp_path / "profile_step_000007.txt").read_text().split("\n\n", 1)
+    assert summary.startswith("RL step 7: ") and "GPU kernels" in summary
+    ops = [line.lower() for line in table.splitlines()[1:]]  # kernel names may hold spaces
+    assert any("gemm" in op or "cutlass" in op for op in ops)  # the matmuls' kernels
+    assert not any(op.startswith("aten::") for op in ops)  # the GPU's timeline only

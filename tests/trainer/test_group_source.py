@@ -168,23 +168,46 @@ def test_no_step_starts_that_would_end_after_the_deadline(
     assert source.calls.count("draw") == steps and source.calls[-1] == "stop"
 
 
-def test_the_gpu_share_counts_each_kernel_once() -> None:
+def test_op_times_sum_each_kernel_once_and_keep_cpu_ops_apart() -> None:
     from torch.profiler import DeviceType
 
-    from codeloop.trainer.profile import device_seconds
+    from codeloop.trainer.profile import OpTime, device_seconds, op_table, op_times
 
-    class Event:
-        def __init__(self, device: DeviceType, self_us: float, annotation: bool = False) -> None:
-            self.device_type, self.self_device_time_total = device, self_us
-            self.is_user_annotation = annotation
+    class Event:  # a raw (kineto) event's methods
+        def __init__(self, name: str, device: DeviceType, ns: int, annotation: bool = False
+                     ) -> None:  # fmt: skip
+            self.values = (name, device, ns, annotation)
 
+        def name(self) -> str:
+            return self.values[0]
+
+        def device_type(self) -> DeviceType:
+            return self.values[1]
+
+        def duration_ns(self) -> int:
+            return self.values[2]
+
+        def is_user_annotation(self) -> bool:
+            return self.values[3]
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
     events = [
-        Event(DeviceType.CPU, 1_500_000),  # aten::mm: its kernel's time again
-        Event(DeviceType.CUDA, 1_500_000),  # the kernel
-        Event(DeviceType.CUDA, 500_000),  # another kernel
-        Event(DeviceType.CUDA, 2_000_000, annotation=True),  # a span someone named
+        Event("aten::mm", cpu, 1_600_000_000),  # the op that launched a kernel, on the host
+        Event("gemm", cuda, 1_500_000_000),
+        Event("softmax", cuda, 500_000_000),
+        Event("gemm", cuda, 250_000_000),  # a second call
+        Event("decode", cuda, 9_000_000_000, annotation=True),  # a span someone named
+        Event("aten::add", cpu, 100_000_000),
     ]
-    assert device_seconds(events) == 2.0
+    kernels = op_times(events, device=True)
+    assert kernels == [OpTime("gemm", 2, 1.75), OpTime("softmax", 1, 0.5)]
+    assert device_seconds(kernels) == 2.25
+    assert op_times(events, device=False) == [OpTime("aten::mm", 1, 1.6),
+                                              OpTime("aten::add", 1, 0.1)]  # fmt: skip
+    table = op_table(kernels, wall=5.0, rows=1).splitlines()
+    assert table[0].split() == ["op", "calls", "seconds", "of", "wall"]
+    assert table[1].split() == ["gemm", "2", "1.750", "35.0%"]  # 1.75 s of 5 s
+    assert table[2].split() == ["(1", "more)", "1", "0.500"]
 
 
 def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroups, RunState]:
@@ -234,14 +257,15 @@ def test_the_synchronous_source_refills_groups_without_signal(
 def test_a_profile_that_fails_leaves_the_step_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from codeloop.trainer import profile as module
     from codeloop.trainer.profile import StepProfile
 
-    def broken() -> None:
+    def broken(profiler: object) -> None:
         raise RuntimeError("no kineto")
 
     profile = StepProfile(torch.device("cpu"))
     profile.start()
-    monkeypatch.setattr(profile.profiler, "key_averages", broken)
+    monkeypatch.setattr(module, "raw_events", broken)
     assert profile.stop(tmp_path, 2) == {}
     assert "no profile of step 2: RuntimeError('no kineto')" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
