@@ -63,6 +63,22 @@ def op_times(events: Iterable[Any], device: bool) -> list[OpTime]:
     return sorted(times, key=lambda op: -op.seconds)
 
 
+def device_span(events: Iterable[Any]) -> float:
+    """Seconds from the first device event's start to the last one's end (0 without any). The
+    profiler keeps a bounded buffer of device records and stops recording when it is full: a
+    span well short of the profiled wall time says the kernels' total misses the rest."""
+    from torch.profiler import DeviceType
+
+    first, last = None, None
+    for event in events:
+        if event.device_type() == DeviceType.CPU or event.is_user_annotation():
+            continue
+        start, end = event.start_ns(), event.end_ns()
+        first = start if first is None else min(first, start)
+        last = end if last is None else max(last, end)
+    return 0.0 if first is None or last is None else (last - first) / 1e9
+
+
 def raw_events(profiler: Any) -> list[Any]:
     """A stopped `torch.profiler.profile`'s raw (kineto) events."""
     return list(profiler.profiler.kineto_results.events())
@@ -105,9 +121,10 @@ class StepProfile:
         self.started = time.perf_counter()
 
     def stop(self, run_dir: Path, step: int, write: bool = True) -> dict[str, float]:
-        """End the profile; write its table (when `write`) and return `profile/gpu_kernels_s`
-        and `profile/gpu_share` (on CUDA; nothing on a CPU). A profile that fails says why on
-        stderr and returns nothing: it is a diagnosis, and the run goes on without it."""
+        """End the profile; write its table (when `write`) and return `profile/gpu_kernels_s`,
+        `profile/gpu_share` and `profile/gpu_span_s` (`device_span`) on CUDA, nothing on a CPU.
+        A profile that fails says why on stderr and returns nothing: it is a diagnosis, and the
+        run goes on without it."""
         try:
             return self._stop(run_dir, step, write)
         except Exception as err:  # noqa: BLE001 - torch's profiler differs between versions
@@ -119,13 +136,16 @@ class StepProfile:
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self.started
         self.profiler.stop()
-        times = op_times(raw_events(self.profiler), device=self.cuda)
+        events = raw_events(self.profiler)
+        times = op_times(events, device=self.cuda)
         metrics, summary = {}, f"RL step {step}: {wall:.2f} s wall"
         if self.cuda:
-            kernels = device_seconds(times)
-            metrics = {"profile/gpu_kernels_s": kernels, "profile/gpu_share": kernels / wall}
+            kernels, span = device_seconds(times), device_span(events)
+            metrics = {"profile/gpu_kernels_s": kernels, "profile/gpu_share": kernels / wall,
+                       "profile/gpu_span_s": span}  # fmt: skip
             summary += (f"; GPU kernels {kernels:.2f} s ({100 * kernels / wall:.0f}%: the rest "
-                        f"is the GPU waiting on the host, tools and the reward)")  # fmt: skip
+                        f"is the GPU waiting on the host, tools and the reward), recorded from "
+                        f"the first to the last over {span:.2f} s")  # fmt: skip
         else:
             summary += "; CPU ops, each with the ops it calls"
         if write:

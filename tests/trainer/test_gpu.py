@@ -80,6 +80,8 @@ def test_a_profiled_step_on_the_gpu_reports_its_kernels(tmp_path: Path) -> None:
         x = torch.tanh(x @ x)
     metrics = profile.stop(tmp_path, 7)
     assert metrics["profile/gpu_kernels_s"] > 0 and 0 < metrics["profile/gpu_share"] <= 1.05
+    # one stream: its kernels run one after another, within the span from the first to the last
+    assert metrics["profile/gpu_kernels_s"] <= metrics["profile/gpu_span_s"] * 1.001
     summary, table = (tmp_path / "profile_step_000007.txt").read_text().split("\n\n", 1)
     assert summary.startswith("RL step 7: ") and "GPU kernels" in summary
     ops = [line.lower() for line in table.splitlines()[1:]]  # kernel names may hold spaces

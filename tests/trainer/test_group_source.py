@@ -171,12 +171,12 @@ def test_no_step_starts_that_would_end_after_the_deadline(
 def test_op_times_sum_each_kernel_once_and_keep_cpu_ops_apart() -> None:
     from torch.profiler import DeviceType
 
-    from codeloop.trainer.profile import OpTime, device_seconds, op_table, op_times
+    from codeloop.trainer.profile import OpTime, device_seconds, device_span, op_table, op_times
 
     class Event:  # a raw (kineto) event's methods
-        def __init__(self, name: str, device: DeviceType, ns: int, annotation: bool = False
-                     ) -> None:  # fmt: skip
-            self.values = (name, device, ns, annotation)
+        def __init__(self, name: str, device: DeviceType, start_s: float, seconds: float,
+                     annotation: bool = False) -> None:  # fmt: skip
+            self.values = (name, device, round(start_s * 1e9), round(seconds * 1e9), annotation)
 
         def name(self) -> str:
             return self.values[0]
@@ -184,24 +184,32 @@ def test_op_times_sum_each_kernel_once_and_keep_cpu_ops_apart() -> None:
         def device_type(self) -> DeviceType:
             return self.values[1]
 
-        def duration_ns(self) -> int:
+        def start_ns(self) -> int:
             return self.values[2]
 
-        def is_user_annotation(self) -> bool:
+        def end_ns(self) -> int:
+            return self.values[2] + self.values[3]
+
+        def duration_ns(self) -> int:
             return self.values[3]
+
+        def is_user_annotation(self) -> bool:
+            return self.values[4]
 
     cuda, cpu = DeviceType.CUDA, DeviceType.CPU
     events = [
-        Event("aten::mm", cpu, 1_600_000_000),  # the op that launched a kernel, on the host
-        Event("gemm", cuda, 1_500_000_000),
-        Event("softmax", cuda, 500_000_000),
-        Event("gemm", cuda, 250_000_000),  # a second call
-        Event("decode", cuda, 9_000_000_000, annotation=True),  # a span someone named
-        Event("aten::add", cpu, 100_000_000),
+        Event("aten::mm", cpu, 0.0, 1.6),  # the op that launched a kernel, on the host
+        Event("gemm", cuda, 1.0, 1.5),  # 1.0-2.5 s
+        Event("softmax", cuda, 3.0, 0.5),  # 3.0-3.5 s
+        Event("gemm", cuda, 2.5, 0.25),  # a second call, recorded out of order
+        Event("decode", cuda, 0.5, 9.0, annotation=True),  # a span someone named
+        Event("aten::add", cpu, 9.0, 0.1),
     ]
     kernels = op_times(events, device=True)
     assert kernels == [OpTime("gemm", 2, 1.75), OpTime("softmax", 1, 0.5)]
     assert device_seconds(kernels) == 2.25
+    assert device_span(events) == 2.5  # 1.0 s to 3.5 s: the host ops and the span left out
+    assert device_span(events[:1]) == 0.0
     assert op_times(events, device=False) == [OpTime("aten::mm", 1, 1.6),
                                               OpTime("aten::add", 1, 0.1)]  # fmt: skip
     table = op_table(kernels, wall=5.0, rows=1).splitlines()
