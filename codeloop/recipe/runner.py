@@ -100,6 +100,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         barrier(world)
         summaries.append(summary)
         carried = run.learner.optimizer_state() | {"state": run.state}
+        del run  # its engine and KV cache go before the next stage builds its own
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
     return summaries

@@ -1,7 +1,9 @@
 import asyncio
+import gc
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World
@@ -57,10 +60,20 @@ def _recipe(fmt: PromptFormat, cfg: Config) -> list[dict]:  # type: ignore[type-
 
 @pytest.mark.slow
 def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
-    fmt: PromptFormat, tmp_path: Path
+    fmt: PromptFormat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    engines_alive: list[int] = []  # when a stage builds its run: the last stage's engine is gone
+
+    def build_run(*args: Any, **kwargs: Any) -> Any:
+        gc.collect()
+        engines_alive.append(sum(isinstance(o, TransformersEngine) for o in gc.get_objects()))
+        return runner_build_run(*args, **kwargs)
+
+    runner_build_run = runner.build_run
+    monkeypatch.setattr(runner, "build_run", build_run)
     cfg = _config(tmp_path)
     summaries = _recipe(fmt, cfg)
+    assert engines_alive == [0, 0, 0]
     assert [s["stage"] for s in summaries] == ["short", "longer", "hard"]
     assert [s["problems"] for s in summaries] == [4, 4, 4]  # an untrained policy solves nothing
     assert summaries[1]["final"]["rollout/response_tokens"] <= 12
