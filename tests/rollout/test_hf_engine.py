@@ -222,6 +222,25 @@ def test_bench_rollout_profiles_plain_generation_on_request(tmp_path: object) ->
     assert first.startswith("aten::")  # torch's ops, by the host's time
 
 
+def test_a_profile_that_fails_leaves_the_rest_of_the_bench(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from codeloop.bench import rollout as bench_rollout
+
+    def broken(*args: object) -> str:
+        raise RuntimeError("no kineto")
+
+    monkeypatch.setattr(bench_rollout, "profile_generation", broken)
+    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
+                            "1", "--tokens", "2", "--tool-turns", "1", "--tool-s", "0.01",
+                            "--device", "cpu", "--profile")  # fmt: skip
+    assert {"continuous", "tools_overlapped", "tools_serialised"} <= set(report["rows"])
+    profiled = (Path(str(tmp_path)) / "rollout.profile.txt").read_text()
+    assert profiled == "  no profile: RuntimeError('no kineto')"
+
+
 def test_the_memory_bound_by_hand() -> None:
     config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=128,
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
