@@ -50,8 +50,9 @@ def test_a_wheel_runs_the_demo_and_config_commands(tmp_path: Path) -> None:
     assert 'output_dir = "runs/real-gpu"' in shown and "engine_max_batch = 256" in shown
     real = subprocess.run(
         [sys.executable, "-c", "import sys; from codeloop.config import load_config; "
-         "from codeloop.recipe.real import GSM8K_TRAIN; from codeloop.data.problems import "
-         "load_problems; from codeloop.rollout.prompt import PromptFormat; "
+         "import codeloop.recipe.real; "
+         "from codeloop.data.problems import GSM8K_TRAIN, load_problems; "
+         "from codeloop.rollout.prompt import PromptFormat; "
          "from codeloop.data.tokenizer import train_tokenizer; "
          "c = load_config('configs/gsm8k_smollm2.toml'); "
          "f = PromptFormat.from_config(train_tokenizer(['a b c'] * 5, 300), c.rollout); "

@@ -53,6 +53,7 @@ import torch
 
 from codeloop.bench.static_engine import StaticBatchEngine
 from codeloop.config import RolloutConfig, SandboxConfig
+from codeloop.data.problems import GSM8K_TRAIN, load_problems
 from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
@@ -204,17 +205,14 @@ def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Gene
             "outside_clip": float(clipped.float().mean()), "tokens": gap.numel()}  # fmt: skip
 
 
-GSM8K_TRAIN = Path(__file__).parents[1] / "data" / "gsm8k" / "train.jsonl"
-
-
 def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
     """The engine's own host work in a decoding step of `rows` agent rows, besides the model's
     and the sampling's kernels (ms a step, averaged over `steps` steps): the draws
     (`uniforms`), and the stop-string checks after a token that can complete one against
     decoding every row's tail. The rows are GSM8K's worked solutions with their calculations
     written as tool calls (the packaged training split, cycled)."""
-    lines = GSM8K_TRAIN.read_text().splitlines()
-    texts = [json.loads(lines[i % len(lines)])["answer"] for i in range(rows)]
+    solutions = [p.solution for p in load_problems(str(GSM8K_TRAIN))]
+    texts = [solutions[i % len(solutions)] for i in range(rows)]
     ids = [tokenizer.encode(t.replace("<<", CALL_OPEN).replace(">>", CALL_CLOSE)) * 4
            for t in texts]  # fmt: skip
     params = SamplingParams(1 << 20, stop=[CALL_CLOSE])

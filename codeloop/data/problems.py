@@ -20,6 +20,8 @@ from typing import Any
 from codeloop.config import DataConfig
 from codeloop.errors import CodeloopError, read_text_input
 
+GSM8K_TRAIN = Path(__file__).parent / "gsm8k" / "train.jsonl"  # packaged; MIT, OpenAI 2021
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from codeloop.config import Config, load_config
-from codeloop.data.problems import Problem, load_problems, split_dev
+from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.eval.evaluate import eval_rollout_config
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.files import directory_atomic, write_atomic
@@ -57,7 +57,6 @@ from codeloop.trainer.model import load_policy, resolve_dtype
 from codeloop.trainer.sft import train_sft
 from codeloop.types import Trajectory
 
-GSM8K_TRAIN = Path(__file__).parents[1] / "data" / "gsm8k" / "train.jsonl"  # MIT, OpenAI 2021
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
 
 

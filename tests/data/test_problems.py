@@ -61,7 +61,7 @@ def test_gsm8k_in_its_original_format(tmp_path: Path) -> None:
 def test_the_packaged_gsm8k_split_loads_whole() -> None:
     import hashlib
 
-    from codeloop.recipe.real import GSM8K_TRAIN
+    from codeloop.data.problems import GSM8K_TRAIN
 
     # verbatim from openai/grade-school-math (train.jsonl at 3101c7d)
     digest = hashlib.sha256(GSM8K_TRAIN.read_bytes()).hexdigest()
