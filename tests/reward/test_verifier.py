@@ -238,7 +238,6 @@ def test_workers_die_with_the_process_that_started_them() -> None:
     assert not any(_alive(p) for p in pids)
 
 
-@pytest.mark.slow
 def test_a_worker_whose_owner_is_gone_stops_without_a_traceback() -> None:
     """Its owner died with its reply unread: the next read fails with ECONNRESET (not EOF),
     which ends the worker as quietly as a closed pipe does."""
@@ -267,6 +266,7 @@ def test_a_worker_whose_owner_is_gone_stops_without_a_traceback() -> None:
     assert outcome == ["returned"]
 
 
+@pytest.mark.slow
 def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
     out = f"{tmp_path}/reward.json"
     command = [sys.executable, "-m", "codeloop", "bench", "reward", "--n", "300", "--n-latex",
