@@ -10,7 +10,7 @@ share is logged.
 
 The figures are read from the profiler's raw events (`op_times`), not from torch's own tables
 (`key_averages()`), which build Python objects per event: for a profile of a million events
-on a 2-core Xeon, 51 s and 4.9 GB at peak, against 4.9 s for one pass over its raw events. An
+on a 2-core Xeon, 51-72 s and 4.9 GB at peak, against 3.5 s for one pass over its raw events. An
 RL step records millions of CPU ops on a CPU, and of the order of a million kernels on a GPU (a
 few hundred a decoding step). torch's profiler backend (kineto) prints two lines
 to stderr for each profile: `quiet_profiler` keeps them off the console.
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class OpTime:
     name: str
     calls: int
     seconds: float
+    first_ns: int = field(default=0, compare=False)  # the earliest start of a call
+    last_ns: int = field(default=0, compare=False)  # the latest end of one
 
 
 def op_times(events: Iterable[Any], device: bool) -> list[OpTime]:
@@ -53,31 +55,28 @@ def op_times(events: Iterable[Any], device: bool) -> list[OpTime]:
     cover kernels), which never nest; else the CPU ops, each timed with the ops it calls."""
     from torch.profiler import DeviceType
 
-    totals: dict[str, list[int]] = {}
+    totals: dict[str, OpTime] = {}
     for event in events:
         if (event.device_type() != DeviceType.CPU) != device or event.is_user_annotation():
             continue
-        entry = totals.setdefault(event.name(), [0, 0])
-        entry[0] += 1
-        entry[1] += event.duration_ns()
-    times = [OpTime(name, calls, ns / 1e9) for name, (calls, ns) in totals.items()]
-    return sorted(times, key=lambda op: -op.seconds)
-
-
-def device_span(events: Iterable[Any]) -> float:
-    """Seconds from the first device event's start to the last one's end (0 without any). The
-    profiler keeps a bounded buffer of device records and stops recording when it is full: a
-    span well short of the profiled wall time says the kernels' total misses the rest."""
-    from torch.profiler import DeviceType
-
-    first, last = None, None
-    for event in events:
-        if event.device_type() == DeviceType.CPU or event.is_user_annotation():
-            continue
         start, end = event.start_ns(), event.end_ns()
-        first = start if first is None else min(first, start)
-        last = end if last is None else max(last, end)
-    return 0.0 if first is None or last is None else (last - first) / 1e9
+        op = totals.get(event.name())
+        if op is None:
+            totals[event.name()] = OpTime(event.name(), 1, (end - start) / 1e9, start, end)
+        else:
+            op.calls, op.seconds = op.calls + 1, op.seconds + (end - start) / 1e9
+            op.first_ns, op.last_ns = min(op.first_ns, start), max(op.last_ns, end)
+    return sorted(totals.values(), key=lambda op: -op.seconds)
+
+
+def device_span(times: list[OpTime]) -> float:
+    """Seconds from the first call's start to the last one's end among `times` (0 without any).
+    The profiler keeps a bounded buffer of device records and stops recording when it is full:
+    a span of the device's ops well short of the profiled wall time says their total misses
+    the rest."""
+    if not times:
+        return 0.0
+    return (max(op.last_ns for op in times) - min(op.first_ns for op in times)) / 1e9
 
 
 def raw_events(profiler: Any) -> list[Any]:
@@ -137,11 +136,10 @@ class StepProfile:
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self.started
         self.profiler.stop()
-        events = raw_events(self.profiler)
-        times = op_times(events, device=self.cuda)
+        times = op_times(raw_events(self.profiler), device=self.cuda)
         metrics, summary = {}, f"RL step {step}: {wall:.2f} s wall"
         if self.cuda:
-            kernels, span = device_seconds(times), device_span(events)
+            kernels, span = device_seconds(times), device_span(times)
             metrics = {"profile/gpu_kernels_s": kernels, "profile/gpu_share": kernels / wall,
                        "profile/gpu_span_s": span}  # fmt: skip
             summary += (f"; GPU kernels {kernels:.2f} s ({100 * kernels / wall:.0f}%: the rest "
