@@ -67,7 +67,7 @@ from codeloop.rollout.hf_engine import (
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.trainer.model import require_cuda
-from codeloop.trainer.profile import device_seconds, op_table, op_times, quiet_profiler, raw_events
+from codeloop.trainer.profile import device_seconds, op_table, op_times, profiler, raw_events
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 T = TypeVar("T")
@@ -246,11 +246,8 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
     its kernels ran: when that is a small share, the host sets the pace), then the ops that
     took the most of it (the kernels on a GPU; on a CPU the CPU ops, each with the ops it
     calls)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    quiet_profiler()
     cuda = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profiler(device) as prof:
         measured = asyncio.run(_measure(engine, prompts, tokens))
         _sync(device)
     times = op_times(raw_events(prof), device=cuda)

@@ -13,7 +13,7 @@ The figures are read from the profiler's raw events (`op_times`), not from torch
 on a 2-core Xeon, 51-72 s and 4.9 GB at peak, against 3.5 s for one pass over its raw events. An
 RL step records millions of CPU ops on a CPU, and of the order of a million kernels on a GPU (a
 few hundred a decoding step). torch's profiler backend (kineto) prints two lines
-to stderr for each profile: `quiet_profiler` keeps them off the console.
+to stderr for each profile: `profiler` keeps them off the console.
 """
 
 from __future__ import annotations
@@ -32,10 +32,16 @@ ROWS = 30  # of the table
 KINETO_QUIET = "6"  # a kineto log level above its USDT lines' (5): it prints nothing
 
 
-def quiet_profiler() -> None:
-    """Keep kineto's lines (`USDT: ... profiler_start`, `... profiler_stop`) off the console,
-    unless KINETO_LOG_LEVEL is set. Kineto reads it when the process's first profile starts."""
+def profiler(device: torch.device) -> Any:
+    """A torch profiler, not started, of the GPU's timeline on CUDA (no CPU ops, so it adds
+    little to the host's work), else of the CPU ops; kineto's lines (`USDT: ...
+    profiler_start`, `... profiler_stop`) kept off the console unless KINETO_LOG_LEVEL is set
+    (kineto reads it when the process's first profile starts)."""
+    from torch.profiler import ProfilerActivity, profile
+
     os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+    cuda = device.type == "cuda"
+    return profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU])
 
 
 @dataclass
@@ -107,13 +113,9 @@ class StepProfile:
     """The profiler around one step: `start()`, then `stop(...)` for its metrics."""
 
     def __init__(self, device: torch.device) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        quiet_profiler()
         self.cuda = device.type == "cuda"
         self.device = device
-        activity = ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU
-        self.profiler = profile(activities=[activity])
+        self.profiler = profiler(device)
         self.started = 0.0
 
     def start(self) -> None:
