@@ -2,6 +2,7 @@ import asyncio
 import gc
 import json
 import shutil
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +63,25 @@ def _recipe(fmt: PromptFormat, cfg: Config) -> list[dict]:  # type: ignore[type-
 def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
     fmt: PromptFormat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    engines: list[weakref.ref[TransformersEngine]] = []  # every engine made
     engines_alive: list[int] = []  # when a stage builds its run: the last stage's engine is gone
+    make_engine = TransformersEngine.__init__
+
+    def made(self: TransformersEngine, *args: Any, **kwargs: Any) -> None:
+        make_engine(self, *args, **kwargs)
+        engines.append(weakref.ref(self))
 
     def build_run(*args: Any, **kwargs: Any) -> Any:
         gc.collect()
-        engines_alive.append(sum(isinstance(o, TransformersEngine) for o in gc.get_objects()))
+        engines_alive.append(sum(engine() is not None for engine in engines))
         return runner_build_run(*args, **kwargs)
 
     runner_build_run = runner.build_run
+    monkeypatch.setattr(TransformersEngine, "__init__", made)
     monkeypatch.setattr(runner, "build_run", build_run)
     cfg = _config(tmp_path)
     summaries = _recipe(fmt, cfg)
-    assert engines_alive == [0, 0, 0]
+    assert engines_alive == [0, 0, 0] and len(engines) == 3  # one engine a stage
     assert [s["stage"] for s in summaries] == ["short", "longer", "hard"]
     assert [s["problems"] for s in summaries] == [4, 4, 4]  # an untrained policy solves nothing
     assert summaries[1]["final"]["rollout/response_tokens"] <= 12
