@@ -24,8 +24,12 @@ def _served(server: Server) -> int:
     return sum(int(n) for n in re.findall(r'sandbox_calls_total\{status="\w+"\} (\d+)', text))
 
 
-def _kill_then_restart(server: Server, after_s: float, down_s: float, box: list[Server]) -> None:
-    time.sleep(after_s)
+def _kill_then_restart(server: Server, down_s: float, box: list[Server]) -> None:
+    """Kills `server` once it has answered a call (in the middle of the work, however fast the
+    machine), and starts it again on its port `down_s` later."""
+    deadline = time.monotonic() + 60
+    while _served(server) == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
     server.process.send_signal(signal.SIGKILL)
     server.process.wait()
     time.sleep(down_s)
@@ -36,7 +40,7 @@ def test_a_server_killed_mid_work_loses_and_duplicates_nothing_and_rejoins() -> 
     a, b = Server(), Server()
     restarted: list[Server] = []
     try:
-        killer = threading.Thread(target=_kill_then_restart, args=(a, 0.8, 1.0, restarted))
+        killer = threading.Thread(target=_kill_then_restart, args=(a, 1.0, restarted))
 
         async def main() -> tuple[list[object], list[object], float]:
             async with SandboxClient([a.url, b.url], CFG) as client:
@@ -76,7 +80,7 @@ def test_a_session_call_on_a_dying_server_is_an_error_not_a_silent_rerun() -> No
                         )
                     )
                 )
-                await asyncio.sleep(1.0)
+                await asyncio.to_thread(a.wait_in_flight)
                 a.process.send_signal(signal.SIGKILL)
                 return first, await call
 

@@ -66,6 +66,14 @@ class Server:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(30)
 
+    def wait_in_flight(self, calls: int = 1) -> None:
+        """Returns once the server runs `calls` calls: a test that needs a call in flight waits
+        for it, not for a time chosen on one machine."""
+        deadline = time.monotonic() + 60
+        while f"sandbox_in_flight {calls}\n" not in self.get("/metrics")[1]:
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.02)
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
@@ -120,7 +128,7 @@ def test_full_queue_answers_429_with_retry_after(server: Server) -> None:
         target=server.post, args=("/v1/execute", {"code": "import time; time.sleep(1.5)"})
     )
     busy.start()
-    time.sleep(0.5)
+    server.wait_in_flight()
     status, payload, headers = server.post("/v1/execute/batch", [{"code": "1"}] * 200)
     busy.join()
     assert status == 429 and "queue full" in payload["error"]
@@ -163,7 +171,7 @@ def test_a_long_call_does_not_hold_up_the_queue() -> None:
         spinner = threading.Thread(target=srv.post, args=(
             "/v1/execute", {"code": "while True: pass", "timeout_s": 5}))  # fmt: skip
         spinner.start()
-        time.sleep(0.2)
+        srv.wait_in_flight()
         start = time.monotonic()
         status, payload, _ = srv.post(
             "/v1/execute/batch", [{"code": f"print({i})"} for i in range(5)]
@@ -196,7 +204,7 @@ def test_graceful_shutdown_answers_calls_in_flight() -> None:
         )
     )
     call.start()
-    time.sleep(0.5)
+    srv.wait_in_flight()
     assert srv.stop() == 0
     call.join(10)
     assert answers and answers[0][0] == 200 and answers[0][1]["stdout"] == "finished\n"

@@ -22,6 +22,7 @@ STEPS = 6
 # as step 4's update starts, while writing step 4's checkpoint, in the middle of a rollout
 POINTS = [("logged", 3), ("update", 2), ("checkpoint", 1), ("rollout", 40)]
 RANDOM_STEPS = 16
+KILLS = 5
 SAME = ("rollout/response_tokens", "rollout/status_no_answer", "reward/mean", "loss/lr")
 
 
@@ -81,6 +82,18 @@ def test_a_run_killed_at_chosen_moments_logs_each_step_once(
         ]
 
 
+def _random_kill(rng: random.Random, run_dir: Path, steps: int) -> tuple[str, int]:
+    """A kill point drawn by the run's progress, never by the clock, so that a fast machine is
+    killed as often as a slow one: the restarted run resumes at its last checkpoint, so it has
+    `left` steps to go, each with at least one update, one log line, one sampled token and (every
+    second step) one checkpoint; the Nth of these is drawn among those it will surely reach."""
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    left = steps - (int(checkpoints[-1].name.removeprefix("step_")) if checkpoints else 0)
+    point = rng.choice(["rollout", "update", "checkpoint", "logged"])
+    reached = {"rollout": left, "update": left, "logged": left, "checkpoint": left // 2}
+    return point, rng.randint(1, reached[point])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_killed_at_random_moments_logs_each_step_once(
@@ -89,22 +102,16 @@ def test_a_run_killed_at_random_moments_logs_each_step_once(
     args = _train_args(trainer_fmt, tmp_path, mode, steps=RANDOM_STEPS)
     rng = random.Random(f"{mode}-kills")
     killed = []
-    for _ in range(8):
-        run = _start(["-m", "codeloop", *args])
-        try:  # the process takes ~3 s to start and ~0.2 s a step on two cores
-            run.wait(timeout=rng.uniform(2.0, 6.0))
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
-            killed.append(run.pid)
-            continue
-        assert run.returncode == 0, run.stderr.read()[-3000:] if run.stderr else ""
-        break
-    else:
-        run = _start(["-m", "codeloop", *args])
-        assert run.wait(timeout=300) == 0
+    for _ in range(KILLS):
+        point, n = _random_kill(rng, tmp_path / "run", RANDOM_STEPS)
+        run = _start([str(KILL_AT), point, str(n), *args])
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
+        killed.append(run.pid)
+    run = _start(["-m", "codeloop", *args])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
     _check_whole(tmp_path / "run", killed, RANDOM_STEPS)
-    assert len(killed) >= 3  # the test did what it says
 
 
 @pytest.mark.slow
