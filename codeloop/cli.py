@@ -203,18 +203,73 @@ def _eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from codeloop.data.problems import load_problems
-    from codeloop.eval.evaluate import evaluate, open_policy
+    from codeloop.eval.evaluate import close_policy, evaluate, open_policy
+    from codeloop.eval.intervals import percent
 
     cfg = _policy_config(args)
     if args.k is not None:
         set_value(cfg, "eval.k", args.k, "command line")
     problems = load_problems(args.data, cfg.data)  # a bad file fails before a model loads
+    if args.endpoint:
+        from codeloop.rollout.openai_engine import check_reachable
+
+        asyncio.run(check_reachable(args.endpoint))
     engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
     out = args.out or str(Path("runs/eval") / Path(args.data).stem)
-    summary = asyncio.run(_with_tools(cfg, lambda tools: evaluate(
-        engine, tools, fmt, problems, cfg, out, args.concurrency, args.seed)))  # fmt: skip
+
+    async def run(tools: Any) -> dict[str, Any]:
+        try:
+            return await evaluate(engine, tools, fmt, problems, cfg, out, args.concurrency,
+                                  args.seed)  # fmt: skip
+        finally:
+            await close_policy(engine)
+
+    summary = asyncio.run(_with_tools(cfg, run))
     print(json.dumps(summary, indent=2))
+    k, scored = summary["k"], f"avg@{summary['k']}"
+    print(f"{scored} {percent(summary[scored], summary[scored + '_interval95'])} "
+          f"(95% interval) over {summary['problems']} problems x {k} samples")  # fmt: skip
     print(f"per-problem results in {out}/results.jsonl; browse with: codeloop view {out}")
+    if failed := summary.get("infrastructure_failures"):
+        print(f"codeloop eval: {failed['trajectories']} trajectories of {failed['problems']} "
+              "problems failed in the engine, the server or the sandbox and are not scored; "
+              "run the same command again to sample them again", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from codeloop.errors import InputFileError
+    from codeloop.eval.evaluate import read_done
+    from codeloop.eval.intervals import compare, interval, percent, problem_scores, verdict
+
+    scores = []
+    for given in (args.a, args.b):
+        path = Path(given)
+        folder = path.parent if path.name == "results.jsonl" else path
+        if not (folder / "results.jsonl").is_file():
+            raise InputFileError(f"{given}: no results.jsonl (give a codeloop eval output "
+                                 "directory or its results.jsonl)")  # fmt: skip
+        scores.append(problem_scores(list(read_done(folder).values())))
+    a, b = scores
+    if not set(a) & set(b):
+        raise InputFileError(f"{args.a} and {args.b} share no problem id: nothing to pair")
+    result = compare(a, b, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    common = sorted(set(a) & set(b))
+    for name, given, values in (("A", args.a, a), ("B", args.b, b)):
+        shares = [values[i] for i in common]
+        mean = sum(shares) / len(shares)
+        print(f"{name}: {percent(mean, interval(shares, args.seed))}  {given}")
+    if result["only_in_a"] or result["only_in_b"]:
+        print(f"paired over the {result['problems']} problems both scored (left out: "
+              f"{result['only_in_a']} only in A, {result['only_in_b']} only in B)")  # fmt: skip
+    print(verdict(result))
     return 0
 
 
@@ -231,6 +286,16 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
                                          "an unfinished one is resumed")  # fmt: skip
     evaluate.add_argument("--concurrency", type=int, default=32, help="problems in flight")
     evaluate.set_defaults(run=_eval)
+    paired = commands.add_parser(
+        "compare", help="B against A on the problems both evaluated: the paired difference in "
+        "avg@k with its 95% interval and p-value",
+        usage="codeloop compare A B [--json]",
+    )  # fmt: skip
+    paired.add_argument("a", metavar="A", help="a codeloop eval output directory (the baseline)")
+    paired.add_argument("b", metavar="B", help="another one, on the same problems")
+    paired.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    paired.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    paired.set_defaults(run=_compare)
     view = commands.add_parser("view", help="write a static HTML report of a run's trajectories")
     view.add_argument("run_dir", help="a training, recipe or evaluation output directory")
     view.add_argument("--out", help="HTML file to write (default RUN_DIR/view.html)")

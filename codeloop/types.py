@@ -228,6 +228,12 @@ class Trajectory:
         it (it is left out of the group) and tool-error statistics leave its faults out."""
         return any(record.infra_fault for record in self.tool_calls)
 
+    @property
+    def unscorable(self) -> bool:
+        """Infrastructure, not the model, decided its end: the engine or server failed (status
+        `error`) or the sandbox failed a call. Evaluations leave it out of their scores."""
+        return self.status == RolloutStatus.ERROR or self.infra_fault
+
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["status"] = str(self.status)

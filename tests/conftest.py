@@ -29,8 +29,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+class ServedURL(str):
+    """A served model's URL; `process` is its `codeloop serve` (a test may kill it)."""
+
+    process: subprocess.Popen[bytes]
+
+
 @contextlib.contextmanager
-def _codeloop_serve(model: Path, *options: str) -> Iterator[str]:
+def _codeloop_serve(model: Path, *options: str) -> Iterator[ServedURL]:
     """`codeloop serve --model MODEL OPTIONS` on a free port; yields its URL once healthy."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -38,7 +44,8 @@ def _codeloop_serve(model: Path, *options: str) -> Iterator[str]:
     command = [sys.executable, "-m", "codeloop", "serve", "--model", str(model),
                "--port", str(port), *options]  # fmt: skip
     server = subprocess.Popen(command)
-    url = f"http://127.0.0.1:{port}"
+    url = ServedURL(f"http://127.0.0.1:{port}")
+    url.process = server
     deadline = time.monotonic() + 60
     try:
         while True:

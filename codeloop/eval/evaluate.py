@@ -8,11 +8,16 @@ The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up 
   killed evaluation continues with the problems that have none.
 - `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
   problem and gold answer; `codeloop view` and `codeloop entropy` read it.
-- `summary.json`: avg@k (pass@1), unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean
-  response and policy tokens and turns, tool calls per trajectory, tool-error ratio, statuses,
-  the share of trajectories that call the tool (`tool_use`) and of those cut off inside a call
-  (`cut_off_in_call`), and the share of calls that are malformed (`rollout/stats.py`, as RL
-  logs them).
+- `summary.json`: avg@k (pass@1) with its 95% interval over problems (`eval/intervals.py`),
+  unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean response and policy tokens and
+  turns, tool calls per trajectory, tool-error ratio, statuses, the share of trajectories that
+  call the tool (`tool_use`) and of those cut off inside a call (`cut_off_in_call`), and the
+  share of calls that are malformed (`rollout/stats.py`, as RL logs them).
+
+A problem with a trajectory that infrastructure failed (the engine or server failed, or the
+sandbox failed a call: `Trajectory.unscorable`) gets no results line and is not scored; the
+summary counts them (`infrastructure_failures`), and running the same command again samples
+them again.
 
 Samples are seeded by (seed, problem id, sample index), so a resumed run samples what the
 uninterrupted one would have.
@@ -30,6 +35,8 @@ from typing import Any
 
 from codeloop.config import Config, RolloutConfig
 from codeloop.data.problems import DataError, Problem
+from codeloop.errors import RunError
+from codeloop.eval.intervals import METHOD, interval, problem_scores
 from codeloop.eval.metrics import majority_correct, summarise
 from codeloop.files import write_atomic
 from codeloop.progress import progress_bar
@@ -79,6 +86,16 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     return engine, fmt
 
 
+async def close_policy(engine: Engine | Scheduler) -> None:
+    """Close the HTTP sessions of served engines (an in-process engine has none)."""
+    from codeloop.rollout.openai_engine import OpenAIEngine
+
+    engines = [s.engine for s in engine.slots] if isinstance(engine, Scheduler) else [engine]
+    for one in engines:
+        if isinstance(one, OpenAIEngine):
+            await one.close()
+
+
 def eval_rollout_config(cfg: Config) -> RolloutConfig:
     """The rollout settings with the `[eval]` section's sampling and budgets."""
     e = cfg.eval
@@ -111,6 +128,8 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "k": k,
         **{("avg@" + str(k) if key == "avg" else key): value
            for key, value in summarise([r["correct"] for r in results], k_values).items()},
+        f"avg@{k}_interval95": list(interval(list(problem_scores(results).values()))),
+        "interval_method": METHOD,
         f"maj@{k}": sum(majority_correct(r["answers"], r["correct"]) for r in results)
         / len(results),
         "response_tokens": found["response_tokens"],
@@ -185,6 +204,7 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
             return problem, groups[0]
 
     todo = [p for p in problems if p.id not in done]
+    failed = Counter[str]()
     try:
         with (out / "trajectories.jsonl").open("a") as traj_file, \
                 (out / "results.jsonl").open("a") as results_file, \
@@ -192,6 +212,10 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
                      unit="problem") as bar:  # fmt: skip
             for finished in asyncio.as_completed([one(p) for p in todo]):
                 problem, samples = await finished
+                bar.update()
+                if lost := sum(t.unscorable for t in samples):  # a rerun samples it again
+                    failed.update(problems=1, trajectories=lost)
+                    continue
                 for t in samples:
                     record = {**t.to_dict(), "problem": problem.problem, "gold": problem.answer}
                     traj_file.write(json.dumps(record) + "\n")
@@ -199,9 +223,15 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
                 done[problem.id] = problem_result(problem, samples)
                 results_file.write(json.dumps(done[problem.id]) + "\n")
                 results_file.flush()
-                bar.update()
     finally:
         verifier.close()
+    if not done:
+        raise RunError(
+            f"no problem could be scored: {failed['trajectories']} trajectories "
+            "failed in the engine, the server or the sandbox (see the log above)"
+        )
     result = summary([done[i] for i in ids if i in done])
+    if failed:
+        result["infrastructure_failures"] = dict(failed)
     write_atomic(out / "summary.json", json.dumps(result, indent=2) + "\n")
     return result

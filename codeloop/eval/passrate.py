@@ -13,6 +13,8 @@ from typing import Any
 from codeloop.config import RewardConfig, RolloutConfig
 from codeloop.data.curate import Removal
 from codeloop.data.problems import Problem
+from codeloop.errors import RunError
+from codeloop.eval.intervals import interval
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import ToolExecutor
@@ -37,13 +39,38 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
         return await collect(agent, problems, k, verifier, seed, progress=progress)
 
 
-def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-    """Accuracy (avg@k), mean response and policy tokens, tool calls, and the tool-error ratio
-    among correct answers (`rollout/stats.py`)."""
-    found = trajectory_stats([t for g in groups for t in g])
+def problem_shares(groups: Sequence[Sequence[Trajectory]]) -> tuple[dict[str, float], int]:
+    """({problem id: share of its samples that are correct}, trajectories left out): the
+    samples that infrastructure failed (`Trajectory.unscorable`) are not scored; a problem
+    with none left is not in the result."""
+    shares, failed = {}, 0
+    for group in groups:
+        kept = [t for t in group if not t.unscorable]
+        failed += len(group) - len(kept)
+        if kept:
+            shares[kept[0].prompt_id] = sum(t.reward == 1.0 for t in kept) / len(kept)
+    return shares, failed
+
+
+def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
+    """Accuracy (avg@k) with its 95% interval over problems (`eval/intervals.py`) and each
+    problem's share (`per_problem`, for paired comparisons), mean response and policy tokens,
+    tool calls, and the tool-error ratio among correct answers (`rollout/stats.py`), over the
+    trajectories that infrastructure did not fail (`infrastructure_failures` counts those)."""
+    shares, failed = problem_shares(groups)
+    if not shares:
+        raise RunError(f"all {failed} trajectories failed in the engine or the sandbox: "
+                          "nothing to score")  # fmt: skip
+    found = trajectory_stats([t for g in groups for t in g if not t.unscorable])
     keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct",
             "tool_calls")  # fmt: skip
-    return {key: found[key] for key in keys}
+    return {
+        **{key: found[key] for key in keys},
+        "accuracy_interval95": list(interval(list(shares.values()))),
+        "problems": len(shares),
+        "infrastructure_failures": failed,
+        "per_problem": shares,
+    }
 
 
 async def pass_rates(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,

@@ -35,6 +35,7 @@ from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.eval.intervals import accuracy_text, first_vs_last
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.recipe.runner import run_recipe
@@ -118,7 +119,7 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
 
 
 async def evaluate(model: Any, fmt: PromptFormat, held_out: list[Problem], tools: Any, cfg: Config,
-                   seed: int, samples: int) -> dict[str, float]:  # fmt: skip
+                   seed: int, samples: int) -> dict[str, Any]:  # fmt: skip
     """Held-out metrics of `model`: `samples` trajectories per problem at the rollout settings."""
     dtype = resolve_dtype(cfg.trainer.dtype)
     groups = await score_snapshot(model, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
@@ -202,7 +203,7 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
 
 def _print_point(point: dict[str, Any]) -> None:
     errors = 100 * point["tool_error_ratio_correct"]
-    print(f"[{point['stage']}] held-out accuracy {100 * point['accuracy']:.1f}%, "
+    print(f"[{point['stage']}] held-out accuracy {accuracy_text(point)}, "
           f"response {point['response_tokens']:.0f} tokens, "
           f"tool errors among correct {errors:.1f}%", flush=True)  # fmt: skip
 
@@ -218,8 +219,15 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     for ax, key, title in zip(axes, ("accuracy", "response_tokens", "tool_error_ratio_correct"),
                               ("held-out accuracy", "mean response tokens",
                                "tool-error ratio among correct"), strict=True):  # fmt: skip
-        ax.plot(stages, [p[key] for p in points], marker="o")
-        ax.set_title(title)
+        values = [p[key] for p in points]
+        bounds = [p.get(key + "_interval95") for p in points]
+        if all(bounds):  # the 95% interval as error bars
+            below = [v - b[0] for v, b in zip(values, bounds, strict=True)]  # type: ignore[index]
+            above = [b[1] - v for v, b in zip(values, bounds, strict=True)]  # type: ignore[index]
+            ax.errorbar(stages, values, yerr=[below, above], marker="o", capsize=4)
+        else:
+            ax.plot(stages, values, marker="o")
+        ax.set_title(title + (" (95% interval)" if all(bounds) else ""))
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -340,7 +348,7 @@ def _plot_modes(results: dict[str, Any], path: Path) -> None:
 def main(run_dir: str, seed: int, overrides: list[str]) -> int:
     summary = asyncio.run(run_demo(Path(run_dir), seed, overrides=overrides))
     first, last = summary["points"][0], summary["points"][-1]
-    before, after = 100 * first["accuracy"], 100 * last["accuracy"]
-    print(f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {before:.1f}% after SFT -> "
-          f"{after:.1f}% after RL; plot {run_dir}/curves.png")  # fmt: skip
+    print(f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {accuracy_text(first)} after "
+          f"SFT -> {accuracy_text(last)} after RL; plot {run_dir}/curves.png")  # fmt: skip
+    print(first_vs_last(summary["points"], "held-out accuracy"))
     return 0

@@ -41,6 +41,7 @@ import torch
 from codeloop.config import Config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.eval.evaluate import eval_rollout_config
+from codeloop.eval.intervals import accuracy_text, first_vs_last
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.memory import trim_when_above
@@ -89,12 +90,12 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     those that ran out of tokens inside a call they had opened (a cell repeating itself up to
     the length limit: never run, so not counted as calling the tool), and of calls that are
     malformed (`rollout/stats.py`)."""
-    found = trajectory_stats([t for g in groups for t in g])
+    found = trajectory_stats([t for g in groups for t in g if not t.unscorable])
     return {key: found[key] for key in ("tool_use", "cut_off_in_call", "malformed_calls")}
 
 
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
-                   cfg: Config, samples: int) -> dict[str, float]:  # fmt: skip
+                   cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
     """Development-split metrics of `model` at the `[eval]` sampling settings."""
     # The reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when set):
     # unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation past
@@ -231,7 +232,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
 
 def _print_point(point: dict[str, Any]) -> None:
     cut_off = point.get("cut_off_in_call")  # not in the points of runs of older versions
-    print(f"[{point['stage']}] dev pass@1 {100 * point['accuracy']:.1f}%, "
+    print(f"[{point['stage']}] dev pass@1 {accuracy_text(point)}, "
           f"tool use {100 * point['tool_use']:.0f}%, "
           + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")
           + f"malformed calls {100 * point['malformed_calls']:.1f}%, "
@@ -244,7 +245,8 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
     torch.manual_seed(cfg.trainer.seed)
     summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
-    print(f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {100 * first['accuracy']:.1f}% "
-          f"after SFT -> {100 * last['accuracy']:.1f}% after RL ({last['stage']}); "
+    print(f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {accuracy_text(first)} after SFT -> "
+          f"{accuracy_text(last)} after RL ({last['stage']}); "
           f"{cfg.trainer.output_dir}/summary.json")  # fmt: skip
+    print(first_vs_last(summary["points"], "dev pass@1"))
     return 0

@@ -73,8 +73,8 @@ async def run_trajectory(
                                 None if seed is None else seed + turns)  # fmt: skip
         try:
             generation = await engine.generate(prompt_ids + response.ids, params)
-        except Exception:
-            log.exception("engine failed on %s#%d", prompt_id, sample_index)
+        except Exception as err:
+            _engine_failed(f"{prompt_id}#{sample_index}", err)
             status = RolloutStatus.ERROR
             break
         turns += 1
@@ -102,6 +102,21 @@ async def run_trajectory(
     return Trajectory(prompt_id, sample_index, list(prompt_ids), response.ids, response.mask,
                       response.logprobs, status, records, turns, text=text,
                       versions=response.versions)  # fmt: skip
+
+
+_failures = 0
+
+
+def _engine_failed(who: str, err: Exception) -> None:
+    """The first engine failure of a process is a warning line (a dead server fails every
+    trajectory after it: one line, not hundreds); each one's traceback is logged at debug
+    level. The trajectory's `error` status carries it to the run's counts."""
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        log.warning("engine failed on %s: %s: %s (later failures are counted in the statuses, "
+                    "not logged)", who, type(err).__name__, err)  # fmt: skip
+    log.debug("engine failed on %s", who, exc_info=err)
 
 
 def _has_answer(turn_text: str) -> bool:

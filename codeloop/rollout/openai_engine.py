@@ -22,6 +22,7 @@ their docs, not checked against a live server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Sequence
@@ -126,6 +127,19 @@ class OpenAIEngine:
                 )
             payload: dict[str, Any] = await response.json()
             return payload
+
+
+async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
+    """An `EngineError` naming the first server that does not answer HTTP at all (refused,
+    unknown host, no answer in `timeout_s`): any answer, even 404, means a server is there."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        for url in urls:
+            try:
+                async with session.get(url.rstrip("/") + "/health"):
+                    pass
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+                why = str(err) or type(err).__name__
+                raise EngineError(f"cannot reach the server at {url} ({why})") from None
 
 
 def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIEngine]:

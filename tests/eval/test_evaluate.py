@@ -4,8 +4,10 @@ real thing end to end through `codeloop serve` with the local sandbox."""
 import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,10 @@ def test_metrics_match_hand_computed_values(scripted_run: tuple[Path, dict]) -> 
     assert summary["problems"] == 5 and summary["k"] == K
     assert summary["avg@4"] == pytest.approx(10 / 20)
     assert summary["pass@1"] == pytest.approx(10 / 20)
+    # shares 0, 1/4, 1/2, 3/4, 1 resampled over problems: their standard deviation is
+    # sqrt(1/8), the mean's standard error sqrt(1/40) = 0.158, so about 0.5 -+ 0.31
+    low, high = summary["avg@4_interval95"]
+    assert low == pytest.approx(0.19, abs=0.05) and high == pytest.approx(0.81, abs=0.05)
     # pass@2: 0, 1 - C(3,2)/C(4,2) = 1/2, 1 - 1/6, 1, 1
     assert summary["pass@2"] == pytest.approx((0 + 0.5 + 5 / 6 + 1 + 1) / 5)
     assert summary["pass@4"] == pytest.approx(4 / 5)
@@ -137,6 +143,68 @@ def test_eval_command_through_codeloop_serve(
         assert len(t["logprobs"]) == len(t["response_ids"]) == len(t["loss_mask"])
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0 and json.loads((out / "summary.json").read_text()) == summary
+
+
+def _eval_command(url: str, model_dir: Path, data: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "codeloop", "eval", "--endpoint", url, "--tokenizer",
+            str(model_dir), "--data", str(data), "--k", "2", "--out", str(out),
+            "--eval.max_response_tokens", "48", "--eval.max_turns", "3", "--sandbox.workers", "1",
+            "--concurrency", "1"]  # fmt: skip
+
+
+def _bench_file(path: Path, count: int) -> Path:
+    rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}
+            for i in range(count)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_an_unreachable_server_stops_the_evaluation_naming_it(
+    fmt: PromptFormat, tmp_path: Path
+) -> None:
+    fmt.tokenizer.save_pretrained(tmp_path / "tok")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    command = _eval_command(url, tmp_path / "tok", _bench_file(tmp_path / "b.jsonl", 2),
+                            tmp_path / "out")  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"codeloop eval: cannot reach the server at {url} (")
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_evaluation_scores_only_what_it_generated(
+    fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    model_dir = tmp_path / "policy"
+    tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(model_dir)
+    fmt.tokenizer.save_pretrained(model_dir)
+    total, out = 60, tmp_path / "out"
+    with codeloop_serve(model_dir) as url:
+        evaluation = subprocess.Popen(
+            _eval_command(url, model_dir, _bench_file(tmp_path / "b.jsonl", total), out),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        results = out / "results.jsonl"
+        while not results.is_file() or len(results.read_text().splitlines()) < 3:
+            assert evaluation.poll() is None, evaluation.communicate()
+            time.sleep(0.01)
+        url.process.kill()  # mid-evaluation: problems one at a time, 57 or fewer to go
+        stdout, stderr = evaluation.communicate(timeout=300)
+    assert evaluation.returncode == 1, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    scored = read_jsonl(results)
+    assert 3 <= summary["problems"] == len(scored) < total
+    failed = summary["infrastructure_failures"]
+    assert failed["problems"] == total - len(scored)
+    assert failed["problems"] <= failed["trajectories"] <= 2 * failed["problems"]
+    assert summary["statuses"].get("error", 0.0) == 0.0  # none of the failures is scored
+    assert len(read_jsonl(out / "trajectories.jsonl")) == 2 * len(scored)
+    assert "are not scored" in stderr and "Unclosed" not in stderr and "Traceback" not in stderr
+    said = [line for line in stderr.splitlines() if not line.startswith("eval: ")]  # progress
+    assert len(said) == 2 and said[0].startswith("engine failed on q"), stderr  # cause, count
 
 
 def test_eval_without_a_policy_is_an_error(tmp_path: Path) -> None:
