@@ -288,7 +288,7 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     evaluate.set_defaults(run=_eval)
     paired = commands.add_parser(
         "compare", help="B against A on the problems both evaluated: the paired difference in "
-        "avg@k with its 95% interval and p-value",
+        "avg@k with its 95%% interval and p-value",
         usage="codeloop compare A B [--json]",
     )  # fmt: skip
     paired.add_argument("a", metavar="A", help="a codeloop eval output directory (the baseline)")

@@ -635,9 +635,11 @@ POLICY_TEMPLATE = "codeloop_chat_template.jinja"  # the chat template it was tra
 
 
 def apply_policy_settings(cfg: Config, directory: str | Path) -> bool:
-    """Set `cfg`'s prompt format (`rollout.chat_template`, `system_prompt`, `user_instruction`)
-    and `[eval]` from the `POLICY_SETTINGS` a trained policy's directory holds; whether it held
-    one. A policy is then prompted as it was trained without the config that trained it."""
+    """Set `cfg`'s prompt format (`rollout.chat_template`, `system_prompt`, `user_instruction`),
+    the turn budgets it was trained with (`rollout.max_tokens_per_turn`,
+    `max_tool_response_chars`) and `[eval]` from the `POLICY_SETTINGS` a trained policy's
+    directory holds; whether it held one. A policy is then prompted and sampled as it was
+    trained without the config that trained it (command-line overrides come after)."""
     path = Path(directory) / POLICY_SETTINGS
     if not path.is_file():
         return False

@@ -7,8 +7,8 @@ import pytest
 from codeloop.cli import main, split_overrides
 from codeloop.config import load_config
 
-TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "view", "entropy", "demo",
-             "data", "bench", "config"]  # fmt: skip
+TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "compare", "view", "entropy",
+             "demo", "data", "bench", "config"]  # fmt: skip
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:

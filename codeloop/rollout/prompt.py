@@ -38,6 +38,9 @@ USER_INSTRUCTION = (
     "number in \\boxed{{}}.\n\n{problem}"
 )
 STOP_STRINGS = [CALL_CLOSE]
+# `[rollout]` settings that shape a trajectory's turns, saved beside a trained policy (the
+# trajectory's budgets and sampling at evaluation are `[eval]`'s, saved with them)
+TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars")
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 
@@ -56,6 +59,7 @@ class PromptFormat:
             path = inside
         self.template = read_text_input(path, "rollout.chat_template")
         self.eval_settings: dict[str, Any] = {}  # saved beside a trained policy
+        self.turn_settings: dict[str, Any] = {}  # the rollout budgets it was trained with
         self.tools = list(tools)
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = self._end_of_turn_ids()
@@ -67,18 +71,23 @@ class PromptFormat:
         fmt = cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
                   cfg.user_instruction or USER_INSTRUCTION)  # fmt: skip
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
+        fmt.turn_settings = {key: getattr(cfg, key) for key in TURN_SETTINGS}
         return fmt
 
     def save_pretrained(self, directory: str | Path) -> None:
         """The tokenizer, and beside it what renders this format (the template's text, the
-        system prompt, the instruction) and the evaluation settings, so that `codeloop eval
-        --model DIR` prompts a trained policy as it was trained (`config.POLICY_SETTINGS`)."""
+        system prompt, the instruction), the budgets of a turn it was trained with
+        (`TURN_SETTINGS`) and the evaluation settings (trajectory budgets, turn limit,
+        sampling), so that `codeloop eval --model DIR` prompts and samples a trained policy as
+        it was trained (`config.POLICY_SETTINGS`). The stop strings and the tools' schemas are
+        recorded too (`trajectory`): fixed in this version, they say what the policy saw."""
         out = Path(directory)
         self.tokenizer.save_pretrained(out)
         (out / POLICY_TEMPLATE).write_text(self.template)
         rollout = {"chat_template": POLICY_TEMPLATE, "system_prompt": self.system_prompt,
-                   "user_instruction": self.user_instruction}  # fmt: skip
-        settings = {"rollout": rollout, "eval": self.eval_settings}
+                   "user_instruction": self.user_instruction, **self.turn_settings}  # fmt: skip
+        settings = {"rollout": rollout, "eval": self.eval_settings,
+                    "trajectory": {"stop": STOP_STRINGS, "tools": self.tools}}  # fmt: skip
         (out / POLICY_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

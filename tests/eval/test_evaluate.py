@@ -266,8 +266,9 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     demo_template = Path(__file__).resolve().parents[2] / "codeloop/recipe/demo_chat_template.jinja"
     config = tmp_path / "trained.toml"
     config.write_text(f'[rollout]\nchat_template = "{demo_template}"\n'
-                      'system_prompt = "Be brief."\n[eval]\ntemperature = 0.9\nmax_turns = 2\n'
-                      "max_response_tokens = 40\n")  # fmt: skip
+                      'system_prompt = "Be brief."\nmax_tokens_per_turn = 7\n'
+                      "max_tool_response_chars = 300\n"
+                      "[eval]\ntemperature = 0.9\nmax_turns = 2\nmax_response_tokens = 40\n")  # fmt: skip
     cfg = load_config(config)
     trained = PromptFormat.from_config(fmt.tokenizer, cfg.rollout, cfg.eval)
     policy = tmp_path / "policy"
@@ -276,6 +277,12 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     settings = json.loads((policy / "codeloop.json").read_text())
     assert settings["rollout"]["system_prompt"] == "Be brief."
     assert settings["eval"]["max_turns"] == 2 and settings["eval"]["temperature"] == 0.9
+    assert settings["rollout"]["max_tokens_per_turn"] == 7
+    assert settings["rollout"]["max_tool_response_chars"] == 300
+    assert settings["trajectory"]["stop"] == ["</tool_call>"]
+    assert [t["function"]["name"] for t in settings["trajectory"]["tools"]] == [
+        "execute_python_code_with_standard_io"
+    ]
     assert (policy / "codeloop_chat_template.jinja").read_text() == demo_template.read_text()
     data = tmp_path / "bench.jsonl"
     data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
@@ -289,8 +296,19 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     )
     with_saved = read_jsonl(tmp_path / "saved" / "trajectories.jsonl")
     with_config = read_jsonl(tmp_path / "config" / "trajectories.jsonl")
-    assert [t["response_ids"] for t in with_saved] == [t["response_ids"] for t in with_config]
+    def by_sample(rows: list[dict]) -> list[list[int]]:  # the file is in finishing order
+        return [t["response_ids"] for t in sorted(rows, key=lambda t: (t["prompt_id"],
+                                                                      t["sample_index"]))]
+
+    assert by_sample(with_saved) == by_sample(with_config)
     prompt = trained.prompt_ids(PROBLEMS[0].problem)
     first = next(t for t in with_saved if t["prompt_id"] == PROBLEMS[0].id)  # in finishing order
     assert first["prompt_ids"] == prompt  # the demo template, not the rStar2 one
     assert all(t["num_turns"] <= 2 for t in with_saved)  # the saved eval.max_turns
+    # a turn samples at most the saved 7 tokens; a random policy's first turn reaches the cap,
+    # which ends its trajectory, unless it ends sooner (without the cap: up to eval's 40 tokens)
+    assert max(len(t["response_ids"]) for t in with_saved) == 7
+    # a command-line override comes after the saved settings
+    assert main([*common, "--rollout.max_tokens_per_turn", "3", "--out", str(tmp_path / "o")]) == 0
+    overridden = read_jsonl(tmp_path / "o" / "trajectories.jsonl")
+    assert max(len(t["response_ids"]) for t in overridden) == 3

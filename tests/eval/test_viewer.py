@@ -117,3 +117,12 @@ def test_missing_run_directory_is_an_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "codeloop", "view", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "no such run directory" in done.stderr
+
+
+def test_a_directory_without_trajectories_is_an_error_not_an_empty_page(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')  # metrics, no rollouts
+    done = subprocess.run([sys.executable, "-m", "codeloop", "view", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"codeloop view: {tmp_path}: no trajectories in it or below it")
+    assert not (tmp_path / "view.html").exists()
