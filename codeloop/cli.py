@@ -456,6 +456,7 @@ def _real(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
                                                     "sft_problems", "rl_problems")}  # fmt: skip
+    given["eval_every_stage"] = args.eval_every_stage or None
     sizes = replace(GPU_SIZES if args.gpu else Sizes(),
                     **{k: v for k, v in given.items() if v is not None})  # fmt: skip
     config = args.config or (GPU_CONFIG if args.gpu else CPU_CONFIG)
@@ -505,7 +506,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
     cpu = Sizes()
     for name, help_text in (
         ("dev", "problems held out of GSM8K's training split as the development split"),
-        ("eval-problems", "development problems scored after SFT and after each stage"),
+        ("eval-problems", "development problems scored after SFT and after the last stage"),
         ("eval-samples", "samples per scored problem"),
         ("sft-problems", "training problems whose solutions become SFT conversations"),
         ("rl-problems", "training problems after the SFT ones: stage 1 screens them for RL"),
@@ -513,6 +514,9 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         field = name.replace("-", "_")
         defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu)"
         real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
+    real.add_argument("--eval-every-stage", action="store_true",
+                      help="score the policy after each RL stage too, not only after SFT and "
+                           "the last stage")  # fmt: skip
     real.set_defaults(run=_real)
     gguf = commands.add_parser(
         "import-gguf", help="turn a GGUF file into a transformers model directory; without "

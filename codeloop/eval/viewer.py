@@ -123,8 +123,10 @@ def render(run_dir: str | Path, max_trajectories: int = 2000) -> tuple[str, int,
         raise InputFileError(f"no such run directory: {root}")
     trajectories, total, report = collect_trajectories(root, max_trajectories)
     if not total:
-        raise InputFileError(f"{root}: no trajectories in it or below it (a training run's "
-                             "trajectories/step_*.jsonl, codeloop eval's trajectories.jsonl)")
+        raise InputFileError(
+            f"{root}: no trajectories in it or below it (a training run's "
+            "trajectories/step_*.jsonl, codeloop eval's trajectories.jsonl)"
+        )
     series = metric_series(root)
     plots = "".join(svg_plot(k, v) for k, v in sorted(series.items()))
     scale = max((h for t in trajectories for _, h in t.get("entropy", []) if h is not None),

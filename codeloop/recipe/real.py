@@ -13,7 +13,8 @@
    `Sizes.rl_problems` training problems, which the SFT did not use: stage 1 screens them to
    those the SFT policy solves at all but not always, and stage 3 refilters those to the ones
    the policy still fails; the final policy goes to `final_model/`.
-5. After SFT and after each stage: `Sizes.eval_problems` of the development split,
+5. After SFT and after the last stage (or where a time limit stopped RL; after each stage
+   too with `Sizes.eval_every_stage`): `Sizes.eval_problems` of the development split,
    `Sizes.eval_samples` samples each at the `[eval]` settings: pass@1 (avg@k), the share of
    trajectories that call the tool, the share of calls that are malformed, the tool-error ratio
    among correct trajectories and the mean response length; `summary.json`, `curves.png`.
@@ -202,6 +203,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         await measure("sft")
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
         stopped: dict[str, Any] | None = None
+        policy = "sft"  # what the model is now: scored at the end, after each stage if asked
         for index, stage in enumerate(cfg.recipe.stages):
             deadline = rl_deadline()
             if deadline is not None and time.perf_counter() >= deadline:
@@ -213,9 +215,12 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if "stopped_at" in last:
                 stopped = {"stage": stage.name, "step": last["stopped_at"], "of": stage.steps}
                 if last["stopped_at"]:
-                    await measure(f"{stage.name}@{last['stopped_at']}")
+                    policy = f"{stage.name}@{last['stopped_at']}"
                 break
-            await measure(stage.name)
+            policy = stage.name
+            if sizes.eval_every_stage:
+                await measure(policy)
+        await measure(policy)
         if stopped is not None:
             print(f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
                   f"of {stopped['stage']}; rerun to go on", flush=True)  # fmt: skip

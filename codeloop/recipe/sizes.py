@@ -11,8 +11,13 @@ class Sizes:
     """How much of everything (`codeloop real --help` sets them)."""
 
     dev: int = 500  # held out from GSM8K's training split, never trained on
-    eval_problems: int = 100  # of the development split, scored after SFT and each stage
-    eval_samples: int = 2
+    # Scored after SFT and after the last stage (each stage too with eval_every_stage). Over a
+    # fixed number of trajectories, more problems narrow the interval of a paired difference
+    # more than more samples of the same problems (samples of one problem are correlated), and
+    # two evaluations cost less than four: the whole development split, once each.
+    eval_problems: int = 500
+    eval_samples: int = 1
+    eval_every_stage: bool = False
     sft_problems: int = 1200  # training problems whose solutions become SFT conversations
     rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix

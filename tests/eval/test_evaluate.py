@@ -267,8 +267,8 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     config = tmp_path / "trained.toml"
     config.write_text(f'[rollout]\nchat_template = "{demo_template}"\n'
                       'system_prompt = "Be brief."\nmax_tokens_per_turn = 7\n'
-                      "max_tool_response_chars = 300\n"
-                      "[eval]\ntemperature = 0.9\nmax_turns = 2\nmax_response_tokens = 40\n")  # fmt: skip
+                      "max_tool_response_chars = 300\n[eval]\ntemperature = 0.9\n"
+                      "max_turns = 2\nmax_response_tokens = 40\n")  # fmt: skip
     cfg = load_config(config)
     trained = PromptFormat.from_config(fmt.tokenizer, cfg.rollout, cfg.eval)
     policy = tmp_path / "policy"
@@ -296,9 +296,12 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     )
     with_saved = read_jsonl(tmp_path / "saved" / "trajectories.jsonl")
     with_config = read_jsonl(tmp_path / "config" / "trajectories.jsonl")
+
     def by_sample(rows: list[dict]) -> list[list[int]]:  # the file is in finishing order
-        return [t["response_ids"] for t in sorted(rows, key=lambda t: (t["prompt_id"],
-                                                                      t["sample_index"]))]
+        return [
+            t["response_ids"]
+            for t in sorted(rows, key=lambda t: (t["prompt_id"], t["sample_index"]))
+        ]
 
     assert by_sample(with_saved) == by_sample(with_config)
     prompt = trained.prompt_ids(PROBLEMS[0].problem)

@@ -4,6 +4,7 @@ full run is `make real`), GSM8K-format problems written here, every stage and th
 import asyncio
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +71,19 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     overrides = _tiny_recipe(tmp_path)
     run_dir = tmp_path / "run"
     summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
-    stages = [p["stage"] for p in summary["points"]]
-    assert stages == ["sft", "stage1-short", "stage2-long", "stage3-hard"]
-    for point in summary["points"]:
-        assert 0 <= point["accuracy"] <= 1 and 0 <= point["tool_use"] <= 1
-        assert 0 <= point["malformed_calls"] <= 1
     dev, train = (
         load_problems(str(run_dir / "dev.jsonl")),
         load_problems(str(run_dir / "train.jsonl")),
     )
+    stages = [p["stage"] for p in summary["points"]]
+    assert stages == ["sft", "stage3-hard"]  # after SFT and the last stage, not in between
+    for point in summary["points"]:
+        assert 0 <= point["accuracy"] <= 1 and 0 <= point["tool_use"] <= 1
+        assert 0 <= point["malformed_calls"] <= 1
+        low, high = point["accuracy_interval95"]
+        assert 0 <= low <= point["accuracy"] <= high <= 1
+        assert sorted(point["per_problem"]) == sorted(p.id for p in dev[:2])
+        assert point["problems"] == 2 and point["infrastructure_failures"] == 0
     assert len(dev) == 3 and len(train) == 9
     assert {p.problem for p in dev}.isdisjoint(p.problem for p in train)
     sft = [json.loads(line) for line in (run_dir / "sft.jsonl").read_text().splitlines()]
@@ -102,7 +107,8 @@ def test_a_time_limit_stops_rl_scores_where_it_stopped_and_a_rerun_goes_on(
     run_dir = tmp_path / "run"
 
     def run(minutes: float) -> dict[str, Any]:
-        return asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY, minutes))
+        sizes = replace(TINY, eval_every_stage=True)
+        return asyncio.run(run_real(load_config(str(CONFIG), overrides), sizes, minutes))
 
     # 0.6 s leave no room for an evaluation and the final save: no RL step runs
     summary = run(0.01)
