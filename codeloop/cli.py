@@ -204,7 +204,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from codeloop.data.problems import load_problems
     from codeloop.eval.evaluate import close_policy, evaluate, open_policy
-    from codeloop.eval.intervals import percent
+    from codeloop.intervals import percent
 
     cfg = _policy_config(args)
     if args.k is not None:
@@ -244,7 +244,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     from codeloop.errors import InputFileError
     from codeloop.eval.evaluate import read_done
-    from codeloop.eval.intervals import compare, interval, percent, problem_scores, verdict
+    from codeloop.intervals import compare, interval, percent, problem_scores, verdict
 
     scores = []
     for given in (args.a, args.b):
@@ -384,7 +384,8 @@ def _data_filter(args: argparse.Namespace) -> int:
 
 
 async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any]) -> Any:
-    from codeloop.eval.evaluate import eval_rollout_config, open_policy
+    from codeloop.config import eval_rollout_config
+    from codeloop.eval.evaluate import open_policy
     from codeloop.eval.passrate import pass_band
     from codeloop.reward import Verifier
     from codeloop.rollout.collect import Agent

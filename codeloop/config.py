@@ -283,6 +283,20 @@ class TrainerConfig:
     )
     checkpoint_every: int = knob(50, "Steps between checkpoints; 0 = only at the end.", ge=0)
     keep_checkpoints: int = knob(3, "Most recent checkpoints kept on disk.", ge=1)
+    eval_every: int = knob(
+        0,
+        "RL steps between evaluations on eval.data with the run's own engine: eval.k samples "
+        "of each problem at the [eval] settings, logged as eval/pass@1 with its 95% interval "
+        "(eval/pass@1_low, eval/pass@1_high). 0: none.",
+        ge=0,
+    )
+    loggers: list[str] = knob(
+        ["tensorboard"],
+        'Where metrics go besides metrics.jsonl: "tensorboard" and/or "wandb" (Weights & '
+        "Biases, the wandb extra: pip install 'codeloop[wandb]'; WANDB_MODE=offline works "
+        "without a network).",
+    )
+    wandb_project: str = knob("codeloop", "Weights & Biases project of the run (loggers).")
     profile_step: int = knob(
         0,
         "Run this RL step (counted from 1 in the run directory) under torch.profiler: on a GPU "
@@ -367,6 +381,9 @@ class EvalConfig:
     max_turns: int = knob(30, "Assistant turns at most (report: 30).", ge=1)
     max_response_tokens: int = knob(
         32768, "Response budget per trajectory (codeloop's choice).", ge=1
+    )
+    data: str = knob(
+        "", "Held-out problems scored during RL every trainer.eval_every steps (as data.train)."
     )
 
 
@@ -628,6 +645,14 @@ def apply_overrides(cfg: Config, overrides: Sequence[str]) -> None:
     """Set the dotted command-line `overrides` (`--algo.clip_high 0.3`) on `cfg`."""
     for key, text in parse_overrides(overrides):
         set_value(cfg, key, _parse_cli_value(cfg, key, text), "command line")
+
+
+def eval_rollout_config(cfg: Config) -> RolloutConfig:
+    """The rollout settings with the `[eval]` section's sampling and budgets."""
+    e = cfg.eval
+    return dataclasses.replace(cfg.rollout, temperature=e.temperature, top_p=e.top_p,
+                               max_turns=e.max_turns,
+                               max_response_tokens=e.max_response_tokens)  # fmt: skip
 
 
 POLICY_SETTINGS = "codeloop.json"  # beside a saved policy: how it is prompted and evaluated

@@ -1,10 +1,10 @@
 """The layering of the design page holds: checked by walking every import in the package's source.
 
-types/config < sandbox, reward, algo, data < rollout < trainer < recipe, eval, bench < cli. A module
-may import its own layer or lower ones. sandbox, reward and algo import neither transformers,
-an inference engine nor ray. Heavy optional packages are imported inside functions only. No
-modules import each other, directly or round a longer circle, not even through an import inside
-a function.
+types/config/intervals < sandbox, reward, algo, data < rollout < trainer < recipe, eval, bench
+< cli. A module may import its own layer or lower ones. sandbox, reward and algo import neither
+transformers, an inference engine nor ray. Heavy optional packages are imported inside functions
+only. No modules import each other, directly or round a longer circle, not even through an
+import inside a function.
 """
 
 import ast
@@ -15,11 +15,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "codeloop"
 
 RANK = {"__init__": 0, "__main__": 5, "types": 0, "config": 0, "errors": 0, "files": 0, "memory": 0,
-        "progress": 0, "helpformat": 0, "bench": 4, "sandbox": 1, "reward": 1, "algo": 1, "data": 1,
+        "progress": 0, "helpformat": 0, "intervals": 0, "bench": 4, "sandbox": 1, "reward": 1,
+        "algo": 1, "data": 1,
         "rollout": 2, "trainer": 3, "recipe": 4, "eval": 4, "cli": 5, "reference": 5}  # fmt: skip
 ENGINE_FREE = {"sandbox", "reward", "algo"}
 ENGINES = {"transformers", "vllm", "sglang", "ray"}
-LAZY_ONLY = {"vllm", "sglang", "ray", "tensorboard"}
+LAZY_ONLY = {"vllm", "sglang", "ray", "tensorboard", "wandb"}
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:

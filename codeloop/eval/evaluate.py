@@ -8,7 +8,7 @@ The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up 
   killed evaluation continues with the problems that have none.
 - `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
   problem and gold answer; `codeloop view` and `codeloop entropy` read it.
-- `summary.json`: avg@k (pass@1) with its 95% interval over problems (`eval/intervals.py`),
+- `summary.json`: avg@k (pass@1) with its 95% interval over problems (`intervals.py`),
   unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean response and policy tokens and
   turns, tool calls per trajectory, tool-error ratio, statuses, the share of trajectories that
   call the tool (`tool_use`) and of those cut off inside a call (`cut_off_in_call`), and the
@@ -26,19 +26,18 @@ uninterrupted one would have.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codeloop.config import Config, RolloutConfig
+from codeloop.config import Config, eval_rollout_config
 from codeloop.data.problems import DataError, Problem
 from codeloop.errors import RunError
-from codeloop.eval.intervals import METHOD, interval, problem_scores
 from codeloop.eval.metrics import majority_correct, summarise
 from codeloop.files import write_atomic
+from codeloop.intervals import METHOD, interval, problem_scores
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
@@ -94,14 +93,6 @@ async def close_policy(engine: Engine | Scheduler) -> None:
     for one in engines:
         if isinstance(one, OpenAIEngine):
             await one.close()
-
-
-def eval_rollout_config(cfg: Config) -> RolloutConfig:
-    """The rollout settings with the `[eval]` section's sampling and budgets."""
-    e = cfg.eval
-    return dataclasses.replace(cfg.rollout, temperature=e.temperature, top_p=e.top_p,
-                               max_turns=e.max_turns,
-                               max_response_tokens=e.max_response_tokens)  # fmt: skip
 
 
 def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from codeloop.config import RewardConfig, RolloutConfig
 from codeloop.data.curate import Removal
 from codeloop.data.problems import Problem
 from codeloop.errors import RunError
-from codeloop.eval.intervals import interval
+from codeloop.intervals import interval
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.stats import trajectory_stats
+from codeloop.rollout.stats import problem_shares, trajectory_stats
 from codeloop.types import Trajectory
 
 
@@ -39,21 +39,8 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
         return await collect(agent, problems, k, verifier, seed, progress=progress)
 
 
-def problem_shares(groups: Sequence[Sequence[Trajectory]]) -> tuple[dict[str, float], int]:
-    """({problem id: share of its samples that are correct}, trajectories left out): the
-    samples that infrastructure failed (`Trajectory.unscorable`) are not scored; a problem
-    with none left is not in the result."""
-    shares, failed = {}, 0
-    for group in groups:
-        kept = [t for t in group if not t.unscorable]
-        failed += len(group) - len(kept)
-        if kept:
-            shares[kept[0].prompt_id] = sum(t.reward == 1.0 for t in kept) / len(kept)
-    return shares, failed
-
-
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
-    """Accuracy (avg@k) with its 95% interval over problems (`eval/intervals.py`) and each
+    """Accuracy (avg@k) with its 95% interval over problems (`intervals.py`) and each
     problem's share (`per_problem`, for paired comparisons), mean response and policy tokens,
     tool calls, and the tool-error ratio among correct answers (`rollout/stats.py`), over the
     trajectories that infrastructure did not fail (`infrastructure_failures` counts those)."""

@@ -39,12 +39,11 @@ from typing import Any
 
 import torch
 
-from codeloop.config import Config, load_config
+from codeloop.config import Config, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
-from codeloop.eval.evaluate import eval_rollout_config
-from codeloop.eval.intervals import accuracy_text, first_vs_last
 from codeloop.eval.passrate import policy_metrics, score_snapshot
 from codeloop.files import directory_atomic, write_atomic
+from codeloop.intervals import accuracy_text, first_vs_last
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot

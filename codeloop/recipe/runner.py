@@ -64,7 +64,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             summaries.append(json.loads(done.read_text()))
             current = _refiltered(stage_dir, problems) or current
             continue
-        logger = RunLogger(stage_dir, tensorboard=world.is_main)
+        logger = RunLogger.for_run(cfg, stage_dir, world.is_main)
         run = build_run(scfg, model, fmt, current, tools, logger, world=world)
         try:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None

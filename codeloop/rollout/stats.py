@@ -79,3 +79,16 @@ def stats(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
 def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """`stats` of scored trajectories."""
     return stats([sample(t) for t in trajectories])
+
+
+def problem_shares(groups: Sequence[Sequence[Trajectory]]) -> tuple[dict[str, float], int]:
+    """({problem id: share of its samples that are correct}, trajectories left out): the
+    samples that infrastructure failed (`Trajectory.unscorable`) are not scored; a problem
+    with none left is not in the result."""
+    shares, failed = {}, 0
+    for group in groups:
+        kept = [t for t in group if not t.unscorable]
+        failed += len(group) - len(kept)
+        if kept:
+            shares[kept[0].prompt_id] = sum(t.reward == 1.0 for t in kept) / len(kept)
+    return shares, failed

@@ -1,4 +1,5 @@
-"""A run's logs: scalar metrics to TensorBoard and `metrics.jsonl`, trajectories per step.
+"""A run's logs: scalar metrics to `metrics.jsonl` and to the `trainer.loggers` (TensorBoard,
+Weights & Biases), trajectories per step.
 
 Metric keys are namespaced (`rollout/`, `reward/`, `roc/`, `loss/`, `sandbox/`, `timing/`,
 `sft/`). `trajectories/step_NNNNNN.jsonl` holds each step's trajectories for the viewer.
@@ -10,23 +11,71 @@ A step appears once however often the run was killed and resumed: a resumed run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
+from codeloop.config import Config, ConfigError
 from codeloop.files import write_atomic
 
 METRICS = "metrics.jsonl"
+LOGGERS = ("tensorboard", "wandb")
+WANDB_ID = "wandb_id"  # in the run directory: a resumed run goes on in the same W&B run
+
+
+class WandbSink:
+    """The metrics of a run, with its config, to a Weights & Biases run (the `wandb` extra; with
+    WANDB_MODE=offline it is written under `<run_dir>/wandb/` for `wandb sync`)."""
+
+    def __init__(self, project: str, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("trainer.loggers names wandb, which is not installed: "
+                              "pip install 'codeloop[wandb]'") from None  # fmt: skip
+        id_file = run_dir / WANDB_ID
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+        write_atomic(id_file, run_id + "\n")
+        settings = wandb.Settings(silent=True, console="off")  # the console stays the run's
+        try:
+            self.run = wandb.init(project=project, dir=str(run_dir), id=run_id,
+                                  name=run_dir.name, config=config, resume="allow",
+                                  settings=settings)  # fmt: skip
+        except Exception as err:  # no API key, no network: W&B's own words, in one line
+            raise ConfigError(f"trainer.loggers: wandb could not start a run ({err}); log in "
+                              "with `wandb login` or set WANDB_MODE=offline") from None  # fmt: skip
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 class RunLogger:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True,
+                 wandb: WandbSink | None = None) -> None:  # fmt: skip
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.run_dir / METRICS).open("a")
         self._tensorboard = tensorboard
         self._writer: Any = None
         self._purge_step: int | None = None
+        self._wandb = wandb
+
+    @classmethod
+    def for_run(cls, cfg: Config, run_dir: str | Path, is_main: bool = True) -> RunLogger:
+        """The logger `trainer.loggers` asks for (only the main rank writes to the loggers)."""
+        unknown = [name for name in cfg.trainer.loggers if name not in LOGGERS]
+        if unknown:
+            raise ConfigError(f"trainer.loggers: unknown {unknown}; choose from {list(LOGGERS)}")
+        wandb = None
+        if is_main and "wandb" in cfg.trainer.loggers:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            wandb = WandbSink(cfg.trainer.wandb_project, Path(run_dir), dataclasses.asdict(cfg))
+        return cls(run_dir, is_main and "tensorboard" in cfg.trainer.loggers, wandb)
 
     def rewind(self, step: int) -> None:
         """Forget everything logged after `step`: metrics records, trajectory files and
@@ -51,6 +100,8 @@ class RunLogger:
             writer = self._tensorboard_writer()
             for key, value in metrics.items():
                 writer.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(step, metrics)
 
     def _tensorboard_writer(self) -> Any:
         if self._writer is None:
@@ -70,6 +121,8 @@ class RunLogger:
         self._jsonl.close()
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

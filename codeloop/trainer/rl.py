@@ -9,7 +9,8 @@ synchronously (`SyncGroups`, the report's) or by a producer running ahead of the
 sharded policy, the loss `algo/loss.py` names, optimiser, learning-rate schedule and checkpoints)
 takes its optimiser steps; the rollout side's `WeightSink` (`weights.py`: the in-process engine,
 or servers that reload a saved directory and are checked to serve it) publishes the new weights;
-the step is logged and checkpointed. `build_run` builds a run from the config: the rollout side
+the step is logged and checkpointed, after an evaluation on held-out problems when one is due
+(`held_out.py`, `trainer.eval_every`). `build_run` builds a run from the config: the rollout side
 (`rollout_side.py`: engines, tools, verifier, sink) and the learner.
 
 Everything random is seeded from `trainer.seed`, the data position and the sample index, and the
@@ -37,6 +38,7 @@ from codeloop.trainer.async_rl import AsyncGroups
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum
 from codeloop.trainer.groups import Drawn, GroupSource, SyncGroups, problem_at
+from codeloop.trainer.held_out import HeldOut
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.profile import StepProfile
@@ -49,9 +51,11 @@ class RLRun:
     """A run's learner and rollout side, its problems, log and state (`build_run` makes one)."""
 
     def __init__(self, cfg: Config, learner: Learner, rollout: RolloutSide, fmt: PromptFormat,
-                 problems: Sequence[Problem], logger: RunLogger, world: World) -> None:  # fmt: skip
+                 problems: Sequence[Problem], logger: RunLogger, world: World,
+                 held_out: HeldOut | None = None) -> None:  # fmt: skip
         self.cfg, self.learner, self.rollout, self.fmt = cfg, learner, rollout, fmt
         self.problems, self.logger, self.world = list(problems), logger, world
+        self.held_out = held_out or HeldOut(cfg, [])  # scored every trainer.eval_every steps
         self.step_index = 0
         self.state = RunState(cfg.trainer.seed)  # `save` records which problems it indexes
         self.source: GroupSource | None = None  # while and after `train`
@@ -72,10 +76,19 @@ class RLRun:
         async with source.publishing(self.step_index):
             await self.sync_weights()
         clock.lap("timing/sync_s")
+        evaluated = await self.evaluate(clock)
         local, counts = source.metrics(drawn, waited, updated)
         if profiled is not None:
             local |= profiled.stop(self.logger.run_dir, self.step_index, self.world.is_main)
-        return self.finish_step(drawn, clock.timings() | local, losses, counts)
+        return self.finish_step(drawn, clock.timings() | local | evaluated, losses, counts)
+
+    async def evaluate(self, clock: Clock) -> dict[str, float]:
+        """The held-out metrics (`held_out.py`) when this step is due for them, else none."""
+        if not self.held_out.due(self.step_index):
+            return {}
+        metrics = await self.held_out.score(self.rollout, self.world)
+        clock.lap("timing/eval_s")
+        return metrics
 
     def _profile(self, step: int) -> StepProfile | None:
         """The profiler, started, when `step` is `trainer.profile_step`."""
@@ -195,7 +208,7 @@ def build_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Pro
     probe = fmt.prompt_ids(problems[0].problem)  # a server's reload is checked on it
     rollout = build_rollout(cfg, model, fmt, tools, world, logger.run_dir, probe, engine)
     learner = Learner(model, cfg, world, fmt.tokenizer.pad_token_id or 0)  # after the copy
-    return RLRun(cfg, learner, rollout, fmt, problems, logger, world)
+    return RLRun(cfg, learner, rollout, fmt, problems, logger, world, HeldOut.from_config(cfg))
 
 
 class Clock:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from codeloop.config import Config, ConfigError
+from codeloop.config import Config, ConfigError, RolloutConfig
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Engine, ToolExecutor
@@ -41,13 +41,15 @@ class RolloutSide:
     sink: WeightSink
     servers: list[OpenAIEngine]  # all of them (closed at the end)
 
-    def agent(self, batch_size: int = 0, engines: Sequence[Engine] | None = None) -> Agent:
+    def agent(self, batch_size: int = 0, engines: Sequence[Engine] | None = None,
+              rollout: RolloutConfig | None = None) -> Agent:  # fmt: skip
         """An agent over a scheduler of this rank's engines (or `engines` standing in front of
         them) with its share of each server's KV capacity; `batch_size`: trajectories per
-        batch (the static scheduler deals them out by it)."""
+        batch (the static scheduler deals them out by it); `rollout`: settings other than the
+        run's (an evaluation's)."""
         scheduler = Scheduler.for_rollout(list(engines or self.engines), self.cfg.rollout,
                                           batch_size, self.kv_sharing)  # fmt: skip
-        return Agent(scheduler, self.tools, self.fmt, self.cfg.rollout)
+        return Agent(scheduler, self.tools, self.fmt, rollout or self.cfg.rollout)
 
     async def close(self) -> None:
         """Close the verifier's workers and the servers' HTTP sessions."""

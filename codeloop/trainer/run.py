@@ -25,7 +25,7 @@ def run_sft(cfg: Config) -> Path:
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     model = distributed.shard(model, world)
     fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
-    logger = RunLogger(cfg.trainer.output_dir) if world.is_main else None
+    logger = RunLogger.for_run(cfg, cfg.trainer.output_dir) if world.is_main else None
     try:
         train_sft(model, fmt, [c for _, c in named], cfg.sft, logger, cfg.trainer.seed,
                   cfg.trainer.grad_clip, world, sources=[where for where, _ in named])  # fmt: skip
@@ -61,7 +61,7 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
     world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
-        logger = RunLogger(cfg.trainer.output_dir, tensorboard=world.is_main)
+        logger = RunLogger.for_run(cfg, cfg.trainer.output_dir, world.is_main)
         run = build_run(cfg, model, fmt, problems, tools, logger, world=world)
         history = []
         try:

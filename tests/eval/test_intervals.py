@@ -1,4 +1,4 @@
-"""Intervals and paired comparisons of scores (`codeloop.eval.intervals`, `codeloop compare`),
+"""Intervals and paired comparisons of scores (`codeloop.intervals`, `codeloop compare`),
 against values worked out by hand."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codeloop.eval.intervals import compare, first_vs_last, interval, verdict
+from codeloop.intervals import compare, first_vs_last, interval, verdict
 
 
 def test_the_interval_of_equal_scores_is_that_score() -> None:

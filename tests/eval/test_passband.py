@@ -6,7 +6,7 @@ from pathlib import Path
 
 from eval_helpers import PROBLEMS, ScriptedPolicy, cfg_for_eval, read_jsonl
 
-from codeloop.eval.evaluate import eval_rollout_config
+from codeloop.config import eval_rollout_config
 from codeloop.eval.passrate import pass_band
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent

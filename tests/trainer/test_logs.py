@@ -1,6 +1,7 @@
 """The run log's rewind and the writes that a killed run never leaves half done."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,24 @@ def test_write_atomic_replaces_the_whole_file(tmp_path: Path) -> None:
     write_atomic(path, json.dumps({"b": 2}))
     assert json.loads(path.read_text()) == {"b": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage.json"]
+
+
+def test_loggers_are_named_and_a_missing_wandb_is_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.config import Config, ConfigError
+
+    cfg = Config()
+    cfg.trainer.loggers = ["tensorboard", "mlflow"]
+    with pytest.raises(ConfigError, match=r"trainer.loggers: unknown \['mlflow'\]"):
+        RunLogger.for_run(cfg, tmp_path)
+    cfg.trainer.loggers = ["wandb"]
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'codeloop\[wandb\]'"):
+        RunLogger.for_run(cfg, tmp_path)
+    cfg.trainer.loggers = []  # metrics.jsonl only
+    logger = RunLogger.for_run(cfg, tmp_path)
+    logger.log(1, {"x": 1.0})
+    logger.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "x": 1.0}]
+    assert not (tmp_path / "tensorboard").exists()

@@ -1,9 +1,11 @@
 """`codeloop sft` then `codeloop train` (and a resumed `train`) through the real CLI."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trainer_helpers import cli_inputs, rl_arguments
@@ -112,3 +114,74 @@ def test_a_chat_template_that_cannot_serve_is_named(
     err = capsys.readouterr().err  # after the model's loading bars: one line
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == f"codeloop train: {message.format(tmp=tmp_path)}"
+
+
+def _wandb_history(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The logged rows and the config of the offline W&B run under `run_dir`: its `.wandb` file
+    is a log of protobuf records in blocks of 32 KiB (wandb's `wandb_internal_pb2.Record`),
+    after a 7-byte header."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    [path] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    rows, config, pos, payload = [], {}, 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # a block's tail too short for a record header is padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        payload += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind not in (1, 4):  # 1: a whole record, 2-4: first, middle, last piece
+            continue
+        record = pb.Record()
+        record.ParseFromString(payload)
+        payload = b""
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})  # fmt: skip
+        elif record.WhichOneof("record_type") == "run":
+            config |= {i.key: json.loads(i.value_json) for i in record.run.config.update}
+    return rows, config
+
+
+@pytest.mark.slow
+def test_train_scores_held_out_problems_and_logs_them_to_tensorboard_and_wandb(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    held_out = tmp_path / "held_out.jsonl"
+    rows = [{"id": f"h{i}", "problem": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(3)]
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = tmp_path / "rl"
+    args = ["train", *rl_arguments(base, problems, run_dir, 1), "--trainer.max_steps", "4",
+            "--trainer.eval_every", "2", "--eval.data", str(held_out), "--eval.k", "2",
+            "--eval.max_response_tokens", "24", "--trainer.loggers", '["tensorboard", "wandb"]',
+            "--trainer.wandb_project", "held-out-test"]  # fmt: skip
+    offline = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run([sys.executable, "-m", "codeloop", *args], capture_output=True,
+                          text=True, timeout=600, env=offline)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wandb" not in done.stdout + done.stderr  # W&B keeps quiet on the run's console
+    metrics = read_metrics(run_dir)
+    scored = [(m["step"], m["eval/pass@1"]) for m in metrics if "eval/pass@1" in m]
+    assert [step for step, _ in scored] == [2, 4]
+    for m in metrics:
+        if "eval/pass@1" in m:
+            assert m["eval/problems"] == 3 and m["eval/infrastructure_failures"] == 0
+            assert m["eval/pass@1_low"] <= m["eval/pass@1"] <= m["eval/pass@1_high"]
+            assert m["timing/eval_s"] > 0
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("eval/pass@1")] == scored
+    history, config = _wandb_history(run_dir)
+    assert [(r["_step"], r["eval/pass@1"]) for r in history if "eval/pass@1" in r] == scored
+    assert [r["_step"] for r in history] == [1, 2, 3, 4]  # every step's metrics, not only eval's
+    assert config["trainer"]["eval_every"] == 2 and config["eval"]["data"] == str(held_out)
+    [offline] = run_dir.glob("wandb/offline-run-*")  # its id kept for a resumed run
+    assert offline.name.endswith("-" + (run_dir / "wandb_id").read_text().strip())
