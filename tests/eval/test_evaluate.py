@@ -131,6 +131,8 @@ def test_eval_command_through_codeloop_serve(
                "--sandbox.workers", "1"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if not line.startswith("eval: ")]
+    assert said == [], done.stderr  # progress lines only: no "Unclosed client session"
     summary = json.loads((out / "summary.json").read_text())
     results = read_jsonl(out / "results.jsonl")
     assert sorted(r["id"] for r in results) == ["p0", "p1", "p2"]
