@@ -22,7 +22,7 @@ from codeloop.data.problems import Problem
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.engine import Engine, ToolExecutor
+from codeloop.rollout.engine import Batched, Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
 from codeloop.rollout.tools import Tool, Toolbox, toolbox
@@ -56,7 +56,7 @@ def in_flight_limit(scheduler: Scheduler) -> int:
     queued behind all the first ones, by when the prefix cache had often let its context go:
     320 trajectories of the real SFT policy on a 2-core AMD EPYC reused 71K prompt tokens from the
     prefix cache unbounded and 112K bounded (128), in 241 and 231 s."""
-    rows = [getattr(slot.engine, "max_batch", 0) for slot in scheduler.slots]
+    rows = [s.engine.max_batch if isinstance(s.engine, Batched) else 0 for s in scheduler.slots]
     return 2 * sum(rows) if all(rows) else 0
 
 

@@ -8,8 +8,9 @@ so that one trajectory waiting on its tool call never holds the others back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from codeloop.types import ExecRequest, ExecResult
 
@@ -34,6 +35,45 @@ class Generation:
 
 class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+
+# What an engine may declare beyond `generate`, checked with isinstance where it is used:
+
+
+@runtime_checkable
+class Batched(Protocol):
+    """Decodes at most `max_batch` requests together (the in-process engine): `collect` runs
+    twice as many trajectories at once on it (the other half waits on tools or queues)."""
+
+    @property
+    def max_batch(self) -> int: ...
+
+
+@runtime_checkable
+class KVReporting(Protocol):
+    """Knows its KV cache in tokens: what it admits, and what is in use (None until known). The
+    kv_aware scheduler places calls by them (`rollout/scheduler.py`)."""
+
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+
+    @property
+    def kv_tokens_used(self) -> int | None: ...
+
+
+@runtime_checkable
+class KVPolled(Protocol):
+    """Its KV use changes on its own and is read on demand (a server's /metrics)."""
+
+    async def refresh_kv(self) -> None: ...
+
+
+@runtime_checkable
+class WeightUpdatable(Protocol):
+    """Takes trained weights in place (`trainer/weights.py`'s `EngineSink`)."""
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None
+                       ) -> None: ...  # fmt: skip
 
 
 class ToolExecutor(Protocol):

@@ -36,7 +36,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from codeloop.config import RolloutConfig
-from codeloop.rollout.engine import Engine, Generation, SamplingParams
+from codeloop.rollout.engine import (
+    Engine,
+    Generation,
+    KVPolled,
+    KVReporting,
+    SamplingParams,
+)
 
 POLICIES = ("static", "least_outstanding", "kv_aware")
 
@@ -97,8 +103,9 @@ class Scheduler:
         """The scheduler `cfg` names (`rollout.scheduler`, `rollout.kv_capacity_tokens`; a
         capacity of 0 is each engine's own `kv_capacity_tokens`, no limit where it has none),
         with 1/`sharing` of each engine's capacity (schedulers that share engines)."""
-        capacities = [(cfg.kv_capacity_tokens or getattr(e, "kv_capacity_tokens", 0)) // sharing
-                      or 1 << 40 for e in engines]  # fmt: skip
+        own = [e.kv_capacity_tokens if isinstance(e, KVReporting) else 0 for e in engines]
+        capacities = [(cfg.kv_capacity_tokens or capacity) // sharing or 1 << 40
+                      for capacity in own]  # fmt: skip
         return cls(engines, cfg.scheduler, capacities, batch_size)
 
     @asynccontextmanager
@@ -165,18 +172,18 @@ class Scheduler:
 
     def _free(self, slot: EngineSlot) -> int:
         free = slot.capacity_tokens - slot.reserved_tokens
-        used = getattr(slot.engine, "kv_tokens_used", None)
+        used = slot.engine.kv_tokens_used if isinstance(slot.engine, KVReporting) else None
         return free if used is None else min(free, slot.capacity_tokens - int(used))
 
-    def _live_engines(self) -> list[EngineSlot]:
-        return [s for s in self.slots if hasattr(s.engine, "refresh_kv")]
+    def _live_engines(self) -> list[KVPolled]:
+        return [s.engine for s in self.slots if isinstance(s.engine, KVPolled)]
 
     async def _poll(self) -> None:
         """While calls wait, re-read the engines' live KV use: it changes on its own."""
         try:
             while self._waiting:
                 await asyncio.sleep(self.poll_s)
-                refreshes = [s.engine.refresh_kv() for s in self._live_engines()]  # type: ignore[attr-defined]
+                refreshes = [engine.refresh_kv() for engine in self._live_engines()]
                 await asyncio.gather(*refreshes, return_exceptions=True)
                 self._dispatch()
         finally:

@@ -56,7 +56,14 @@ from codeloop.config import Config, ConfigError
 from codeloop.data.problems import Problem
 from codeloop.progress import progress_bar
 from codeloop.rollout.collect import collect
-from codeloop.rollout.engine import Engine, Generation, SamplingParams
+from codeloop.rollout.engine import (
+    Batched,
+    Engine,
+    Generation,
+    KVPolled,
+    KVReporting,
+    SamplingParams,
+)
 from codeloop.trainer.distributed import World, all_gather, all_max
 from codeloop.trainer.groups import Drawn, samples_of
 from codeloop.trainer.rollout_side import RolloutSide
@@ -107,8 +114,31 @@ class GatedEngine:
     def __init__(self, engine: Engine, gate: Gate) -> None:
         self.engine, self.gate = engine, gate
 
-    def __getattr__(self, name: str) -> Any:  # kv_capacity_tokens, refresh_kv, ...
-        return getattr(self.engine, name)
+    # What the engine behind declares (`rollout/engine.py`), and nothing it does not: a
+    # property that raises AttributeError makes isinstance say the gated engine lacks it too.
+
+    @property
+    def max_batch(self) -> int:
+        if isinstance(self.engine, Batched):
+            return self.engine.max_batch
+        raise AttributeError("max_batch")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        if isinstance(self.engine, KVReporting):
+            return self.engine.kv_capacity_tokens
+        raise AttributeError("kv_capacity_tokens")
+
+    @property
+    def kv_tokens_used(self) -> int | None:
+        if isinstance(self.engine, KVReporting):
+            return self.engine.kv_tokens_used
+        raise AttributeError("kv_tokens_used")
+
+    async def refresh_kv(self) -> None:
+        """The engine's, where it has one (a method is always there for isinstance)."""
+        if isinstance(self.engine, KVPolled):
+            await self.engine.refresh_kv()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         async with self.gate.entered() as version:

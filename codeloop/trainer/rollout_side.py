@@ -66,22 +66,19 @@ def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecuto
     r = cfg.rollout
     every = _servers(cfg)
     mine, sharing = rank_share(every, world)
-    engines: list[Engine] = list(mine) or [
-        engine
-        or TransformersEngine(
-            copy.deepcopy(model).to(world.device, world.compute_dtype),
-            fmt.tokenizer,
-            fmt.end_of_turn_ids,
-            max_batch=r.engine_max_batch,
-            max_kv_tokens=r.kv_capacity_tokens,
-        )  # fmt: skip
-    ]
-    sink: WeightSink = EngineSink(engines[0])
+    sink: WeightSink
     if every:
         check = ReloadCheck(probe, r.reload_check_tol, fmt.tokenizer.pad_token_id or 0)
         sink = ServerSink(every, mine, Path(r.weights_dir or Path(run_dir) / "weights"), model,
                           fmt.tokenizer, world, not r.kv_capacity_tokens,
                           check if r.reload_check_tol else None)  # fmt: skip
+        engines: list[Engine] = list(mine)
+    else:
+        local = engine or TransformersEngine(
+            copy.deepcopy(model).to(world.device, world.compute_dtype), fmt.tokenizer,
+            fmt.end_of_turn_ids, max_batch=r.engine_max_batch, max_kv_tokens=r.kv_capacity_tokens,
+        )  # fmt: skip
+        sink, engines = EngineSink(local), [local]
     return RolloutSide(cfg, engines, sharing, tools, fmt, Verifier(cfg.reward), sink, every)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from codeloop.rollout.engine import SamplingParams
+from codeloop.rollout.engine import SamplingParams, WeightUpdatable
 from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
 from codeloop.trainer.batch import Sample, collate, on_device, token_logprobs
 from codeloop.trainer.distributed import World, barrier
@@ -38,7 +38,7 @@ class WeightSink(Protocol):
 class EngineSink:
     everywhere = True
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: WeightUpdatable) -> None:
         self.engine = engine
 
     async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:

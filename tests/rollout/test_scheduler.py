@@ -265,9 +265,9 @@ def test_bench_scheduler_kv_aware_never_overflows(tmp_path: Path) -> None:
 def test_a_scheduler_takes_each_engines_own_kv_capacity_when_none_is_set() -> None:
     from codeloop.config import RolloutConfig
 
-    class Sized:
+    class Sized:  # `KVReporting`: its capacity, its use not yet known
         def __init__(self, capacity: int) -> None:
-            self.kv_capacity_tokens = capacity
+            self.kv_capacity_tokens, self.kv_tokens_used = capacity, None
 
     class Unsized:
         pass

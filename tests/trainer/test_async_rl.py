@@ -325,3 +325,36 @@ def test_update_async_takes_the_same_step_beside_other_work(trainer_fmt: PromptF
     else:
         assert set(forwards) == {threading.get_ident()}
         assert {1, 2, 3, 4} <= set(seen)  # the task ran after each micro-batch
+
+
+def test_a_gated_engine_declares_what_the_engine_behind_it_declares() -> None:
+    from codeloop.config import RolloutConfig
+    from codeloop.rollout.engine import Batched, KVPolled, KVReporting
+    from codeloop.rollout.scheduler import Scheduler
+
+    class Plain:
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            return Generation([1], [0.0], "stop")
+
+    class InProcess(Plain):
+        max_batch, kv_capacity_tokens, kv_tokens_used = 8, 300, 40
+
+    class Served(Plain):
+        kv_capacity_tokens, kv_tokens_used = 500, None
+        refreshed = 0
+
+        async def refresh_kv(self) -> None:
+            Served.refreshed += 1
+
+    gate = Gate()
+    plain, local, served = (GatedEngine(e, gate) for e in (Plain(), InProcess(), Served()))
+    assert [isinstance(e, Batched) for e in (plain, local, served)] == [False, True, False]
+    assert [isinstance(e, KVReporting) for e in (plain, local, served)] == [False, True, True]
+    assert all(isinstance(e, KVPolled) for e in (plain, local, served))  # a no-op where none
+    assert (local.max_batch, local.kv_capacity_tokens, local.kv_tokens_used) == (8, 300, 40)
+    asyncio.run(served.refresh_kv())
+    asyncio.run(plain.refresh_kv())
+    assert Served.refreshed == 1
+    # the scheduler reads each one's capacity (no limit where an engine has none)
+    scheduler = Scheduler.for_rollout([plain, local, served], RolloutConfig(), sharing=2)
+    assert [s.capacity_tokens for s in scheduler.slots] == [1 << 40, 150, 250]
