@@ -34,7 +34,7 @@ from codeloop.eval.passrate import pass_rates
 from codeloop.files import write_atomic
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.trainer.checkpoint import latest_checkpoint
+from codeloop.trainer.checkpoint import latest_checkpoint, read_state
 from codeloop.trainer.distributed import World, all_gather, barrier, one_process
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, build_run
@@ -173,15 +173,15 @@ def _final_model(stage_dir: Path) -> Any:
 def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     """Load a finished stage's final weights into `model`; return its optimiser, schedule and
     run state."""
-    import torch
-
     model.load_state_dict(_final_model(stage_dir).state_dict())
-    state_file = _final_checkpoint(stage_dir) / "state.pt"
-    state: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=False)
+    state = read_state(_final_checkpoint(stage_dir))
     run_state = RunState()
     run_state.load_state_dict(state["extra"])
-    # the checkpoint file keeps the schedule under "scheduler"
-    return {"optimizer": state["optimizer"], "lr_schedule": state["scheduler"], "state": run_state}
+    return {
+        "optimizer": state["optimizer"],
+        "lr_schedule": state["lr_schedule"],
+        "state": run_state,
+    }
 
 
 async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:

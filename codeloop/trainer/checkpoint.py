@@ -19,6 +19,8 @@ import torch
 
 from codeloop.files import directory_atomic
 
+STATE = "state.pt"  # beside model/ in a checkpoint: written by save_checkpoint, read by read_state
+
 
 def _rng_state() -> dict[str, Any]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
@@ -46,12 +48,22 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
         if tokenizer is not None:
             tokenizer.save_pretrained(partial / "model")
         state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                 "lr_schedule": scheduler.state_dict(), "rng": _rng_state(),
                  "extra": extra}  # fmt: skip
-        torch.save(state, partial / "state.pt")
+        torch.save(state, partial / STATE)
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old)
     return final
+
+
+def read_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's `state.pt`: `step`, `optimizer`, `lr_schedule`, `rng`, `extra` (the
+    schedule of a checkpoint written before it had that name is under `scheduler`)."""
+    state: dict[str, Any] = torch.load(Path(path) / STATE, map_location="cpu",
+                                       weights_only=False)  # fmt: skip
+    if "scheduler" in state:
+        state["lr_schedule"] = state.pop("scheduler")
+    return state
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -67,7 +79,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
 
     path = Path(path)
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    state = read_state(path)
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -81,6 +93,6 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
     else:
         model.load_state_dict(saved.state_dict())
         optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    scheduler.load_state_dict(state["lr_schedule"])
     _set_rng_state(state["rng"])
     return int(state["step"]), dict(state["extra"])

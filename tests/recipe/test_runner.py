@@ -22,6 +22,7 @@ from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.model import default_device, tiny_model
@@ -85,11 +86,11 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
     assert [s["stage"] for s in summaries] == ["short", "longer", "hard"]
     assert [s["problems"] for s in summaries] == [4, 4, 4]  # an untrained policy solves nothing
     assert summaries[1]["final"]["rollout/response_tokens"] <= 12
-    states = {d.name: torch.load(sorted((d / "checkpoints").glob("step_*"))[-1] / "state.pt",
-                                 weights_only=False) for d in tmp_path.iterdir()}  # fmt: skip
+    states = {d.name: read_state(sorted((d / "checkpoints").glob("step_*"))[-1])
+              for d in tmp_path.iterdir()}  # fmt: skip
     # An untrained policy has no signal: no optimiser step; the schedule advances per RL step
     assert all(not s["optimizer"]["state"] for s in states.values())
-    steps = {name: s["scheduler"]["last_epoch"] for name, s in states.items()}
+    steps = {name: s["lr_schedule"]["last_epoch"] for name, s in states.items()}
     assert steps == {"1-short": 2, "2-longer": 3, "3-hard": 1}  # carried over, then reset
     # No group has signal: each step draws 2 prompts in each of its 4 refill rounds. "longer"
     # goes on from position 16, where "short" stopped; "hard"'s refilter kept the same four

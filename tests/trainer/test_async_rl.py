@@ -21,6 +21,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.async_rl import Gate, GatedEngine
 from codeloop.trainer.batch import Sample
+from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger, read_metrics
@@ -143,8 +144,7 @@ def test_a_stop_mid_step_loses_and_duplicates_no_problem(
         _async_run(trainer_fmt, sft_weights, tmp_path, 4, fail_at=3)
     before = _trained_positions(tmp_path)
     assert sorted(before) == [1, 2]  # step 3 died in its update: not logged
-    checkpoint = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt",
-                            weights_only=False)  # fmt: skip
+    checkpoint = read_state(tmp_path / "checkpoints" / "step_000002")
     pending = checkpoint["extra"]["pending"]
     drawn = checkpoint["extra"]["data_position"]
     assert pending, "groups were in flight or queued at the checkpoint"

@@ -7,7 +7,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from codeloop.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from codeloop.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from codeloop.trainer.model import tiny_model
 
 
@@ -40,3 +45,19 @@ def test_a_resumed_process_draws_the_numbers_the_saved_one_would_have(tmp_path: 
     step, extra = load_checkpoint(path, *_state())
     assert (step, extra) == (7, {"data_position": 11})
     assert [_draws() for _ in range(3)] == expected
+
+
+def test_one_reader_for_the_state_of_new_and_older_checkpoints(tmp_path: Path) -> None:
+    model, optimizer, schedule = _state()
+    schedule.step()
+    path = save_checkpoint(tmp_path, 3, model, optimizer, schedule, {"pending": [7]}, keep=1)
+    state = read_state(path)
+    assert state["step"] == 3 and state["extra"] == {"pending": [7]}
+    assert state["lr_schedule"]["last_epoch"] == 1 and "scheduler" not in state
+    older = torch.load(path / "state.pt", weights_only=False)  # as written before the rename
+    older["scheduler"] = older.pop("lr_schedule")
+    torch.save(older, path / "state.pt")
+    assert read_state(path)["lr_schedule"]["last_epoch"] == 1
+    fresh_model, fresh_optimizer, fresh_schedule = _state()
+    assert load_checkpoint(path, fresh_model, fresh_optimizer, fresh_schedule)[0] == 3
+    assert fresh_schedule.last_epoch == 1

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from leftovers import left_behind
 from trainer_helpers import cli_inputs, recipe_config, rl_arguments
 
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.logs import read_metrics
 
 KILL_AT = Path(__file__).with_name("kill_at.py")
@@ -48,7 +48,7 @@ def _check_whole(run_dir: Path, killed: list[int], steps: int = STEPS) -> list[d
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     last_three = [f"step_{s:06d}" for s in range(steps - 4, steps + 1, 2)]
     assert checkpoints == last_three  # trainer.keep_checkpoints, and no scratch copy
-    state = torch.load(run_dir / "checkpoints" / last_three[-1] / "state.pt", weights_only=False)
+    state = read_state(run_dir / "checkpoints" / last_three[-1])
     assert state["step"] == steps
     assert not list(run_dir.rglob(".partial-*"))
     assert left_behind(killed) == []

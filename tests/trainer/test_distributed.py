@@ -17,6 +17,7 @@ from trainer_helpers import (  # noqa: F401  (trainer_fmt: the session fixture)
 from transformers import AutoModelForCausalLM
 
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World, pad_micro_batches
 from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.model import tiny_model
@@ -195,11 +196,9 @@ refilter_samples = 2
         summary = json.loads((run_dir / name / "stage.json").read_text())
         assert summary["steps"] == steps and summary["problems"] == 4
         assert [m["step"] for m in read_metrics(run_dir / name)] == [1]
-    first = torch.load(run_dir / "1-one" / "checkpoints" / "step_000001" / "state.pt",
-                       weights_only=False)  # fmt: skip
-    second = torch.load(run_dir / "2-two" / "checkpoints" / "step_000001" / "state.pt",
-                        weights_only=False)  # fmt: skip
-    step = [s["scheduler"]["last_epoch"] for s in (first, second)]
+    first = read_state(run_dir / "1-one" / "checkpoints" / "step_000001")
+    second = read_state(run_dir / "2-two" / "checkpoints" / "step_000001")
+    step = [s["lr_schedule"]["last_epoch"] for s in (first, second)]
     assert step == [1, 2]  # the optimiser and its schedule carried over from stage one
 
 

@@ -15,6 +15,7 @@ from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.groups import Drawn, SyncGroups, problem_at, samples_of
 from codeloop.trainer.logs import RunLogger, read_metrics
@@ -120,7 +121,7 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
     profile = (tmp_path / profiles[0]).read_text()
     assert profile.startswith("RL step 2: ") and "aten::" in profile  # the update's CPU ops
     assert "profile/gpu_share" not in history[1]  # on a CPU: no GPU to share the time with
-    state = torch.load(tmp_path / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    state = read_state(tmp_path / "checkpoints" / "step_000002")
     assert state["extra"]["pending"] == [41, 42]  # what the source saves, in the checkpoint
     assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
 
