@@ -49,6 +49,7 @@ def test_a_resumed_process_draws_the_numbers_the_saved_one_would_have(tmp_path: 
 
 def test_one_reader_for_the_state_of_new_and_older_checkpoints(tmp_path: Path) -> None:
     model, optimizer, schedule = _state()
+    optimizer.step()  # no gradients: nothing changes, but the schedule may step after it
     schedule.step()
     path = save_checkpoint(tmp_path, 3, model, optimizer, schedule, {"pending": [7]}, keep=1)
     state = read_state(path)
