@@ -206,7 +206,9 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     assert cli.main(["real", "--out", "runs/mine", "--trainer.output_dir", "runs/wins"]) == 0
     assert cli.main(["real", "--gpu", "--time-limit", "0"]) == 0
     assert cli.main(["real", "--time-limit", "30"]) == 0
-    assert minutes == [9.0, 0.0, 0.0, 0.0, 30.0]  # the GPU recipe's limit, unless one is given
+    assert cli.main(["real", "--eval-every-stage"]) == 0
+    assert minutes == [9.0, 0.0, 0.0, 0.0, 30.0, 0.0]  # the GPU recipe's limit, unless given
+    assert calls[-1][2] == Sizes(eval_every_stage=True) and not calls[1][2].eval_every_stage
     assert calls[2][1] == [
         "--trainer.output_dir",
         "runs/mine",
