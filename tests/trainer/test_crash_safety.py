@@ -39,6 +39,21 @@ def _start(command: list[str]) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
+def _killed_at(point: str, n: int, args: list[str]) -> int:
+    """Runs `codeloop ARGS` until it is killed at the Nth `point` (`kill_at.py`); its pid."""
+    run = _start([str(KILL_AT), point, str(n), *args])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
+    return run.pid
+
+
+def _finish(args: list[str]) -> None:
+    """Runs `codeloop ARGS` to its end."""
+    run = _start(["-m", "codeloop", *args])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+
+
 def _check_whole(run_dir: Path, killed: list[int], steps: int = STEPS) -> list[dict[str, float]]:
     """The run's log has every step once; its last checkpoint loads; nothing is left over."""
     metrics = read_metrics(run_dir)
@@ -61,15 +76,8 @@ def test_a_run_killed_at_chosen_moments_logs_each_step_once(
     trainer_fmt: PromptFormat, tmp_path: Path, mode: str
 ) -> None:
     args = _train_args(trainer_fmt, tmp_path, mode)
-    killed = []
-    for point, n in POINTS:
-        run = _start([str(KILL_AT), point, str(n), *args])
-        _, err = run.communicate(timeout=300)
-        assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
-        killed.append(run.pid)
-    finished = _start(["-m", "codeloop", *args])
-    _, err = finished.communicate(timeout=300)
-    assert finished.returncode == 0, err[-3000:]
+    killed = [_killed_at(point, n, args) for point, n in POINTS]
+    _finish(args)
     metrics = _check_whole(tmp_path / "run", killed)
     if mode == "sync":  # exact resume: the same steps as a run never killed
         clean_root = tmp_path / "clean"
@@ -101,16 +109,9 @@ def test_a_run_killed_at_random_moments_logs_each_step_once(
 ) -> None:
     args = _train_args(trainer_fmt, tmp_path, mode, steps=RANDOM_STEPS)
     rng = random.Random(f"{mode}-kills")
-    killed = []
-    for _ in range(KILLS):
-        point, n = _random_kill(rng, tmp_path / "run", RANDOM_STEPS)
-        run = _start([str(KILL_AT), point, str(n), *args])
-        _, err = run.communicate(timeout=300)
-        assert run.returncode == -9, f"{point} {n}: not killed: {err[-2000:]}"
-        killed.append(run.pid)
-    run = _start(["-m", "codeloop", *args])
-    _, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err[-3000:]
+    killed = [_killed_at(*_random_kill(rng, tmp_path / "run", RANDOM_STEPS), args)
+              for _ in range(KILLS)]  # fmt: skip
+    _finish(args)
     _check_whole(tmp_path / "run", killed, RANDOM_STEPS)
 
 
