@@ -216,3 +216,20 @@ def test_each_rank_schedules_over_its_own_servers_or_a_share_of_one() -> None:
         (["s0"], 2),
     ]
     assert rank_share([], World(1, 2)) == ([], 1)  # no servers: the in-process engine
+
+
+@pytest.mark.slow
+def test_held_out_problems_are_shared_out_and_gathered_under_torchrun(
+    trainer_fmt: PromptFormat,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    base, _, problems = cli_inputs(trainer_fmt, tmp_path)
+    run_dir = tmp_path / "rl"
+    common = [*rl_arguments(base, problems, run_dir, 2), "--trainer.max_steps", "1",
+              "--trainer.eval_every", "1", "--eval.data", str(problems), "--eval.k", "2",
+              "--eval.max_response_tokens", "16"]  # fmt: skip
+    _codeloop_torchrun("train", *common)
+    [metrics] = read_metrics(run_dir)
+    # rank 0 scores problems 0 and 2, rank 1 problems 1 and 3: the step logs all four once
+    assert metrics["eval/problems"] == 4 and metrics["eval/infrastructure_failures"] == 0
+    assert metrics["eval/pass@1_low"] <= metrics["eval/pass@1"] <= metrics["eval/pass@1_high"]
