@@ -264,8 +264,7 @@ def _compare(args: argparse.Namespace) -> int:
     common = sorted(set(a) & set(b))
     for name, given, values in (("A", args.a, a), ("B", args.b, b)):
         shares = [values[i] for i in common]
-        mean = sum(shares) / len(shares)
-        print(f"{name}: {percent(mean, interval(shares, args.seed))}  {given}")
+        print(f"{name}: {percent(result[name.lower()], interval(shares, args.seed))}  {given}")
     if result["only_in_a"] or result["only_in_b"]:
         print(f"paired over the {result['problems']} problems both scored (left out: "
               f"{result['only_in_a']} only in A, {result['only_in_b']} only in B)")  # fmt: skip

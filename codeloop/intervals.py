@@ -28,13 +28,21 @@ RESAMPLES = 10_000
 METHOD = "95% percentile bootstrap over problems (the k samples of a problem kept together)"
 
 
+def _blocks(n: int) -> list[int]:
+    """`RESAMPLES` cut into blocks of at most ~2M values of `n` problems each: a resampling
+    matrix of 10,000 x 50,000 problems would take 4 GB at once."""
+    size = max(1, 2_000_000 // max(n, 1))
+    return [min(size, RESAMPLES - start) for start in range(0, RESAMPLES, size)]
+
+
 def interval(scores: Sequence[float], seed: int = 0) -> tuple[float, float]:
     """The 95% interval of the mean of per-problem `scores` (shares correct, or differences)."""
     if not scores:
         raise ValueError("interval: no problems")
     values = np.asarray(scores, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), (RESAMPLES, len(values)))].mean(axis=1)
+    means = np.concatenate([values[rng.integers(0, len(values), (rows, len(values)))].mean(axis=1)
+                            for rows in _blocks(len(values))])  # fmt: skip
     low, high = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return float(low), float(high)
 
@@ -50,10 +58,11 @@ def compare(a: Mapping[str, float], b: Mapping[str, float], seed: int = 0) -> di
     if not common:
         raise ValueError("compare: the two results share no problem")
     diffs = np.array([b[i] - a[i] for i in common])
-    low, high = interval(diffs.tolist(), seed) if len(common) > 1 else (diffs[0], diffs[0])
+    low, high = interval(diffs.tolist(), seed)
     rng = np.random.default_rng(seed + 1)
-    signs = rng.choice(np.array([-1.0, 1.0]), size=(RESAMPLES, len(common)))
-    flipped = np.abs((signs * diffs).mean(axis=1))
+    signs = np.array([-1.0, 1.0])
+    flipped = np.concatenate([np.abs((rng.choice(signs, (rows, len(common))) * diffs).mean(axis=1))
+                              for rows in _blocks(len(common))])  # fmt: skip
     observed = abs(float(diffs.mean()))
     p_value = float((np.count_nonzero(flipped >= observed - 1e-12) + 1) / (RESAMPLES + 1))
     return {

@@ -40,18 +40,20 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
 
 
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
-    """Accuracy (avg@k) with its 95% interval over problems (`intervals.py`) and each
+    """Accuracy (avg@k, over problems) with its 95% interval over problems (`intervals.py`) and each
     problem's share (`per_problem`, for paired comparisons), mean response and policy tokens,
     tool calls, and the tool-error ratio among correct answers (`rollout/stats.py`), over the
     trajectories that infrastructure did not fail (`infrastructure_failures` counts those)."""
     shares, failed = problem_shares(groups)
     if not shares:
         raise RunError(f"all {failed} trajectories failed in the engine or the sandbox: "
-                          "nothing to score")  # fmt: skip
+                       "nothing to score")  # fmt: skip
     found = trajectory_stats([t for g in groups for t in g if not t.unscorable])
-    keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct",
-            "tool_calls")  # fmt: skip
+    keys = ("response_tokens", "policy_tokens", "tool_error_ratio_correct", "tool_calls")
     return {
+        # avg@k: the mean over problems of their shares, the quantity its interval is of (a
+        # problem that lost samples to infrastructure counts as much as any other)
+        "accuracy": sum(shares.values()) / len(shares),
         **{key: found[key] for key in keys},
         "accuracy_interval95": list(interval(list(shares.values()))),
         "problems": len(shares),

@@ -103,3 +103,13 @@ def test_compare_names_what_it_cannot_read(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == f"codeloop compare: {tmp_path}: no results.jsonl (give a codeloop " \
                           "eval output directory or its results.jsonl)\n"  # fmt: skip
+
+
+def test_resampling_is_done_in_blocks_that_add_up_to_every_resample() -> None:
+    from codeloop.intervals import RESAMPLES, _blocks
+
+    for problems in (1, 100, 200, 201, 5_000, 50_000, 3_000_000):
+        blocks = _blocks(problems)
+        assert sum(blocks) == RESAMPLES and min(blocks) >= 1
+        assert max(blocks) * problems <= max(2_000_000, problems)  # at most ~2M values at once
+    assert _blocks(100) == [RESAMPLES]  # small benchmarks: one matrix, as drawn before

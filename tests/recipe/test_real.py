@@ -229,3 +229,24 @@ def test_the_gpu_config_loads_with_the_engines_slots() -> None:
     assert cfg.rollout.engine_max_batch == 256
     assert [s.name for s in cfg.recipe.stages] == ["stage1-short", "stage2-long"]
     assert cfg.trainer.output_dir == "runs/real-gpu"
+
+
+def test_policy_metrics_score_problems_and_leave_out_what_infrastructure_failed() -> None:
+    from codeloop.eval.passrate import policy_metrics
+
+    def sample(problem: str, reward: float, status: RolloutStatus) -> Trajectory:
+        t = Trajectory(problem, 0, [1], [2], [1], [0.0], status, [], text="<answer>1</answer>")
+        t.reward = reward
+        return t
+
+    right, wrong, failed = RolloutStatus.ANSWERED, RolloutStatus.ANSWERED, RolloutStatus.ERROR
+    groups = [[sample("a", 1.0, right), sample("a", 1.0, right)],
+              [sample("b", 0.0, wrong), sample("b", 1.0, failed)],  # the engine failed one
+              [sample("c", 1.0, failed), sample("c", 1.0, failed)]]  # fmt: skip
+    metrics = policy_metrics(groups)
+    # a: 2 of 2, b: 0 of 1 scored, c: nothing scored; avg@k over problems (1 + 0) / 2, not the
+    # trajectories' 2 of 3, and the failed ones' rewards count for nothing
+    assert metrics["per_problem"] == {"a": 1.0, "b": 0.0}
+    assert metrics["accuracy"] == 0.5 and metrics["problems"] == 2
+    assert metrics["infrastructure_failures"] == 3
+    assert metrics["accuracy_interval95"] == [0.0, 1.0]  # two problems, 1 and 0
