@@ -54,3 +54,15 @@ def trim_when_above(share: float = TRIM_SHARE) -> bool:
         return False
     _LIBC.malloc_trim(0)
     return True
+
+
+def available_memory() -> int:
+    """Bytes the machine can still give (MemAvailable: free plus reclaimable caches)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -400,9 +400,25 @@ def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
           f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s", flush=True)  # fmt: skip
 
 
+def _print_stats(engine: Engine) -> dict[str, float]:
+    """The engine's own counters (`EngineStats`) under its row; returns them for the report."""
+    if not isinstance(engine, TransformersEngine):
+        return {}
+    found = engine.stats().metrics()
+    busy = found["prefill_s"] + found["decode_s"] + found["host_s"]
+    print(f"    {found['steps']:.0f} decoding steps of {found['rows_per_step']:.1f} rows; "
+          f"{found['prefills']:.0f} prefills of {found['prefill_tokens']:.0f} tokens, "
+          f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache; "
+          f"time in prefill {found['prefill_s']:.2f} s, decoding {found['decode_s']:.2f} s, "
+          f"between steps {found['host_s']:.2f} s ({100 * found['host_s'] / max(busy, 1e-9):.0f}"
+          f"%); {found['graphs']:.0f} graphs captured", flush=True)  # fmt: skip
+    return found
+
+
 def _plain_rows(model: Any, fmt: PromptFormat, prompts: list[list[int]],
                 args: argparse.Namespace, cpu: bool, record: Callable[[str, Any], None],
-                sampled: list[Generation]) -> None:  # fmt: skip
+                record_stats: Callable[[str, Any], None], sampled: list[Generation]
+                ) -> None:  # fmt: skip
     """Plain generation by transformers' baselines and the engines, each run `--repeat` times
     (the last one recorded: the first pays compilation and graph capture)."""
     pad_id = fmt.tokenizer.pad_token_id or 0
@@ -437,6 +453,7 @@ def _plain_rows(model: Any, fmt: PromptFormat, prompts: list[list[int]],
         if name == "continuous":  # the recorded run's tokens, for the logprob gap
             sampled += timed.pop("generations")
         record(name, {k: v for k, v in timed.items() if k != "generations"})
+        record_stats(name, _print_stats(engine))
 
 
 def _ratios(rows: dict[str, Any]) -> dict[str, float]:
@@ -456,6 +473,10 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
     if "tools_static" in rows:
         ratios["agent: continuous / static"] = speed("tools_overlapped") / speed("tools_static")
     ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / speed("tools_serialised")
+    ratios["agent: overlapped / plain continuous"] = speed("tools_overlapped") / speed("continuous")
+    if "tools_joins_at_once" in rows:
+        at_once = speed("tools_joins_at_once")
+        ratios["agent: joins batched / joins at once"] = speed("tools_overlapped") / at_once
     return ratios
 
 
@@ -528,11 +549,15 @@ def main(argv: list[str]) -> int:
         rows[row] = {**measured, "gflops": measured["tokens_per_s"] * flops_per_token / 1e9}
         _print(row, rows[row], peak)
 
+    def record_stats(row: str, found: dict[str, float]) -> None:
+        if found:
+            rows[row]["engine"] = found
+
     print(f"plain generation: {args.requests} requests x {args.gen_tokens} tokens", flush=True)
     sampled: list[Generation] = []
     cpu = device.type == "cpu"
     with torch.no_grad():
-        _plain_rows(model, fmt, prompts, args, cpu, record, sampled)
+        _plain_rows(model, fmt, prompts, args, cpu, record, record_stats, sampled)
     if args.profile:
         engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
         try:
@@ -562,10 +587,18 @@ def main(argv: list[str]) -> int:
           flush=True)  # fmt: skip
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
-    for row, serialised in (("tools_overlapped", False), ("tools_serialised", True)):
-        engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
+    agent_rows: list[tuple[str, bool, int | None]] = [
+        ("tools_overlapped", False, None),
+        ("tools_serialised", True, None),
+    ]
+    if TransformersEngine(model, fmt.tokenizer, set(), 1).join_wait_steps:
+        agent_rows.append(("tools_joins_at_once", False, 0))  # the baseline of batched joins
+    for row, serialised, join_wait in agent_rows:
+        engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch,
+                                    join_wait_steps=join_wait)  # fmt: skip
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
+        record_stats(row, _print_stats(engine))
     if cpu:
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():

@@ -34,6 +34,7 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
 
     policy = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype=dtype)
     engine = TransformersEngine(policy, fmt.tokenizer, fmt.end_of_turn_ids, **engine_options)
+    engine.plan(rollout.max_response_tokens)
     with Verifier(reward) as verifier:
         agent = Agent(engine, tools, fmt, rollout)
         return await collect(agent, problems, k, verifier, seed, progress=progress)

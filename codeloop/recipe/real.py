@@ -97,15 +97,17 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
 async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
                    cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
     """Development-split metrics of `model` at the `[eval]` sampling settings."""
-    # The reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when set):
-    # unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation past
-    # 19 GB on a 24 GB machine.
+    # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
+    # set): unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation
+    # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
+    # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
+    on_gpu = next(model.parameters()).device.type == "cuda"
     groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
                                   cfg.reward, samples, cfg.trainer.seed,
                                   resolve_dtype(cfg.trainer.dtype), "eval",
                                   max_batch=cfg.rollout.engine_max_batch,
                                   max_kv_tokens=(cfg.rollout.kv_capacity_tokens
-                                                 or EVAL_KV_TOKENS))  # fmt: skip
+                                                 or (0 if on_gpu else EVAL_KV_TOKENS)))  # fmt: skip
     return {**policy_metrics(groups), **tool_metrics(groups)}
 
 

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +50,7 @@ from typing import Any, Literal
 import torch
 from transformers import DynamicCache
 
-from codeloop.memory import trim_when_above
+from codeloop.memory import available_memory, trim_when_above
 from codeloop.rollout.attention import use_decode_attention
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
@@ -66,6 +66,7 @@ class _Request:
     future: asyncio.Future[Generation]
     seed: int  # of its draws (`uniforms`)
     completers: Completers | None  # of its stop strings (`stop_completers`), looked up once
+    arrived_step: int  # the engine's decoding steps when it was queued
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -76,8 +77,55 @@ class _Request:
         return len(self.prompt_ids) + self.params.max_tokens
 
 
+@dataclass
+class EngineStats:
+    """What an engine did since it was made (`TransformersEngine.stats`): decoding steps and
+    the rows they decoded, prefills and the prompt tokens they computed or took from the
+    prefix cache, and where the time went. `prefill_s` and `decode_s` end at the step's one
+    device synchronisation (the sampled tokens' copy to the host), so on a GPU they hold the
+    device's work; `host_s` is the time between steps (results handed out, requests taken).
+    A prefix shared by the prompts of one prefill is computed once and counted as served."""
+
+    steps: int = 0
+    rows_decoded: int = 0
+    prefills: int = 0
+    prefill_tokens: int = 0  # not served from the prefix cache (identical prompts once)
+    reused_tokens: int = 0  # served from the prefix cache
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    host_s: float = 0.0
+    graphs: int = 0
+
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """What was done after `earlier` (an earlier `stats()` of the same engine)."""
+        return EngineStats(**{k: v - getattr(earlier, k) for k, v in vars(self).items()})
+
+    def __add__(self, other: EngineStats) -> EngineStats:
+        return EngineStats(**{k: v + getattr(other, k) for k, v in vars(self).items()})
+
+    def metrics(self) -> dict[str, float]:
+        """Flat figures for logs and the bench: the counters, mean rows per step, and the
+        share of prompt tokens served from the cache."""
+        prompt = self.prefill_tokens + self.reused_tokens
+        return {
+            "steps": self.steps, "prefills": self.prefills,
+            "prefill_tokens": self.prefill_tokens, "reused_tokens": self.reused_tokens,
+            "rows_per_step": self.rows_decoded / max(self.steps, 1),
+            "prefix_reuse": self.reused_tokens / prompt if prompt else 0.0,
+            "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_s": self.host_s,
+            "graphs": self.graphs,
+        }  # fmt: skip
+
+
 TRIM_EVERY_STEPS = 32  # decoding steps between checks that freed memory goes back (memory.py)
 KV_MEMORY_SHARE = 0.25  # of the memory free when an engine starts, for its KV cache
+PREFIX_CACHE_TOKENS = 32768  # the prefix cache without slots (a CPU's DynamicCache path)
+# On the slot path with graphs, a joining request waits for others until this many decoding
+# steps have passed or a sixteenth of the running rows are waiting: every prefill is an eager
+# forward of the whole model (hundreds of kernel launches) whatever its rows, and with 256
+# trajectories in flight about two turns end every step.
+JOIN_WAIT_STEPS = 8
+JOIN_SHARE = 16
 
 
 def default_kv_tokens(model: Any) -> int:
@@ -94,29 +142,18 @@ def default_kv_tokens(model: Any) -> int:
     if parameter.device.type == "cuda":
         free = int(torch.cuda.mem_get_info(parameter.device)[0])
     else:
-        free = _available_memory()
+        free = available_memory()
     return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
-
-
-def _available_memory() -> int:
-    """Bytes the machine can still give (MemAvailable: free plus reclaimable caches)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class TransformersEngine:
     """`Engine` over a `transformers` model; see the module docstring."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
-                 max_batch: int = 64, max_kv_tokens: int = 0, prefix_cache_tokens: int = 32768,
-                 batch_window_ms: float = 5.0, step_in_thread: bool | None = None,
-                 slot_cache: bool | None = None) -> None:  # fmt: skip
+                 max_batch: int = 64, max_kv_tokens: int = 0,
+                 prefix_cache_tokens: int | None = None, batch_window_ms: float = 5.0,
+                 step_in_thread: bool | None = None, slot_cache: bool | None = None,
+                 join_wait_steps: int | None = None) -> None:  # fmt: skip
         self.model = model.eval()
         # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
         # or transformers' DynamicCache (kv_batch.py). None: slots on a GPU where the model's
@@ -142,18 +179,49 @@ class TransformersEngine:
         self.max_kv_tokens = max_kv_tokens or default_kv_tokens(model)
         self.batch_window_s = batch_window_ms / 1000
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.steps_run = self.prefills_run = 0
         self.version = 0  # of the weights: update_weights advances it
         self._queue: list[_Request] = []
         self._running: list[_Request] = []
         self._batch: KVBatch | SlotBatch | None = None
+        # The prefix cache. None: on slots as many tokens as the engine admits (a returning
+        # turn of any trajectory in flight finds its KV), else PREFIX_CACHE_TOKENS.
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = self.max_kv_tokens if self.slots else PREFIX_CACHE_TOKENS
         self.prefixes = PrefixCache(prefix_cache_tokens)
+        # Decoding steps a joining request may wait for others (JOIN_WAIT_STEPS); None: that
+        # on slots with graphs, 0 (join at the next step) elsewhere.
+        if join_wait_steps is None:
+            join_wait_steps = JOIN_WAIT_STEPS if self.slots and self.slots.graphs_on else 0
+        self.join_wait_steps = join_wait_steps
+        self._stats = EngineStats()
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
         self._seeds = torch.Generator().manual_seed(0)  # of the requests without a seed
         # transformers 5 renamed `past_key_values` to `cache` (and warns on the old name)
         forward = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
+
+    @property
+    def steps_run(self) -> int:
+        return self._stats.steps
+
+    @property
+    def prefills_run(self) -> int:
+        return self._stats.prefills
+
+    def stats(self) -> EngineStats:
+        """What the engine did since it was made (a copy)."""
+        stats = EngineStats(**vars(self._stats))
+        stats.reused_tokens = self.prefixes.reused_tokens
+        stats.graphs = self.slots.graphs_captured if self.slots else 0
+        return stats
+
+    def plan(self, tokens: int) -> None:
+        """Allocate the slots for sequences of `tokens` now (a `RunError` naming the sizes if
+        they cannot fit) rather than at the first request that needs them; a no-op without
+        slots."""
+        if self.slots is not None:
+            self.slots.ensure_columns(tokens)
 
     @property
     def waiting(self) -> int:
@@ -182,7 +250,8 @@ class TransformersEngine:
         seed = (int(torch.randint(SEEDS, (), generator=self._seeds)) if params.seed is None
                 else params.seed % SEEDS)  # fmt: skip
         completers = stop_completers(self.tokenizer, params.stop) if params.stop else None
-        self._queue.append(_Request(list(prompt_ids), params, future, seed, completers))
+        self._queue.append(_Request(list(prompt_ids), params, future, seed, completers,
+                                    self._stats.steps))  # fmt: skip
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
         return await future
@@ -190,13 +259,14 @@ class TransformersEngine:
     async def _serve(self) -> None:
         await asyncio.sleep(self.batch_window_s)  # let the requests of one burst prefill together
         while self._queue or self._running:
-            joining = self._admit()
+            joining = self._admit() if self._join_now() else []
             try:
                 if self.step_in_thread:
                     done = await asyncio.to_thread(self._step, joining)
                 else:
                     done = self._step(joining)
                     await asyncio.sleep(0)  # callers, tool results and new requests run now
+                began = time.perf_counter()
             except Exception as err:
                 for request in [*self._running, *joining]:
                     if not request.future.done():
@@ -213,6 +283,18 @@ class TransformersEngine:
                             request.out_versions,
                         )
                     )
+            self._stats.host_s += time.perf_counter() - began
+
+    def _join_now(self) -> bool:
+        """Whether the queued requests join at this step (`join_wait_steps`): at once with
+        nothing running, else once enough of them wait or the first has waited long enough."""
+        if not self._queue or not self._running or not self.join_wait_steps:
+            return True
+        if len(self._queue) >= max(1, len(self._running) // JOIN_SHARE):
+            return True
+        free = self.max_batch - len(self._running)
+        waited = self._stats.steps - self._queue[0].arrived_step
+        return len(self._queue) >= free or waited >= self.join_wait_steps
 
     def _admit(self) -> list[_Request]:
         """Queued requests that fit beside the running ones, in arrival order."""
@@ -249,23 +331,33 @@ class TransformersEngine:
         with self._weights_lock:
             device = next(self.model.parameters()).device
             finished: list[_Request] = []
+            stats = self._stats
             if joining:
-                self.prefills_run += 1
+                began = time.perf_counter()
+                stats.prefills += 1
+                reused = self.prefixes.reused_tokens
                 batch, logits = self._prefill(joining, device)
                 done, joined = self._sample_and_retire(joining, batch, logits)
                 finished += done
                 if joined:
                     self._batch = batch if self._batch is None else self._batch.merge(batch)  # type: ignore[arg-type]
                     self._running += joined
+                unique = {tuple(r.prompt_ids) for r in joining}  # prefilled once each
+                stats.prefill_tokens += (sum(map(len, unique))
+                                         - (self.prefixes.reused_tokens - reused))  # fmt: skip
+                stats.prefill_s += time.perf_counter() - began
             if self._running:
                 assert self._batch is not None
-                self.steps_run += 1
-                if self.steps_run % TRIM_EVERY_STEPS == 0:
+                began = time.perf_counter()
+                stats.steps += 1
+                stats.rows_decoded += len(self._running)
+                if stats.steps % TRIM_EVERY_STEPS == 0:
                     trim_when_above()  # KV buffers of changing sizes pile up in glibc otherwise
                 tokens = torch.tensor([r.out_ids[-1] for r in self._running], device=device)
                 logits = self._batch.decode(self._forward, tokens)
                 done, self._running = self._sample_and_retire(self._running, self._batch, logits)
                 finished += done
+                stats.decode_s += time.perf_counter() - began
             if not self._running:
                 self._batch = None
             return finished

@@ -39,22 +39,32 @@ class CachedPrefix:
 
 
 class PrefixCache:
-    """See the module docstring. `max_tokens` 0 disables it."""
+    """See the module docstring. `max_tokens` 0 disables it.
+
+    Entries are indexed by chained hashes of their whole blocks of `BLOCK` tokens, so that a
+    lookup compares a prompt with the few entries that share its deepest block rather than
+    with every entry (a scan of 512 entries of ~1,000 tokens took tens of milliseconds a
+    lookup); the hashes only choose candidates, whose common prefix is then counted exactly."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self.tokens = 0
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to an entry
         self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
+        # chain hash of a block -> the entries holding the blocks up to it; and the entries
+        # whose last whole block it is (None: entries shorter than a block)
+        self._holding: dict[int, set[tuple[int, ...]]] = {}
+        self._ending: dict[int | None, set[tuple[int, ...]]] = {}
 
     def lookup(self, prompt: Sequence[int]) -> tuple[int, CachedPrefix | None]:
         """The longest reusable prefix of `prompt` (at most all but its last token, whose
         logits are needed) and the entry that holds it."""
-        best, found, prompt = 0, None, tuple(prompt)
-        for entry in self._entries.values():
-            n = _common_prefix(entry.ids, prompt, min(len(prompt) - 1, len(entry.ids)))
+        prompt = tuple(prompt)
+        best, found, limit = 0, None, len(prompt) - 1
+        for ids in self._candidates(prompt[:limit]):
+            n = _common_prefix(ids, prompt, min(limit, len(ids)))
             if n > best:
-                best, found = n, entry
+                best, found = n, self._entries[ids]
         if found is not None:
             self._entries.move_to_end(found.ids)
             self.reused_tokens += best
@@ -62,22 +72,74 @@ class PrefixCache:
 
     def peek(self, ids: tuple[int, ...]) -> int:
         """How many of `ids` an entry holds (a lookup that changes nothing)."""
-        return max((_common_prefix(e.ids, ids, len(ids)) for e in self._entries.values()),
+        return max((_common_prefix(e, ids, min(len(ids), len(e))) for e in self._candidates(ids)),
                    default=0)  # fmt: skip
+
+    def _candidates(self, ids: tuple[int, ...]) -> set[tuple[int, ...]]:
+        """Entries among which the longest common prefix with `ids` is: those holding the
+        deepest block of `ids` that any entry holds, or, when none holds its first block, the
+        entries shorter than a block and those starting with its first token."""
+        deepest = None
+        for chain in _chain(ids):
+            if chain not in self._holding:
+                break
+            deepest = chain
+        if deepest is not None:
+            return self._holding[deepest]
+        return {e for e in self._entries if e[:1] == ids[:1]} if ids else set()
 
     def store(self, ids: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if not self.max_tokens or len(ids) > self.max_tokens:
             return
-        for key in [k for k in self._entries if ids[: len(k)] == k]:  # prefixes of the new one
-            self.tokens -= len(self._entries.pop(key).ids)
+        chains = _chain(ids)
+        for key in self._prefixes_of(ids, chains):
+            self._remove(key)
+        if ids in self._entries:
+            self._remove(ids)
         self._entries[ids] = CachedPrefix(ids, kv)
         self.tokens += len(ids)
+        for chain in chains:
+            self._holding.setdefault(chain, set()).add(ids)
+        self._ending.setdefault(chains[-1] if chains else None, set()).add(ids)
         while self.tokens > self.max_tokens:
-            self.tokens -= len(self._entries.popitem(last=False)[1].ids)
+            self._remove(next(iter(self._entries)))
+
+    def _prefixes_of(self, ids: tuple[int, ...], chains: list[int]) -> list[tuple[int, ...]]:
+        """The entries that are prefixes of `ids` (a new entry supersedes them)."""
+        ends = [None, *chains]
+        return [key for end in ends for key in self._ending.get(end, ())
+                if len(key) <= len(ids) and ids[: len(key)] == key]  # fmt: skip
+
+    def _remove(self, ids: tuple[int, ...]) -> None:
+        self.tokens -= len(self._entries.pop(ids).ids)
+        chains = _chain(ids)
+        for chain in chains:
+            holders = self._holding[chain]
+            holders.discard(ids)
+            if not holders:
+                del self._holding[chain]
+        end = chains[-1] if chains else None
+        self._ending[end].discard(ids)
+        if not self._ending[end]:
+            del self._ending[end]
 
     def clear(self) -> None:
         self._entries.clear()
+        self._holding.clear()
+        self._ending.clear()
         self.tokens = 0
+
+
+BLOCK = 16  # tokens per hashed block of the prefix cache's index
+
+
+def _chain(ids: tuple[int, ...]) -> list[int]:
+    """Chained hashes of the whole blocks of `ids`: the k-th stands for ids[: (k + 1) * BLOCK]."""
+    chains, chain = [], 0
+    for start in range(0, len(ids) - BLOCK + 1, BLOCK):
+        chain = hash((chain, ids[start : start + BLOCK]))
+        chains.append(chain)
+    return chains
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:

@@ -40,12 +40,30 @@ from typing import Any
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from codeloop.errors import RunError
+from codeloop.memory import available_memory
 from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more
 MIN_WIDTH = 128  # the fewest columns a decoding step reads
 PREFILL_SCORES = 2**26  # attention-score elements of one prefill chunk (rows x heads x q x k)
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on `device` (the GPU's free memory, or the machine's
+    available memory)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return available_memory()
+
+
+def _size(count: int) -> str:
+    """Bytes in the largest binary unit that leaves at least 1 of it."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -103,13 +121,15 @@ class SlotDecoder:
 
     def ensure_columns(self, needed: int) -> None:
         """Room for positions 0..needed-1 in every slot (the cache grows by doubling; the
-        captured graphs are dropped, as they read the old cache)."""
+        captured graphs are dropped, as they read the old cache). Refused with a `RunError`
+        naming the sizes when the new cache would not fit in the memory free now."""
         if needed <= self.columns:
             return
         columns = max(self.columns, MIN_COLUMNS)
         while columns < needed:
             columns *= 2
         shape = (len(self.layers), 2, self.rows, self.kv_heads, columns, self.head_dim)
+        self._check_fits(shape, needed)
         kv = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if self.columns:
             kv[..., : self.columns, :] = self.kv
@@ -119,6 +139,19 @@ class SlotDecoder:
         cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, columns, head_dim]
         self.cos, self.sin = cos[0], sin[0]
         self._graphs.clear()
+
+    def _check_fits(self, shape: tuple[int, ...], needed: int) -> None:
+        per_token = shape[0] * shape[1] * shape[3] * shape[5] * self.kv.element_size()
+        wanted = per_token * shape[2] * shape[4]
+        free = free_memory(self.device)
+        if wanted > free:
+            where = "the GPU" if self.device.type == "cuda" else "the machine"
+            raise RunError(
+                f"the engine's KV slots for {needed:,} tokens need {_size(wanted)} "
+                f"({shape[2]} rows x {shape[4]:,} tokens x {_size(per_token)} a token) and "
+                f"{where} has {_size(free)} free: lower rollout.engine_max_batch or the token "
+                "budgets (rollout.max_response_tokens)"
+            )
 
     def width(self, longest: int) -> int:
         """The columns a step reads when its rows hold at most `longest` tokens (this step's

@@ -31,7 +31,7 @@ from codeloop.config import Config, ConfigError
 from codeloop.data.problems import DataError, Problem
 from codeloop.progress import progress_bar
 from codeloop.rollout.engine import ToolExecutor
-from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.hf_engine import EngineStats, TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.trainer.async_rl import AsyncGroups
@@ -68,6 +68,7 @@ class RLRun:
         source, clock = self.source, Clock()
         assert source is not None, "RLRun.step runs inside RLRun.train"
         profiled = self._profile(self.step_index + 1)
+        engine_before = self.rollout.engine_stats()
         drawn = await source.draw()
         waited = clock.lap(source.wait_metric)
         losses = await self.learner.update_async(drawn.samples, source.in_thread)
@@ -78,6 +79,7 @@ class RLRun:
         clock.lap("timing/sync_s")
         evaluated = await self.evaluate(clock)
         local, counts = source.metrics(drawn, waited, updated)
+        local |= _engine_metrics(self.rollout.engine_stats(), engine_before)
         if profiled is not None:
             local |= profiled.stop(self.logger.run_dir, self.step_index, self.world.is_main)
         return self.finish_step(drawn, clock.timings() | local | evaluated, losses, counts)
@@ -227,6 +229,16 @@ class Clock:
 
     def timings(self) -> dict[str, float]:
         return self.laps | {"timing/step_s": sum(self.laps.values())}
+
+
+def _engine_metrics(now: EngineStats | None, before: EngineStats | None) -> dict[str, float]:
+    """The in-process engines' work between two of their `stats()` (`engine/...`; none on
+    servers): decoding steps, rows a step, prefills, prompt tokens computed and the share
+    served from the prefix cache, seconds in prefill, decoding and between steps, graphs
+    captured."""
+    if now is None or before is None:
+        return {}
+    return {f"engine/{key}": float(value) for key, value in now.since(before).metrics().items()}
 
 
 def _rollout_metrics(groups: list[Group]) -> dict[str, float]:

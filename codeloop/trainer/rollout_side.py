@@ -20,7 +20,7 @@ from codeloop.config import Config, ConfigError, RolloutConfig
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Engine, ToolExecutor
-from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.hf_engine import EngineStats, TransformersEngine
 from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
@@ -51,6 +51,11 @@ class RolloutSide:
                                           batch_size, self.kv_sharing)  # fmt: skip
         return Agent(scheduler, self.tools, self.fmt, rollout or self.cfg.rollout)
 
+    def engine_stats(self) -> EngineStats | None:
+        """The in-process engines' counters together; None on servers."""
+        local = [e.stats() for e in self.engines if isinstance(e, TransformersEngine)]
+        return sum(local, EngineStats()) if local else None
+
     async def close(self) -> None:
         """Close the verifier's workers and the servers' HTTP sessions."""
         self.verifier.close()
@@ -78,6 +83,7 @@ def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecuto
             copy.deepcopy(model).to(world.device, world.compute_dtype), fmt.tokenizer,
             fmt.end_of_turn_ids, max_batch=r.engine_max_batch, max_kv_tokens=r.kv_capacity_tokens,
         )  # fmt: skip
+        local.plan(r.max_response_tokens)  # a budget that cannot fit is refused before step 1
         sink, engines = EngineSink(local), [local]
     return RolloutSide(cfg, engines, sharing, tools, fmt, Verifier(cfg.reward), sink, every)
 

@@ -172,7 +172,13 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
                                      else "continuous / best of transformers (generate_static)",
                                      "continuous / static",
                                      "agent: continuous / static",
-                                     "agent: overlapped / serialised"}  # fmt: skip
+                                     "agent: overlapped / serialised",
+                                     "agent: overlapped / plain continuous"}  # fmt: skip
+    # the engines' own counters beside their rows: 3 requests of 5 tokens, prefilled together
+    counted = rows["continuous"]["engine"]
+    assert counted["prefills"] == 1 and counted["steps"] == 4 and counted["rows_per_step"] == 3
+    assert rows["tools_overlapped"]["engine"]["prefills"] >= 3  # each turn joined
+    assert "engine" not in rows["static"]  # it keeps no counters
     # float32 throughout: the engine's logprobs are the full forward pass's (padding only)
     assert report["logprob_gap"]["tokens"] == 3 * 5
     assert report["logprob_gap"]["max_abs"] < 1e-4
@@ -194,11 +200,14 @@ def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
         "continuous": row(15000),
         "tools_overlapped": row(900),
         "tools_serialised": row(300),
+        "tools_joins_at_once": row(600),
     }
     assert _ratios(rows) == {
         "continuous / generate": 5.0,
         "continuous / best of transformers (generate)": 5.0,
         "agent: overlapped / serialised": 3.0,
+        "agent: overlapped / plain continuous": 0.06,
+        "agent: joins batched / joins at once": 1.5,
     }
     rows["generate_static"] = row(6000)
     rows["static"], rows["tools_static"] = row(1000), row(450)
@@ -324,6 +333,67 @@ def test_a_request_joins_the_running_batch_and_leaves_when_it_stops(
     assert finished == ["short", "long"]
     # the short request's 3 decoding steps were shared with the long one's 59
     assert engine.steps_run - steps_before == 59
+
+
+def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    from codeloop.rollout.hf_engine import JOIN_SHARE
+
+    waiting = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=4,
+                                 slot_cache=engine.slots is not None)  # fmt: skip
+    long = fmt.encode("def f(n): return n ** 2")
+    rows = 2 * JOIN_SHARE + 1  # running: two waiting requests are enough to join at once
+    prompts = [fmt.encode(q) for q in ("x", "print(1)", "y = 2")]
+    alone = [asyncio.run(engine.generate(p, SamplingParams(6, seed=i))) for i, p in
+             enumerate(prompts)]  # fmt: skip
+    prefills: list[tuple[list[int], int]] = []  # (steps when each joiner arrived, steps now)
+    prefill = waiting._prefill
+
+    def recording(joining: Any, device: Any) -> Any:
+        prefills.append(([r.arrived_step for r in joining], waiting.steps_run))
+        return prefill(joining, device)
+
+    waiting._prefill = recording  # type: ignore[method-assign]
+
+    async def main() -> list[Generation]:
+        first = [waiting.generate(long, SamplingParams(40, seed=s)) for s in range(rows)]
+        running = asyncio.gather(*first)
+        while waiting.steps_run < 2:
+            await asyncio.sleep(0.001)
+        one = await waiting.generate(prompts[0], SamplingParams(6, seed=0))  # alone: it waits
+        two = [waiting.generate(p, SamplingParams(6, seed=i)) for i, p in
+               enumerate(prompts[1:], 1)]  # fmt: skip
+        others = await asyncio.gather(*two)
+        await running
+        return [one, *others]
+
+    gens = asyncio.run(main())
+    assert len(prefills) == 3 and prefills[0] == ([0] * rows, 0)
+    (arrived,), at = prefills[1]
+    assert arrived >= 2 and at == arrived + 4  # one waiting request waited its 4 steps
+    arrived_together, at = prefills[2]
+    assert arrived_together == [at, at]  # two were enough: they joined at the next step
+    assert [g.token_ids for g in gens] == [g.token_ids for g in alone]  # waiting changed nothing
+
+
+def test_the_engine_counts_what_it_computed_and_what_the_cache_served(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    counted = TransformersEngine(engine.model, fmt.tokenizer, set(), prefix_cache_tokens=4096,
+                                 slot_cache=engine.slots is not None)  # fmt: skip
+    prompt = fmt.encode("What is 2 + 3?")
+    first = asyncio.run(counted.generate(prompt, SamplingParams(5, seed=1)))
+    follow = prompt + first.token_ids + fmt.encode("print(5)")
+    asyncio.run(counted.generate(follow, SamplingParams(3, seed=2)))
+    stats = counted.stats()
+    reused = len(prompt) + 4  # the first turn's prompt and the 4 tokens fed back
+    assert stats.reused_tokens == reused
+    assert stats.prefill_tokens == len(prompt) + len(follow) - reused
+    assert stats.prefills == 2 and stats.steps == 4 + 2 and stats.rows_decoded == 6
+    assert stats.metrics()["prefix_reuse"] == pytest.approx(reused / (len(prompt) + len(follow)))
+    assert stats.metrics()["rows_per_step"] == 1.0
+    assert stats.decode_s > 0 and stats.prefill_s > 0
 
 
 def test_max_batch_and_kv_tokens_cap_the_running_requests(
@@ -564,7 +634,7 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
     config = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     model = AutoModelForCausalLM.from_config(config)
-    monkeypatch.setattr(hf_engine, "_available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(hf_engine, "available_memory", lambda: 1 << 30)
     # per token: 2 (K, V) x 2 layers x 2 KV heads x 16 (64 / 4 heads) x 4 bytes = 512 bytes
     assert hf_engine.default_kv_tokens(model) == (1 << 30) // 4 // 512
     engine = TransformersEngine(model, fmt.tokenizer, set())

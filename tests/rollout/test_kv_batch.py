@@ -85,3 +85,45 @@ def test_rows_leave_and_join_in_place_with_every_rows_logits_unchanged(model: An
     batch.select([3, 0])  # out of order: copied out of the buffers
     rows = [rows[3], rows[0]]
     _decode(model, batch, rows, 2)
+
+
+def test_the_prefix_index_finds_what_a_scan_of_every_entry_finds() -> None:
+    import random
+
+    from codeloop.rollout.kv_batch import BLOCK
+
+    rng = random.Random(5)
+    system = tuple(rng.randrange(4) for _ in range(2 * BLOCK + 3))  # shared by most entries
+
+    def sequence() -> tuple[int, ...]:
+        head = system[: rng.choice([0, 1, BLOCK - 1, BLOCK, len(system)])]
+        return head + tuple(rng.randrange(3) for _ in range(rng.randrange(0, 4 * BLOCK)))
+
+    cache = PrefixCache(max_tokens=40 * BLOCK)
+    kept: dict[tuple[int, ...], None] = {}  # what a plain LRU list would hold
+    for _ in range(400):
+        ids = sequence()
+        if not ids:
+            continue
+        cache.store(ids, [(torch.zeros(1, len(ids), 1), torch.zeros(1, len(ids), 1))])
+        for key in [k for k in kept if ids[: len(k)] == k]:
+            del kept[key]
+        kept[ids] = None
+        while sum(map(len, kept)) > cache.max_tokens:
+            del kept[next(iter(kept))]
+        assert cache.tokens == sum(map(len, kept))
+        prompt = sequence() + (9,)
+        expected = max((_shared(k, prompt[:-1]) for k in kept), default=0)
+        n, entry = cache.lookup(prompt)
+        assert n == expected
+        assert (entry is None) == (n == 0)
+        if entry is not None:
+            assert entry.ids[:n] == prompt[:n]
+            kept[entry.ids] = kept.pop(entry.ids)  # a hit is the most recently used
+
+
+def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

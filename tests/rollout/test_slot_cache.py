@@ -222,3 +222,23 @@ def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat) -> None:
 async def _many(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams
                 ) -> list[Any]:  # fmt: skip
     return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
+
+
+def test_a_cache_that_cannot_fit_is_refused_with_its_sizes(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:  # fmt: skip
+    from codeloop.errors import RunError
+
+    model = _model(LlamaConfig(**SMALL))  # 2 layers x 2 (K, V) x 2 KV heads x 8 x 4 bytes
+    per_token = 2 * 2 * 2 * (32 // 4) * 4  # 256 bytes
+    decoder = SlotDecoder(model, rows=4)  # 4 rows x 1,024 columns: 1 MiB
+    assert decoder.kv.numel() * 4 == 4 * 1024 * per_token
+    monkeypatch.setattr(slot_cache, "free_memory", lambda device: 3 * 2**20)
+    decoder.ensure_columns(2000)  # 2 MiB: fits in 3
+    assert decoder.columns == 2048
+    with pytest.raises(RunError) as refused:
+        decoder.ensure_columns(3000)  # 4 MiB
+    assert str(refused.value).startswith(
+        "the engine's KV slots for 3,000 tokens need 4.0 MiB (4 rows x 4,096 tokens x 256 "
+        "bytes a token) and the machine has 3.0 MiB free"
+    )
+    assert decoder.columns == 2048  # what it held is kept
