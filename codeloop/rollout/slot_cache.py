@@ -138,7 +138,10 @@ class SlotDecoder:
         probe = torch.empty(1, device=self.device, dtype=self.dtype)
         cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, columns, head_dim]
         self.cos, self.sin = cos[0], sin[0]
+        # the old graphs go with their memory pool: a pool whose graphs are all freed cannot
+        # take new captures (the caching allocator asserts `use_count > 0`)
         self._graphs.clear()
+        self._pool = None
 
     def _check_fits(self, shape: tuple[int, ...], needed: int) -> None:
         per_token = shape[0] * shape[1] * shape[3] * shape[5] * self.kv.element_size()

@@ -193,6 +193,20 @@ def test_weights_copied_in_place_are_seen_by_the_replay(fmt: PromptFormat) -> No
     assert after.token_ids == _greedy(other.cuda(), prompt, 12)
 
 
+@pytest.mark.gpu
+def test_the_cache_grows_under_captured_graphs(fmt: PromptFormat) -> None:
+    engine = _cuda_engine(fmt)
+    prompt = fmt.encode("What is 2 + 3?")
+    greedy = SamplingParams(12, temperature=0)
+    short = asyncio.run(engine.generate(prompt, greedy))  # captures graphs on 1,024 columns
+    assert engine.slots is not None and engine.slots.graphs_captured > 0
+    long = prompt + [5] * (slot_cache.MIN_COLUMNS + 10)  # needs the cache doubled
+    grown = asyncio.run(engine.generate(long, greedy))
+    assert engine.slots.columns == 2 * slot_cache.MIN_COLUMNS
+    assert grown.token_ids == _greedy(engine.model, long, 12)
+    assert asyncio.run(engine.generate(prompt, greedy)).token_ids == short.token_ids
+
+
 def _greedy(model: Any, prompt: list[int], n: int) -> list[int]:
     """n tokens, each the argmax of a full forward pass (no logits processors: generate's
     min_new_tokens would mask the end-of-sequence token)."""
