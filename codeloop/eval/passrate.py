@@ -26,10 +26,12 @@ from codeloop.types import Trajectory
 async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
                          tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
                          k: int, seed: int, dtype: Any = None, progress: str = "",
+                         engine_stats: dict[str, float] | None = None,
                          **engine_options: Any) -> list[list[Trajectory]]:  # fmt: skip
     """`collect` with a copy of `model` (in `dtype`, a torch dtype, when given;
     training may go on with the original) in an in-process engine (`engine_options`:
-    `max_batch`, `max_kv_tokens`), and its own verifier."""
+    `max_batch`, `max_kv_tokens`), and its own verifier. `engine_stats`, when given, receives
+    the engine's counters after the run (`EngineStats.metrics`)."""
     from codeloop.rollout.hf_engine import TransformersEngine
 
     policy = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype=dtype)
@@ -37,7 +39,10 @@ async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Probl
     engine.plan(rollout.max_response_tokens)
     with Verifier(reward) as verifier:
         agent = Agent(engine, tools, fmt, rollout)
-        return await collect(agent, problems, k, verifier, seed, progress=progress)
+        groups = await collect(agent, problems, k, verifier, seed, progress=progress)
+    if engine_stats is not None:
+        engine_stats.update(engine.stats().metrics())
+    return groups
 
 
 def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:

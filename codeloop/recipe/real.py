@@ -102,13 +102,14 @@ async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools
     # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
     # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
     on_gpu = next(model.parameters()).device.type == "cuda"
+    engine: dict[str, float] = {}  # what the engine did, kept in the point
     groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
                                   cfg.reward, samples, cfg.trainer.seed,
-                                  resolve_dtype(cfg.trainer.dtype), "eval",
+                                  resolve_dtype(cfg.trainer.dtype), "eval", engine,
                                   max_batch=cfg.rollout.engine_max_batch,
                                   max_kv_tokens=(cfg.rollout.kv_capacity_tokens
                                                  or (0 if on_gpu else EVAL_KV_TOKENS)))  # fmt: skip
-    return {**policy_metrics(groups), **tool_metrics(groups)}
+    return {**policy_metrics(groups), **tool_metrics(groups), "engine": engine}
 
 
 def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:

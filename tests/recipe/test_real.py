@@ -84,6 +84,7 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
         assert 0 <= low <= point["accuracy"] <= high <= 1
         assert sorted(point["per_problem"]) == sorted(p.id for p in dev[:2])
         assert point["problems"] == 2 and point["infrastructure_failures"] == 0
+        assert point["engine"]["steps"] > 0 and point["engine"]["prefills"] > 0  # its counters
     assert len(dev) == 3 and len(train) == 9
     assert {p.problem for p in dev}.isdisjoint(p.problem for p in train)
     sft = [json.loads(line) for line in (run_dir / "sft.jsonl").read_text().splitlines()]
