@@ -6,9 +6,8 @@ and by data curation (keep a pass-rate band).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codeloop.config import RewardConfig, RolloutConfig
 from codeloop.data.curate import Removal
@@ -22,26 +21,26 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import problem_shares, trajectory_stats
 from codeloop.types import Trajectory
 
-
-async def score_snapshot(model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                         tools: ToolExecutor, rollout: RolloutConfig, reward: RewardConfig,
-                         k: int, seed: int, dtype: Any = None, progress: str = "",
-                         engine_stats: dict[str, float] | None = None,
-                         **engine_options: Any) -> list[list[Trajectory]]:  # fmt: skip
-    """`collect` with a copy of `model` (in `dtype`, a torch dtype, when given;
-    training may go on with the original) in an in-process engine (`engine_options`:
-    `max_batch`, `max_kv_tokens`), and its own verifier. `engine_stats`, when given, receives
-    the engine's counters after the run (`EngineStats.metrics`)."""
+if TYPE_CHECKING:
     from codeloop.rollout.hf_engine import TransformersEngine
 
-    policy = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype=dtype)
-    engine = TransformersEngine(policy, fmt.tokenizer, fmt.end_of_turn_ids, **engine_options)
-    engine.plan(rollout.max_response_tokens)
-    with Verifier(reward) as verifier:
+
+async def score_policy(engine: TransformersEngine, fmt: PromptFormat,
+                       problems: Sequence[Problem], tools: ToolExecutor, rollout: RolloutConfig,
+                       reward: RewardConfig, k: int, seed: int, progress: str = "",
+                       max_kv_tokens: int = 0,
+                       engine_stats: dict[str, float] | None = None
+                       ) -> list[list[Trajectory]]:  # fmt: skip
+    """`collect` of the policy in `engine` (the run's own, with its current weights) with its
+    own verifier, admitting at most `max_kv_tokens` reserved tokens (0: what the engine
+    admits). `engine_stats`, when given, receives what the engine did meanwhile
+    (`EngineStats.metrics`)."""
+    before = engine.stats()
+    with engine.reserving_at_most(max_kv_tokens), Verifier(reward) as verifier:
         agent = Agent(engine, tools, fmt, rollout)
         groups = await collect(agent, problems, k, verifier, seed, progress=progress)
     if engine_stats is not None:
-        engine_stats.update(engine.stats().metrics())
+        engine_stats.update(engine.stats().since(before).metrics())
     return groups
 
 

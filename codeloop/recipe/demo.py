@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import json
 import random
@@ -35,15 +34,18 @@ from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.eval.passrate import policy_metrics, score_snapshot
+from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import accuracy_text, first_vs_last
 from codeloop.recipe.runner import run_recipe
+from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
+from codeloop.trainer.distributed import one_process
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.model import resolve_dtype, tiny_model
+from codeloop.trainer.model import tiny_model
+from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import encode_conversation, train_sft
 
 DEMO_CONFIG = Path(__file__).with_name("demo.toml")  # package data: a wheel has it too
@@ -118,12 +120,12 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
     return float(exact.float().mean())
 
 
-async def evaluate(model: Any, fmt: PromptFormat, held_out: list[Problem], tools: Any, cfg: Config,
-                   seed: int, samples: int) -> dict[str, Any]:  # fmt: skip
-    """Held-out metrics of `model`: `samples` trajectories per problem at the rollout settings."""
-    dtype = resolve_dtype(cfg.trainer.dtype)
-    groups = await score_snapshot(model, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
-                                  seed, dtype, max_batch=128)  # fmt: skip
+async def evaluate(engine: TransformersEngine, fmt: PromptFormat, held_out: list[Problem],
+                   tools: Any, cfg: Config, seed: int, samples: int) -> dict[str, Any]:  # fmt: skip
+    """Held-out metrics of the policy in `engine` (the run's own): `samples` trajectories per
+    problem at the rollout settings."""
+    groups = await score_policy(engine, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
+                                seed)  # fmt: skip
     return policy_metrics(groups)
 
 
@@ -141,16 +143,16 @@ async def run_demo(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
     points: list[dict[str, Any]] = []
     async with LocalSandbox(SandboxConfig(workers=cfg.sandbox.workers)) as tools:
         model = stage0(fmt, run_dir, seed, sizes)
-        points.append({"stage": "sft", **await evaluate(model, fmt, held_out, tools, cfg, seed,
-                                                        sizes.eval_samples)})  # fmt: skip
-        _print_point(points[-1])
-        for index in range(len(cfg.recipe.stages)):
-            one = copy.deepcopy(cfg)
-            one.recipe.stages = cfg.recipe.stages[: index + 1]
-            await run_recipe(one, model, fmt, train, tools)
-            metrics = await evaluate(model, fmt, held_out, tools, cfg, seed, sizes.eval_samples)
-            points.append({"stage": cfg.recipe.stages[index].name, **metrics})
+        world = one_process(cfg.trainer.dtype)
+        engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
+
+        async def measure(stage: str) -> None:
+            metrics = await evaluate(engine, fmt, held_out, tools, cfg, seed, sizes.eval_samples)
+            points.append({"stage": stage, **metrics})
             _print_point(points[-1])
+
+        await measure("sft")
+        await run_recipe(cfg, model, fmt, train, tools, world, engine=engine, after_stage=measure)
     summary = {"seed": seed, "resample": cfg.algo.resample, "points": points,
                "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

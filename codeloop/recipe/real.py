@@ -28,7 +28,6 @@ RL stopped is scored (its point is named `<stage>@<steps>`), and a rerun goes on
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import shutil
 import sys
@@ -41,7 +40,7 @@ import torch
 
 from codeloop.config import Config, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
-from codeloop.eval.passrate import policy_metrics, score_snapshot
+from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import accuracy_text, first_vs_last
 from codeloop.memory import trim_when_above
@@ -49,12 +48,14 @@ from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
+from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import load_policy, resolve_dtype
+from codeloop.trainer.model import load_policy
+from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import train_sft
 from codeloop.types import Trajectory
 
@@ -94,22 +95,21 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     return {key: found[key] for key in ("tool_use", "cut_off_in_call", "malformed_calls")}
 
 
-async def evaluate(model: Any, fmt: PromptFormat, problems: list[Problem], tools: Any,
-                   cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
-    """Development-split metrics of `model` at the `[eval]` sampling settings."""
+async def evaluate(engine: TransformersEngine, fmt: PromptFormat, problems: list[Problem],
+                   tools: Any, cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
+    """Development-split metrics of the policy in `engine` (the run's own) at the `[eval]`
+    sampling settings, with what the engine did (`engine`)."""
     # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
     # set): unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation
     # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
     # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    engine: dict[str, float] = {}  # what the engine did, kept in the point
-    groups = await score_snapshot(model, fmt, problems, tools, eval_rollout_config(cfg),
-                                  cfg.reward, samples, cfg.trainer.seed,
-                                  resolve_dtype(cfg.trainer.dtype), "eval", engine,
-                                  max_batch=cfg.rollout.engine_max_batch,
-                                  max_kv_tokens=(cfg.rollout.kv_capacity_tokens
-                                                 or (0 if on_gpu else EVAL_KV_TOKENS)))  # fmt: skip
-    return {**policy_metrics(groups), **tool_metrics(groups), "engine": engine}
+    on_gpu = next(engine.model.parameters()).device.type == "cuda"
+    found: dict[str, float] = {}
+    groups = await score_policy(engine, fmt, problems, tools, eval_rollout_config(cfg),
+                                cfg.reward, samples, cfg.trainer.seed, "eval",
+                                cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
+                                found)  # fmt: skip
+    return {**policy_metrics(groups), **tool_metrics(groups), "engine": found}
 
 
 def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:
@@ -188,7 +188,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if any(p["stage"] == stage for p in points):
                 return
             began = time.perf_counter()
-            metrics = await evaluate(model, fmt, held_out, tools, cfg, sizes.eval_samples)
+            metrics = await evaluate(engine, fmt, held_out, tools, cfg, sizes.eval_samples)
             points.append({"stage": stage, **metrics, "seconds": time.perf_counter() - began})
             write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1])
@@ -202,26 +202,24 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             return end - EVAL_MARGIN * longest - FINISH_S
 
         model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
+        engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
         await measure("sft")
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
-        stopped: dict[str, Any] | None = None
         policy = "sft"  # what the model is now: scored at the end, after each stage if asked
-        for index, stage in enumerate(cfg.recipe.stages):
-            deadline = rl_deadline()
-            if deadline is not None and time.perf_counter() >= deadline:
-                stopped = {"stage": stage.name, "step": 0, "of": stage.steps}
-                break
-            one = copy.deepcopy(cfg)
-            one.recipe.stages = cfg.recipe.stages[: index + 1]
-            last = (await run_recipe(one, model, fmt, rl_problems, tools, world, deadline))[-1]
-            if "stopped_at" in last:
-                stopped = {"stage": stage.name, "step": last["stopped_at"], "of": stage.steps}
-                if last["stopped_at"]:
-                    policy = f"{stage.name}@{last['stopped_at']}"
-                break
-            policy = stage.name
+
+        async def after_stage(name: str) -> None:
+            nonlocal policy
+            policy = name
             if sizes.eval_every_stage:
-                await measure(policy)
+                await measure(name)
+
+        last = (await run_recipe(cfg, model, fmt, rl_problems, tools, world, rl_deadline,
+                                 engine, after_stage))[-1]  # fmt: skip
+        stopped: dict[str, Any] | None = None
+        if "stopped_at" in last:
+            stopped = {"stage": last["stage"], "step": last["stopped_at"], "of": last["steps"]}
+            if last["stopped_at"]:
+                policy = f"{last['stage']}@{last['stopped_at']}"
         await measure(policy)
         if stopped is not None:
             print(f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "

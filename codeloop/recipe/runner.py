@@ -23,7 +23,8 @@ checkpoint. The run directory must be shared by the ranks (one node, or a shared
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from codeloop.errors import RunError
 from codeloop.eval.passrate import pass_rates
 from codeloop.files import write_atomic
 from codeloop.rollout.engine import ToolExecutor
+from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint, read_state
 from codeloop.trainer.distributed import World, all_gather, barrier, one_process
@@ -40,15 +42,24 @@ from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.state import RunState, problem_digest
 
+Deadline = float | Callable[[], float | None] | None  # a time.perf_counter() value, or asked
+
 
 async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                     tools: ToolExecutor, world: World | None = None,
-                     deadline: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                     tools: ToolExecutor, world: World | None = None, deadline: Deadline = None,
+                     engine: TransformersEngine | None = None,
+                     after_stage: Callable[[str], Awaitable[None]] | None = None
+                     ) -> list[dict[str, Any]]:  # fmt: skip
     """Run every stage; return one summary per stage (also written to its `stage.json`).
     Without a `world`: one process on the default device, computing in `trainer.dtype`.
-    `deadline` (a `time.perf_counter()` value): no RL step starts that would end after it
-    (`RLRun.train`); a stage cut short is checkpointed but not marked finished (a rerun goes
-    on with it), its summary says `stopped_at` (the steps it has), and no later stage runs."""
+    `deadline` (a `time.perf_counter()` value, or a function asked before each stage): no RL
+    step starts that would end after it (`RLRun.train`), and no stage starts after it; a stage
+    cut short is checkpointed but not marked finished (a rerun goes on with it), its summary
+    says `stopped_at` (the steps it has), and no later stage runs. `engine`: the in-process
+    engine every stage samples with (the run's own, kept up to date with `model`'s weights;
+    without one each stage builds its own). `after_stage(name)` runs after each stage that
+    ends, one finished on an earlier run included, with `model` (and `engine`) holding its
+    final weights: an evaluation, a report."""
     world = world or one_process(cfg.trainer.dtype)
     if not cfg.recipe.stages:
         raise ConfigError("recipe.stages is empty: nothing to run")
@@ -61,11 +72,20 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         done = stage_dir / "stage.json"
         if done.is_file():
             carried = _load_final_state(stage_dir, model)
+            if engine is not None:
+                engine.update_weights(model.state_dict())
             summaries.append(json.loads(done.read_text()))
             current = _refiltered(stage_dir, problems) or current
+            if after_stage is not None:
+                await after_stage(stage.name)
             continue
+        until = deadline() if callable(deadline) else deadline
+        if until is not None and time.perf_counter() >= until:  # not even its refilter
+            summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
+                              "problems": len(current), "stopped_at": 0})  # fmt: skip
+            break
         logger = RunLogger.for_run(cfg, stage_dir, world.is_main)
-        run = build_run(scfg, model, fmt, current, tools, logger, world=world)
+        run = build_run(scfg, model, fmt, current, tools, logger, engine, world=world)
         try:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
             if kept is None:
@@ -80,7 +100,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index, stage_dir.name,
-                                      deadline=deadline)  # fmt: skip
+                                      deadline=until)  # fmt: skip
             run.save()
         finally:
             logger.close()
@@ -100,9 +120,11 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         barrier(world)
         summaries.append(summary)
         carried = run.learner.optimizer_state() | {"state": run.state}
-        del run  # its engine and KV cache go before the next stage builds its own
+        del run  # without a shared engine, its own and its KV go before the next stage's
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
+        if after_stage is not None:
+            await after_stage(stage.name)
     return summaries
 
 

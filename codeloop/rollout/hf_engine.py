@@ -39,11 +39,12 @@ copies new weights in place between steps and advances `version`; each token's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -222,6 +223,17 @@ class TransformersEngine:
         slots."""
         if self.slots is not None:
             self.slots.ensure_columns(tokens)
+
+    @contextlib.contextmanager
+    def reserving_at_most(self, tokens: int) -> Iterator[None]:
+        """Inside the block, admit at most `tokens` reserved KV tokens (0: as built), e.g. an
+        evaluation's cap on an engine shared with training."""
+        built = self.max_kv_tokens
+        self.max_kv_tokens = tokens or built
+        try:
+            yield
+        finally:
+            self.max_kv_tokens = built
 
     @property
     def waiting(self) -> int:

@@ -79,13 +79,22 @@ def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecuto
                           check if r.reload_check_tol else None)  # fmt: skip
         engines: list[Engine] = list(mine)
     else:
-        local = engine or TransformersEngine(
-            copy.deepcopy(model).to(world.device, world.compute_dtype), fmt.tokenizer,
-            fmt.end_of_turn_ids, max_batch=r.engine_max_batch, max_kv_tokens=r.kv_capacity_tokens,
-        )  # fmt: skip
-        local.plan(r.max_response_tokens)  # a budget that cannot fit is refused before step 1
+        local = engine or local_engine(cfg, model, fmt, world)
         sink, engines = EngineSink(local), [local]
     return RolloutSide(cfg, engines, sharing, tools, fmt, Verifier(cfg.reward), sink, every)
+
+
+def local_engine(cfg: Config, model: Any, fmt: PromptFormat, world: World) -> TransformersEngine:
+    """The in-process engine `cfg.rollout` describes, sampling with a copy of `model` in the
+    compute dtype on this rank's device; its KV slots are planned for the response budget now
+    (one that cannot fit is refused here, before any step)."""
+    r = cfg.rollout
+    engine = TransformersEngine(
+        copy.deepcopy(model).to(world.device, world.compute_dtype), fmt.tokenizer,
+        fmt.end_of_turn_ids, max_batch=r.engine_max_batch, max_kv_tokens=r.kv_capacity_tokens,
+    )  # fmt: skip
+    engine.plan(max(r.max_response_tokens, cfg.eval.max_response_tokens))
+    return engine
 
 
 def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:

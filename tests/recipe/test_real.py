@@ -98,6 +98,43 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert again["points"] == summary["points"]
 
 
+def test_one_engine_serves_the_whole_run_and_no_finished_stage_is_loaded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from codeloop.rollout.hf_engine import TransformersEngine
+
+    engines: list[TransformersEngine] = []
+    loads: list[str] = []
+    built = TransformersEngine.__init__
+    load = AutoModelForCausalLM.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def counted_engine(self: TransformersEngine, *args: Any, **kwargs: Any) -> None:
+        engines.append(self)
+        built(self, *args, **kwargs)
+
+    def counted_load(cls: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        loads.append(str(path))
+        return load(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersEngine, "__init__", counted_engine)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted_load))
+    overrides = _tiny_recipe(tmp_path)
+    sizes = replace(TINY, eval_every_stage=True)  # an evaluation after every stage
+    summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), sizes))
+    stages = [p["stage"] for p in summary["points"]]
+    assert stages == ["sft", "stage1-short", "stage2-long", "stage3-hard"]
+    assert len(engines) == 1  # SFT's evaluation, three stages and three more evaluations
+    assert loads == [str(tmp_path / "model")]  # the initial policy, and nothing after it
+    # each stage's engine counters: the one engine sampled them all
+    assert [p["engine"]["steps"] > 0 for p in summary["points"]] == [True] * 4
+    engines.clear()
+    loads.clear()
+    asyncio.run(run_real(load_config(str(CONFIG), overrides), sizes))  # a rerun: all done
+    assert len(engines) == 1 and len(loads) == 2 + 3  # the policy, SFT's, each stage's final
+
+
 @pytest.mark.slow
 def test_a_time_limit_stops_rl_scores_where_it_stopped_and_a_rerun_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
