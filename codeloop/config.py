@@ -147,6 +147,11 @@ class RolloutConfig:
         8192, "Response budget, model and tool tokens together (report stage 1: 8K).", ge=1
     )
     max_tokens_per_turn: int = knob(0, "Tokens one assistant turn may sample; 0 = no cap.", ge=0)
+    tools: list[str] = knob(
+        ["python"],
+        "Tools the model may call, listed in its prompt: `python` (code in the sandbox) or "
+        "`module:Name`, an importable Tool class made with the sandbox (rollout/tools.py).",
+    )
     temperature: float = knob(1.0, "Sampling temperature during training.", ge=0)
     top_p: float = knob(
         1.0, "Nucleus sampling threshold during training (codeloop's choice: none).", gt=0, le=1

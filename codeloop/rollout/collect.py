@@ -33,7 +33,8 @@ from codeloop.types import Trajectory
 class Agent:
     """The engine (or a scheduler over engines), tools, format and settings of a rollout.
     `tools`: the tools by name (`tools.toolbox` makes them from a sequence of tools, or from a
-    `ToolExecutor`: the Python tool); the prompt format must list the same ones."""
+    `ToolExecutor`: the tools `rollout.tools` names); the prompt format must list the same
+    ones."""
 
     engine: Engine | Scheduler
     tools: ToolExecutor | Toolbox | Sequence[Tool]
@@ -41,7 +42,7 @@ class Agent:
     rollout: RolloutConfig
 
     def __post_init__(self) -> None:
-        tools = toolbox(self.tools)
+        tools = toolbox(self.tools, self.rollout.tools)
         listed = [schema.get("function", schema).get("name") for schema in self.fmt.tools]
         if sorted(map(str, listed)) != sorted(tools):
             raise ValueError(f"the prompt lists the tools {listed}, the agent has {list(tools)}: "

@@ -15,6 +15,7 @@ text is encoded.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from typing import Any
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
 from codeloop.errors import ModelError, read_text_input
 from codeloop.rollout.toolcall import CALL_CLOSE
-from codeloop.rollout.tools import PYTHON_SCHEMA
+from codeloop.rollout.tools import PYTHON_SCHEMA, tool_schemas
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("rstar2_chat_template.jinja")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds codeloop/
@@ -40,7 +41,7 @@ USER_INSTRUCTION = (
 STOP_STRINGS = [CALL_CLOSE]
 # `[rollout]` settings that shape a trajectory's turns, saved beside a trained policy (the
 # trajectory's budgets and sampling at evaluation are `[eval]`'s, saved with them)
-TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars")
+TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars", "tools")
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 
@@ -69,9 +70,9 @@ class PromptFormat:
         """The format a `RolloutConfig` names: its template, system prompt and instruction;
         `eval_cfg` (an `EvalConfig`), the evaluation settings saved beside a trained policy."""
         fmt = cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
-                  cfg.user_instruction or USER_INSTRUCTION)  # fmt: skip
+                  cfg.user_instruction or USER_INSTRUCTION, tool_schemas(cfg.tools))  # fmt: skip
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
-        fmt.turn_settings = {key: getattr(cfg, key) for key in TURN_SETTINGS}
+        fmt.turn_settings = {key: copy.copy(getattr(cfg, key)) for key in TURN_SETTINGS}
         return fmt
 
     def save_pretrained(self, directory: str | Path) -> None:
@@ -79,8 +80,9 @@ class PromptFormat:
         system prompt, the instruction), the budgets of a turn it was trained with
         (`TURN_SETTINGS`) and the evaluation settings (trajectory budgets, turn limit,
         sampling), so that `codeloop eval --model DIR` prompts and samples a trained policy as
-        it was trained (`config.POLICY_SETTINGS`). The stop strings and the tools' schemas are
-        recorded too (`trajectory`): fixed in this version, they say what the policy saw."""
+        it was trained (`config.POLICY_SETTINGS`), with the tools it was trained with
+        (`rollout.tools`). The stop strings and the tools' schemas are recorded too
+        (`trajectory`): what the policy saw."""
         out = Path(directory)
         self.tokenizer.save_pretrained(out)
         (out / POLICY_TEMPLATE).write_text(self.template)

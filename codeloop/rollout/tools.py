@@ -9,14 +9,18 @@ next, `toolcall.format_observation`). The agent holds a mapping of tools by name
 `PythonTool` is the report's tool: the code and its standard input go to a `ToolExecutor` (the
 sandbox in this process, or `SandboxClient` over sandbox servers). A second tool is any object
 with the same four members, e.g. a calculator or a call to a verifier service; see
-`tests/rollout/test_tools.py`.
+`tests/rollout/test_tools.py`. `rollout.tools` names the tools of a run (`python`, or
+`module:Name` for a class of one's own: `tool_class`); the prompt lists their schemas and a
+saved policy keeps the names, so `codeloop eval --model` runs and lists the same tools.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from codeloop.config import ConfigError
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.types import ExecRequest, ExecResult
 
@@ -87,14 +91,43 @@ Toolbox = Mapping[str, Tool]
 PYTHON_ONLY: Toolbox = {PYTHON_TOOL: PythonTool(None)}  # for checking calls, not running them
 
 
-def toolbox(tools: ToolExecutor | Toolbox | Sequence[Tool]) -> dict[str, Tool]:
-    """The tools by name: a `ToolExecutor` is the Python tool over it; tools given as a sequence
-    or a mapping are taken as they are."""
+def toolbox(tools: ToolExecutor | Toolbox | Sequence[Tool], names: Sequence[str] = ("python",)
+            ) -> dict[str, Tool]:  # fmt: skip
+    """The tools by name: a `ToolExecutor` makes the tools `names` (`rollout.tools`, see
+    `tool_class`) over it; tools given as a sequence or a mapping are taken as they are."""
     if isinstance(tools, Mapping):
         return dict(tools)
-    if isinstance(tools, Sequence):
-        by_name = {tool.name: tool for tool in tools}
-        if len(by_name) != len(tools):
-            raise ValueError(f"two tools share a name: {[t.name for t in tools]}")
-        return by_name
-    return {PYTHON_TOOL: PythonTool(tools)}
+    if not isinstance(tools, Sequence):
+        tools = [tool_class(name)(tools) for name in names]
+    by_name = {tool.name: tool for tool in tools}
+    if len(by_name) != len(tools):
+        raise ValueError(f"two tools share a name: {[t.name for t in tools]}")
+    return by_name
+
+
+def tool_class(name: str) -> Any:
+    """What makes the tool `name` of `rollout.tools` from a `ToolExecutor`: `python` is
+    `PythonTool`; `module:Name` is that attribute of an importable module (a class whose
+    instances are `Tool`s, with its `schema` and `name` on the class). A `ConfigError` names
+    what is wrong."""
+    if name == "python":
+        return PythonTool
+    module, _, attribute = name.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"rollout.tools: {name!r} is neither python nor module:Name")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except ImportError as err:
+        raise ConfigError(f"rollout.tools: {name!r}: cannot import {module} ({err})") from None
+    except AttributeError:
+        raise ConfigError(f"rollout.tools: {name!r}: {module} has no {attribute}") from None
+    missing = [m for m in ("name", "schema", "check", "run") if not hasattr(found, m)]
+    if missing or not callable(found):
+        raise ConfigError(f"rollout.tools: {name!r} is not a Tool class (it lacks "
+                          f"{', '.join(missing) or 'a constructor'})")  # fmt: skip
+    return found
+
+
+def tool_schemas(names: Sequence[str]) -> list[dict[str, Any]]:
+    """The schemas the prompt lists for the tools `names` (`rollout.tools`)."""
+    return [tool_class(name).schema for name in names]
