@@ -77,16 +77,8 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.rollout.server import serve
-    from codeloop.trainer.model import check_source, not_found, resolve_dtype
 
-    check_source(args.model)
-    try:
-        dtype = resolve_dtype(args.dtype)
-        serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens, dtype)
-    except OSError as err:
-        if err.errno is not None:  # the system's (an address in use): not about the model
-            raise
-        raise not_found(args.model, "model", err) from err  # transformers': not found anywhere
+    serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens, args.dtype)
     return 0
 
 
@@ -337,7 +329,7 @@ def _entropy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from codeloop.eval.entropy import analyse_file
-    from codeloop.trainer.model import default_device, load_policy
+    from codeloop.rollout.model import default_device, load_policy
 
     model, tokenizer = load_policy(args.model, "float32")
     model.to(default_device())
@@ -449,7 +441,7 @@ def _real(args: argparse.Namespace) -> int:
 
     from codeloop.recipe.real import main
     from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_MINUTES, GPU_SIZES, Sizes
-    from codeloop.trainer.model import require_cuda
+    from codeloop.rollout.model import require_cuda
 
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")

@@ -64,9 +64,9 @@ from codeloop.rollout.hf_engine import (
     stop_completers,
     uniforms,
 )
+from codeloop.rollout.model import require_cuda
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
-from codeloop.trainer.model import require_cuda
 from codeloop.trainer.profile import device_seconds, op_table, op_times, profiler, raw_events
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 

@@ -28,12 +28,12 @@ from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.helpformat import HelpFormatter
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import build_run
 
 

@@ -58,7 +58,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     hub name; defaults to `model`).
     """
     from codeloop.errors import ModelError
-    from codeloop.trainer.model import default_device, load_policy, load_tokenizer
+    from codeloop.rollout.model import default_device, load_policy, load_tokenizer
 
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
     endpoints = [e for e in endpoints if e]

@@ -39,12 +39,12 @@ from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import accuracy_text, first_vs_last
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.distributed import one_process
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import encode_conversation, train_sft
 

@@ -49,12 +49,12 @@ from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import load_policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import load_policy
 from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import train_sft
 from codeloop.types import Trajectory

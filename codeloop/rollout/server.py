@@ -20,11 +20,11 @@ import time
 import uuid
 from typing import Any
 
-import torch
 from aiohttp import web
 
 from codeloop.rollout.engine import SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import default_device, load_policy
 
 
 def _params(body: dict[str, Any]) -> SamplingParams:
@@ -113,13 +113,10 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
 
 
 def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tokens: int,
-          dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
-    """Serve `model_path` with its weights in `dtype`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU when there is one
+          dtype: str = "float32") -> None:  # fmt: skip
+    """Serve `model_path` with its weights in `dtype` (`trainer.dtype`'s values)."""
+    model, tokenizer = load_policy(model_path, dtype)  # a ModelError names what is missing
+    device = default_device()
     model.to(device)
     stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
                 if isinstance(i, int) and i != tokenizer.unk_token_id}  # fmt: skip

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from codeloop.errors import ModelError
-from codeloop.trainer.model import default_device, resolve_dtype
+from codeloop.rollout.model import default_device, resolve_dtype
 
 T = TypeVar("T")
 LEAVE_TIMEOUT_S = 30

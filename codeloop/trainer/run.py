@@ -10,10 +10,10 @@ from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
 from codeloop.files import directory_atomic
+from codeloop.rollout.model import load_policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import load_policy
 from codeloop.trainer.rl import build_run
 from codeloop.trainer.sft import load_conversations, train_sft
 

@@ -9,8 +9,8 @@ import torch
 from eval_helpers import read_jsonl
 
 from codeloop.eval.entropy import after_tool_flags, analyse, analyse_file, response_entropies
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.trainer.model import tiny_model
 
 
 def test_after_tool_flags_mark_the_first_policy_tokens_after_an_inserted_span() -> None:

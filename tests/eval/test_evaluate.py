@@ -18,8 +18,8 @@ from eval_helpers import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, 
 
 from codeloop.data.problems import DataError
 from codeloop.eval.evaluate import evaluate
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.trainer.model import tiny_model
 
 
 def test_metrics_match_hand_computed_values(scripted_run: tuple[Path, dict]) -> None:

@@ -10,9 +10,9 @@ from codeloop.config import eval_rollout_config
 from codeloop.eval.passrate import pass_band
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
-from codeloop.trainer.model import tiny_model
 
 
 def test_pass_band_keeps_the_problems_inside_the_band(fmt: PromptFormat) -> None:

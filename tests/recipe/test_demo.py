@@ -17,10 +17,10 @@ from codeloop.recipe.demo import (
     run_modes,
     sft_conversations,
 )
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.toolcall import format_observation
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.sft import encode_conversation, train_sft
 from codeloop.types import ExecRequest
 

@@ -18,9 +18,9 @@ from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
 from codeloop.recipe.real import disk_needed, disk_warning, run_real, tool_metrics
 from codeloop.recipe.sizes import Sizes
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.trainer.checkpoint import save_checkpoint
-from codeloop.trainer.model import tiny_model
 from codeloop.types import (
     ExecResult,
     ExecStatus,

@@ -20,12 +20,12 @@ from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import default_device, tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import default_device, tiny_model
 from codeloop.trainer.rl import build_run
 
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
-from codeloop.trainer.model import tiny_model
+from codeloop.rollout.model import tiny_model
 
 VOCAB = 97
 

@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 
 from codeloop.config import Config, SFTConfig
 from codeloop.data.problems import Problem
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.batch import Sample
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import build_run
 from codeloop.trainer.sft import train_sft
 

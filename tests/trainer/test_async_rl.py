@@ -17,6 +17,7 @@ from codeloop.data.problems import Problem
 from codeloop.eval.viewer import render
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.async_rl import Gate, GatedEngine
@@ -25,7 +26,6 @@ from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from codeloop.rollout.model import tiny_model
 from codeloop.trainer.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     read_state,
     save_checkpoint,
 )
-from codeloop.trainer.model import tiny_model
 
 
 def _state() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:

@@ -16,11 +16,11 @@ from trainer_helpers import (  # noqa: F401  (trainer_fmt: the session fixture)
 )
 from transformers import AutoModelForCausalLM
 
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World, pad_micro_batches
 from codeloop.trainer.logs import read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rollout_side import rank_share
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")

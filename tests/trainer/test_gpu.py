@@ -11,11 +11,11 @@ from trainer_helpers import conversation
 
 from codeloop.config import Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 

@@ -14,12 +14,12 @@ import torch
 from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.groups import Drawn, SyncGroups, problem_at, samples_of
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import build_run
 from codeloop.trainer.state import RunState
 from codeloop.types import RolloutStatus, Trajectory

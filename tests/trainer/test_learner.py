@@ -8,10 +8,10 @@ import torch
 
 from codeloop.algo.loss import policy_loss
 from codeloop.config import Config
+from codeloop.rollout.model import tiny_model
 from codeloop.trainer.batch import Sample, collate, token_logprobs
 from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner
-from codeloop.trainer.model import tiny_model
 
 VOCAB = 32
 # A's old logprobs are set for ratios 1.5, 1.0 and B's for 0.5, 1.1 (advantages +1, -1). With

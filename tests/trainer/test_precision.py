@@ -10,11 +10,11 @@ import torch
 
 from codeloop.config import Config
 from codeloop.data.problems import Problem
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import Sample
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import build_run
 
 

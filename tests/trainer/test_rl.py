@@ -19,10 +19,10 @@ from codeloop.algo.group import make_group
 from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
 from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.model import tiny_model
 from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 from codeloop.types import (

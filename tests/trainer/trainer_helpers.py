@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
-from codeloop.trainer.model import tiny_model
 
 CORPUS = [
     "Solve the problem step by step. What is 12345 + 678? The answer is 13023.",
