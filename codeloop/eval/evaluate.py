@@ -74,15 +74,12 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
         ), fmt
     if not model:
         raise ModelError("give a model path (--model) or a server (--endpoint)")
-    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.rollout.hf_engine import engine_from_config
 
     policy, loaded = load_policy(model, cfg.trainer.dtype)
     policy.to(default_device())
     fmt = PromptFormat.from_config(loaded, cfg.rollout)
-    engine = TransformersEngine(policy, loaded, fmt.end_of_turn_ids,
-                                max_batch=cfg.rollout.engine_max_batch,
-                                max_kv_tokens=cfg.rollout.kv_capacity_tokens)  # fmt: skip
-    return engine, fmt
+    return engine_from_config(policy, fmt, cfg.rollout, cfg.eval.max_response_tokens), fmt
 
 
 async def close_policy(engine: Engine | Scheduler) -> None:

@@ -51,10 +51,12 @@ from typing import Any, Literal
 import torch
 from transformers import DynamicCache
 
+from codeloop.config import RolloutConfig
 from codeloop.memory import available_memory, trim_when_above
 from codeloop.rollout.attention import use_decode_attention
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.kv_batch import KVBatch, PrefixCache
+from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
 
 STOP_TAIL_TOKENS = 16  # a stop string must fit in the decoded last tokens
@@ -145,6 +147,18 @@ def default_kv_tokens(model: Any) -> int:
     else:
         free = available_memory()
     return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
+
+
+def engine_from_config(model: Any, fmt: PromptFormat, rollout: RolloutConfig,
+                       longest_response: int) -> TransformersEngine:  # fmt: skip
+    """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`)
+    over `model` as it is (device, dtype), stopping at `fmt`'s turn ends; its KV slots planned
+    for `longest_response` tokens now (`plan`: one that cannot fit is refused here)."""
+    engine = TransformersEngine(model, fmt.tokenizer, fmt.end_of_turn_ids,
+                                max_batch=rollout.engine_max_batch,
+                                max_kv_tokens=rollout.kv_capacity_tokens)  # fmt: skip
+    engine.plan(longest_response)
+    return engine
 
 
 class TransformersEngine:

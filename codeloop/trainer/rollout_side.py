@@ -20,7 +20,7 @@ from codeloop.config import Config, ConfigError, RolloutConfig
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.engine import Engine, ToolExecutor
-from codeloop.rollout.hf_engine import EngineStats, TransformersEngine
+from codeloop.rollout.hf_engine import EngineStats, TransformersEngine, engine_from_config
 from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.scheduler import Scheduler
@@ -88,13 +88,9 @@ def local_engine(cfg: Config, model: Any, fmt: PromptFormat, world: World) -> Tr
     """The in-process engine `cfg.rollout` describes, sampling with a copy of `model` in the
     compute dtype on this rank's device; its KV slots are planned for the response budget now
     (one that cannot fit is refused here, before any step)."""
-    r = cfg.rollout
-    engine = TransformersEngine(
-        copy.deepcopy(model).to(world.device, world.compute_dtype), fmt.tokenizer,
-        fmt.end_of_turn_ids, max_batch=r.engine_max_batch, max_kv_tokens=r.kv_capacity_tokens,
-    )  # fmt: skip
-    engine.plan(max(r.max_response_tokens, cfg.eval.max_response_tokens))
-    return engine
+    copied = copy.deepcopy(model).to(world.device, world.compute_dtype)
+    longest = max(cfg.rollout.max_response_tokens, cfg.eval.max_response_tokens)
+    return engine_from_config(copied, fmt, cfg.rollout, longest)
 
 
 def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:
