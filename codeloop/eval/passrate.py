@@ -15,7 +15,7 @@ from codeloop.data.problems import Problem
 from codeloop.errors import RunError
 from codeloop.intervals import interval
 from codeloop.reward import Verifier
-from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.collect import Agent, collect, pass_rates
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import problem_shares, trajectory_stats
@@ -64,16 +64,6 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
         "problems": len(shares),
         "infrastructure_failures": failed,
         "per_problem": shares,
-    }
-
-
-async def pass_rates(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                     seed: int = 0, progress: str = "") -> dict[str, float]:  # fmt: skip
-    """{problem id: fraction of its k samples that are correct}; a progress bar labelled
-    `progress` when given."""
-    groups = await collect(agent, problems, k, verifier, seed, progress=progress)
-    return {
-        p.id: sum(t.reward or 0.0 for t in g) / k for p, g in zip(problems, groups, strict=True)
     }
 
 

@@ -31,16 +31,15 @@ from typing import Any
 from codeloop.config import Config, ConfigError, stage_config
 from codeloop.data.problems import DataError, Problem
 from codeloop.errors import RunError
-from codeloop.eval.passrate import pass_rates
 from codeloop.files import write_atomic
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import latest_checkpoint, read_state
-from codeloop.trainer.distributed import World, all_gather, barrier, one_process
-from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.rl import RLRun, build_run
-from codeloop.trainer.state import RunState, problem_digest
+from codeloop.trainer.distributed import World, barrier, one_process
+from codeloop.trainer.logs import read_metrics
+from codeloop.trainer.rl import RLRun, opened_run
+from codeloop.trainer.state import RunState
 
 Deadline = float | Callable[[], float | None] | None  # a time.perf_counter() value, or asked
 
@@ -84,27 +83,20 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
                               "problems": len(current), "stopped_at": 0})  # fmt: skip
             break
-        logger = RunLogger.for_run(cfg, stage_dir, world.is_main)
-        run = build_run(scfg, model, fmt, current, tools, logger, engine, world=world)
-        try:
+        async with opened_run(scfg, model, fmt, current, tools, stage_dir, world, engine) as run:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
             if kept is None:
-                kept = list(await _stage_problems(run, stage, current, scfg))
+                kept = list(await _stage_problems(run, stage, current))
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
-            current = run.problems = kept
-            if carried is not None and not stage.reset_optimizer:
-                run.learner.load_optimizer_state(carried)
+            run.use_problems(kept)
+            current = kept
             if carried is not None:  # the same problems: go on drawing where it stopped
-                run.state.carry_on_from(carried["state"], problem_digest(kept))
+                run.carry_on_from(carried, stage.reset_optimizer)
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
             history = await run.train(stage.steps - run.step_index, stage_dir.name,
                                       deadline=until)  # fmt: skip
-            run.save()
-        finally:
-            logger.close()
-            await run.close()
         if run.step_index < stage.steps:  # out of time
             summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
                               "problems": len(kept), "stopped_at": run.step_index})  # fmt: skip
@@ -119,7 +111,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             write_atomic(done, json.dumps(summary, indent=2))
         barrier(world)
         summaries.append(summary)
-        carried = run.learner.optimizer_state() | {"state": run.state}
+        carried = run.carried()
         del run  # without a shared engine, its own and its KV go before the next stage's
         if world.distributed:  # `model` is sharded now: the next stage starts from a full copy
             model = _final_model(stage_dir)
@@ -128,22 +120,16 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
     return summaries
 
 
-async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem], cfg: Config
+async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]
                           ) -> Sequence[Problem]:  # fmt: skip
     if not stage.refilter:
         return problems
-    await run.sync_weights()
-    world = run.world
-    mine = list(problems)[world.rank :: world.size]
-    agent = run.rollout.agent()
     samples = stage.refilter_samples
     low, high = stage.refilter_min_pass_rate, stage.refilter_max_pass_rate
-    progress = f"{stage.name or 'stage'} refilter" if world.is_main else ""
-    rates = await pass_rates(agent, mine, samples, run.rollout.verifier, cfg.trainer.seed, progress)
-    rates = {k: v for part in all_gather(rates, world) for k, v in part.items()}
+    rates = await run.pass_rates(problems, samples, f"{stage.name or 'stage'} refilter")
     kept = [p for p in problems if low <= rates[p.id] <= high]
     band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"
-    if world.is_main:
+    if run.world.is_main:
         print(f"refilter: kept {len(kept)} of {len(problems)} problems "
               f"(pass rate {band} over {samples} samples)")  # fmt: skip
     if not kept:

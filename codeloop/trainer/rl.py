@@ -21,8 +21,10 @@ deterministic engine).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from codeloop.algo.group import Group
@@ -30,6 +32,7 @@ from codeloop.algo.resample import penalty
 from codeloop.config import Config, ConfigError
 from codeloop.data.problems import DataError, Problem
 from codeloop.progress import progress_bar
+from codeloop.rollout.collect import pass_rates
 from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.hf_engine import EngineStats, TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
@@ -194,6 +197,61 @@ class RLRun:
         if self.world.is_main:
             self.logger.rewind(self.step_index)
         return path is not None
+
+    # -- between recipe stages -------------------------------------------------------------
+
+    def use_problems(self, problems: Sequence[Problem]) -> None:
+        """Train on `problems` from now on (a refiltered stage's)."""
+        if not problems:
+            raise DataError("RL needs at least one training problem")
+        self.problems = list(problems)
+
+    def carried(self) -> dict[str, Any]:
+        """What the next recipe stage goes on from: the optimiser's and the schedule's state,
+        and the run state (data position)."""
+        return self.learner.optimizer_state() | {"state": self.state}
+
+    def carry_on_from(self, carried: dict[str, Any], reset_optimizer: bool = False) -> None:
+        """Go on from an earlier stage's `carried()`: its optimiser and schedule (unless
+        `reset_optimizer`), and its data position when this stage trains on the same
+        problems."""
+        if not reset_optimizer:
+            self.learner.load_optimizer_state(carried)
+        self.state.carry_on_from(carried["state"], problem_digest(self.problems))
+
+    async def pass_rates(self, problems: Sequence[Problem], k: int, progress: str = ""
+                         ) -> dict[str, float]:  # fmt: skip
+        """Each problem's share of `k` samples of the current policy that are correct, this
+        rank sampling its share of them (all ranks call it and get all the rates)."""
+        await self.sync_weights()
+        world = self.world
+        mine = list(problems)[world.rank :: world.size]
+        label = progress if world.is_main else ""
+        rates = await pass_rates(self.rollout.agent(), mine, k, self.rollout.verifier,
+                                 self.cfg.trainer.seed, label)  # fmt: skip
+        return {key: v for part in all_gather(rates, world) for key, v in part.items()}
+
+
+@contextlib.asynccontextmanager
+async def opened_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
+                     tools: ToolExecutor, run_dir: str | Path, world: World | None = None,
+                     engine: TransformersEngine | None = None) -> AsyncIterator[RLRun]:  # fmt: skip
+    """The one lifecycle of an RL run (`codeloop train`, each recipe stage): its log in
+    `run_dir` and the run built (`build_run`), the block's work (resume, train), a checkpoint
+    when the block ends normally, and the log and the rollout side closed however it ends."""
+    world = world or World()
+    logger = RunLogger.for_run(cfg, run_dir, world.is_main)
+    try:
+        run = build_run(cfg, model, fmt, problems, tools, logger, engine, world=world)
+    except BaseException:
+        logger.close()
+        raise
+    try:
+        yield run
+        run.save()
+    finally:
+        logger.close()
+        await run.close()
 
 
 def build_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],

@@ -14,7 +14,7 @@ from codeloop.rollout.model import load_policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
-from codeloop.trainer.rl import build_run
+from codeloop.trainer.rl import opened_run
 from codeloop.trainer.sft import load_conversations, train_sft
 
 
@@ -60,19 +60,13 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
     """GRPO-RoC on `data.train` for `trainer.max_steps`, resuming from the run directory."""
     world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     model, fmt, problems = prepare(cfg)
-    async with tools_for(cfg) as tools:
-        logger = RunLogger.for_run(cfg, cfg.trainer.output_dir, world.is_main)
-        run = build_run(cfg, model, fmt, problems, tools, logger, world=world)
-        history = []
-        try:
-            if run.resume():
-                print(f"resumed from step {run.step_index}")
-            history = await run.train(max(cfg.trainer.max_steps - run.step_index, 0), "rl")
-            run.save()
-        finally:
-            logger.close()
-            await run.close()
-        return history
+    async with (
+        tools_for(cfg) as tools,
+        opened_run(cfg, model, fmt, problems, tools, cfg.trainer.output_dir, world) as run,
+    ):
+        if run.resume():
+            print(f"resumed from step {run.step_index}")
+        return await run.train(max(cfg.trainer.max_steps - run.step_index, 0), "rl")
 
 
 def tools_for(cfg: Config) -> Any:

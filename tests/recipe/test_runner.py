@@ -13,16 +13,15 @@ from codeloop.config import Config, SandboxConfig, StageConfig
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.errors import RunError
-from codeloop.eval.passrate import pass_rates
-from codeloop.recipe import runner
 from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
-from codeloop.rollout.collect import Agent
+from codeloop.rollout.collect import Agent, pass_rates
 from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.model import default_device, tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer import rl
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.logs import RunLogger
@@ -77,9 +76,9 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
         engines_alive.append(sum(engine() is not None for engine in engines))
         return runner_build_run(*args, **kwargs)
 
-    runner_build_run = runner.build_run
+    runner_build_run = rl.build_run
     monkeypatch.setattr(TransformersEngine, "__init__", made)
-    monkeypatch.setattr(runner, "build_run", build_run)
+    monkeypatch.setattr(rl, "build_run", build_run)  # what each stage's opened_run calls
     cfg = _config(tmp_path)
     summaries = _recipe(fmt, cfg)
     assert engines_alive == [0, 0, 0] and len(engines) == 3  # one engine a stage
@@ -112,7 +111,7 @@ def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
         sampled.append([p.id for p in problems])
         return {p.id: 1.0 if p.id == "p2" else 0.0 for p in problems}
 
-    monkeypatch.setattr(runner, "pass_rates", rates)
+    monkeypatch.setattr(rl, "pass_rates", rates)  # what RLRun.pass_rates samples with
     cfg = _config(tmp_path)
     cfg.recipe.stages = [
         StageConfig(name="screen", steps=1, refilter=True, refilter_samples=2,
@@ -178,7 +177,7 @@ def test_refilter_keeps_the_problems_within_the_pass_rate_band(
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)
     run = build_run(cfg, model, fmt, PROBLEMS, None, logger, engine)  # type: ignore[arg-type]
     try:
-        kept = asyncio.run(_stage_problems(run, stage, PROBLEMS, cfg))
+        kept = asyncio.run(_stage_problems(run, stage, PROBLEMS))
     finally:
         run.rollout.verifier.close()
         logger.close()
@@ -201,7 +200,7 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
         seen.append(world)
         raise Built
 
-    monkeypatch.setattr(runner, "build_run", built)
+    monkeypatch.setattr(rl, "build_run", built)
     cfg = _config(tmp_path)
     cfg.trainer.dtype = dtype
     with pytest.raises(Built):
