@@ -34,8 +34,8 @@ refill's budget), then trains on what it has.
 Under torchrun each rank runs its own producer over its own engines and draws the data positions
 r, r + size, r + 2 size, ...; it trains on its share of `prompts_per_step` (the update and the
 weight gather are collective, so the ranks meet there), metrics are averaged or summed over the
-ranks and the dumps gathered. Resuming keeps each rank's draws (`async_next`) when the world size
-is the same.
+ranks and the dumps gathered. Resuming keeps each rank's draws (`next`, in the run state's entry
+of this source) when the world size is the same.
 Checkpoints record the data positions drawn but not yet trained (`pending`): a resumed run
 samples them again first, so a stop loses and duplicates no problem (the samples that were in
 flight are lost work, not lost data).
@@ -175,6 +175,9 @@ class Activity:
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
 
 
+SOURCE = "async"  # this source's entry in `RunState.sources`
+
+
 class AsyncGroups:
     """The asynchronous group source (module docstring): a producer running ahead of the
     learner over the rollout side's engines, each behind a `Gate`."""
@@ -197,8 +200,10 @@ class AsyncGroups:
         self.verifier = rollout.verifier
         # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
         self.batch = len(range(world.rank, cfg.trainer.prompts_per_step, world.size))
-        if len(state.async_next) == world.size:
-            self.next = state.async_next[world.rank]  # draws made, resumed with the same world
+        saved = state.sources.get(SOURCE, {})  # what `save` wrote: draws, and those untrained
+        draws = [int(n) for n in saved.get("next", [])]
+        if len(draws) == world.size:
+            self.next = draws[world.rank]  # draws made, resumed with the same world
         else:
             self.next = -(-max(state.data_position - world.rank, 0) // world.size)
         self.gate = Gate(version)
@@ -206,7 +211,8 @@ class AsyncGroups:
         self.agent = rollout.agent(self.batch * n, [GatedEngine(e, self.gate)
                                                     for e in rollout.engines])  # fmt: skip
         self.ready: asyncio.Queue[Group] = asyncio.Queue()
-        self.redo = [p for p in sorted(state.pending) if p % world.size == world.rank]  # first
+        self.redo = [int(p) for p in sorted(saved.get("pending", []))
+                     if int(p) % world.size == world.rank]  # drawn first  # fmt: skip
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
         self.taken = version * self.batch  # groups taken for training, all steps
         self.outstanding = 0  # groups generating or queued
@@ -227,9 +233,10 @@ class AsyncGroups:
         return sorted({*self.positions, *self.redo})
 
     def save(self, state: RunState) -> None:
-        """Every rank's positions drawn and not trained, and its draws so far."""
-        state.pending = sorted(p for part in all_gather(self.pending(), self.world) for p in part)
-        state.async_next = all_gather(self.next, self.world)
+        """Every rank's positions drawn and not trained (`pending`), and its draws so far
+        (`next`), in the run state's entry of this source."""
+        pending = sorted(p for part in all_gather(self.pending(), self.world) for p in part)
+        state.sources[SOURCE] = {"pending": pending, "next": all_gather(self.next, self.world)}
         state.data_position = max(all_gather(state.data_position, self.world))
 
     # -- the producer ----------------------------------------------------------------------

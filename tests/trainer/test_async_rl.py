@@ -145,7 +145,7 @@ def test_a_stop_mid_step_loses_and_duplicates_no_problem(
     before = _trained_positions(tmp_path)
     assert sorted(before) == [1, 2]  # step 3 died in its update: not logged
     checkpoint = read_state(tmp_path / "checkpoints" / "step_000002")
-    pending = checkpoint["extra"]["pending"]
+    pending = checkpoint["extra"]["sources"]["async"]["pending"]
     drawn = checkpoint["extra"]["data_position"]
     assert pending, "groups were in flight or queued at the checkpoint"
     _, run = _async_run(trainer_fmt, sft_weights, tmp_path, 2, resume=True)
@@ -159,8 +159,9 @@ def test_a_stop_mid_step_loses_and_duplicates_no_problem(
         seen |= {json.loads(line)["position"] for line in path.read_text().splitlines()}
     # every position drawn before the stop was trained or dropped (without signal) afterwards
     # or before it, or is still pending now
-    assert set(range(drawn)) <= seen | set(run.state.pending)
-    assert set(pending) <= seen | set(run.state.pending)
+    still = set(run.state.sources["async"]["pending"])
+    assert set(range(drawn)) <= seen | still
+    assert set(pending) <= seen | still
 
 
 def test_the_gate_holds_new_calls_until_those_inside_are_done() -> None:

@@ -70,7 +70,7 @@ class Replay:
         return {"replay/mean": 0.5}, {"replay/groups": len(drawn.train)}
 
     def save(self, state: RunState) -> None:
-        state.pending = [41, 42]
+        state.sources["replay"] = {"buffer": [41, 42]}  # its own entry, its own fields
 
     async def stop(self) -> None:
         self.calls.append("stop")
@@ -122,7 +122,7 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
     assert profile.startswith("RL step 2: ") and "aten::" in profile  # the update's CPU ops
     assert "profile/gpu_share" not in history[1]  # on a CPU: no GPU to share the time with
     state = read_state(tmp_path / "checkpoints" / "step_000002")
-    assert state["extra"]["pending"] == [41, 42]  # what the source saves, in the checkpoint
+    assert state["extra"]["sources"] == {"replay": {"buffer": [41, 42]}}  # in the checkpoint
     assert any(not torch.equal(v, before[k]) for k, v in run.learner.model.state_dict().items())
 
 
