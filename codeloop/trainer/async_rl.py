@@ -1,9 +1,10 @@
 """Asynchronous RL (`trainer.mode = "async"`): generation never waits for the optimiser.
 
-`AsyncGroups` is the RL loop's group source in this mode (`groups.py`). A producer keeps
-groups (oversample x G samples of one problem, in the data order) generating through the same
-`collect` as the synchronous loop, and puts each scored, resampled group on a queue the moment it
-ends. The loop's learner takes the first `prompts_per_step` usable groups off the queue, trains
+`AsyncGroups` is the RL loop's group source in this mode (`groups.py`), made of two parts. The
+`Producer` keeps groups (oversample x G samples of one problem, in the data order) generating
+through the same `collect` as the synchronous loop, within the staleness bound, and puts each
+scored, resampled group on a queue the moment it ends. Through the `Intake` (its filters and
+counts) the loop's learner takes the first `prompts_per_step` usable groups off the queue, trains
 on them while the producer goes on (`Learner.update_async`: in a worker thread on a GPU; on a
 CPU on the loop's thread between the engine's steps), then publishes the weights, which become
 policy version `step_index`. Rank 0 shows the step's groups taken on a bar, with the trajectories
@@ -178,68 +179,90 @@ class Activity:
 SOURCE = "async"  # this source's entry in `RunState.sources`
 
 
-class AsyncGroups:
-    """The asynchronous group source (module docstring): a producer running ahead of the
-    learner over the rollout side's engines, each behind a `Gate`."""
-
-    wait_metric = "timing/wait_for_groups_s"
-    in_thread: bool | None = (
-        None  # on a GPU in a worker thread, on a CPU between the engine's steps
-    )
+class Producer:
+    """Keeps groups generating ahead of the learner: draws this rank's data positions (those a
+    resumed run had drawn and not trained first), starts a group while the staleness bound
+    allows (`may_start`: groups taken plus outstanding below (version + max_staleness + 1) x
+    this rank's share of a step), and queues each finished group. Knows nothing of what the
+    learner does with a group, only that it leaves (`retire`)."""
 
     def __init__(self, cfg: Config, world: World, state: RunState,
-                 order: Callable[[int], Problem], rollout: RolloutSide,
-                 version: int) -> None:  # fmt: skip
-        """`version`: the policy version the engines serve (the step the run starts from)."""
-        if rollout.servers and cfg.trainer.partial_rollout == "continue":
-            raise ConfigError(
-                "trainer.partial_rollout = 'continue' swaps weights mid-request, "
-                "which only the in-process engine can; servers need 'wait'"
-            )
+                 order: Callable[[int], Problem], rollout: RolloutSide, version: int,
+                 on_scored: Callable[[Trajectory], None]) -> None:  # fmt: skip
         self.cfg, self.world, self.state, self.order = cfg, world, state, order
-        self.verifier = rollout.verifier
+        self.verifier, self.on_scored = rollout.verifier, on_scored
         # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
         self.batch = len(range(world.rank, cfg.trainer.prompts_per_step, world.size))
-        saved = state.sources.get(SOURCE, {})  # what `save` wrote: draws, and those untrained
+        saved = state.sources.get(SOURCE, {})  # what `saved` wrote: draws, and those untrained
         draws = [int(n) for n in saved.get("next", [])]
         if len(draws) == world.size:
             self.next = draws[world.rank]  # draws made, resumed with the same world
         else:
             self.next = -(-max(state.data_position - world.rank, 0) // world.size)
+        self.redo = [int(p) for p in sorted(saved.get("pending", []))
+                     if int(p) % world.size == world.rank]  # drawn first  # fmt: skip
         self.gate = Gate(version)
         n = cfg.algo.group_size * cfg.algo.oversample
         self.agent = rollout.agent(self.batch * n, [GatedEngine(e, self.gate)
                                                     for e in rollout.engines])  # fmt: skip
-        self.ready: asyncio.Queue[Group] = asyncio.Queue()
-        self.redo = [int(p) for p in sorted(saved.get("pending", []))
-                     if int(p) % world.size == world.rank]  # drawn first  # fmt: skip
+        self.ready: asyncio.Queue[Group | None] = asyncio.Queue()
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
         self.taken = version * self.batch  # groups taken for training, all steps
         self.outstanding = 0  # groups generating or queued
-        self.finished: list[Group] = []  # trained or discarded since the last step
-        self.trained: set[int] = set()  # id() of those of `finished` that trained
-        self.counts: Counter[str] = Counter()
         self.activity = Activity()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._producer: asyncio.Task[None] | None = None
+        self._loop: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        self._staleness: list[int] = []  # of the last step's kept trajectories
-        self.bar: Any = None  # this step's progress (rank 0): groups taken, trajectories sampled
-        self.sampled = 0  # trajectories scored since the last step
 
-    def pending(self) -> list[int]:
-        """This rank's data positions drawn but neither trained nor discarded."""
-        return sorted({*self.positions, *self.redo})
+    def saved(self) -> dict[str, Any]:
+        """Every rank's positions drawn and not trained (`pending`) and draws so far (`next`)
+        (all ranks call it)."""
+        mine = sorted({*self.positions, *self.redo})
+        pending = sorted(p for part in all_gather(mine, self.world) for p in part)
+        return {"pending": pending, "next": all_gather(self.next, self.world)}
 
-    def save(self, state: RunState) -> None:
-        """Every rank's positions drawn and not trained (`pending`), and its draws so far
-        (`next`), in the run state's entry of this source."""
-        pending = sorted(p for part in all_gather(self.pending(), self.world) for p in part)
-        state.sources[SOURCE] = {"pending": pending, "next": all_gather(self.next, self.world)}
-        state.data_position = max(all_gather(state.data_position, self.world))
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._produce())
 
-    # -- the producer ----------------------------------------------------------------------
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop = None
+
+    async def finished(self) -> Group:
+        """The next group to finish (a failure of one is raised here)."""
+        group = await self.ready.get()
+        if self._failure is not None:
+            raise self._failure
+        assert group is not None
+        return group
+
+    def take(self, groups: int) -> None:
+        """A step took its share (`groups`, even if it trained on fewer)."""
+        self.taken += groups
+        self.wake()
+
+    def retire(self, group: Group) -> None:
+        """A group leaves the pipeline: trained, or discarded."""
+        self.outstanding -= 1
+        self.positions.pop(group.position, None)
+        self.wake()
+
+    def regenerate(self, group: Group) -> None:
+        """Sample a retired group's problem again, before any new draw."""
+        self.redo.append(group.position)
+        self.positions[group.position] = group.problem
+
+    def publish(self, version: int) -> None:
+        """The engines serve `version` now: the bound lets more groups start."""
+        self.gate.version = version
+        self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def _may_start(self) -> bool:
         bound = (self.gate.version + self.cfg.trainer.max_staleness + 1) * self.batch
@@ -272,17 +295,86 @@ class AsyncGroups:
         try:
             sampled = await collect(self.agent, [problem], algo.group_size * algo.oversample,
                                     self.verifier, self.cfg.trainer.seed,
-                                    keys=[position], on_trajectory=self._scored)  # fmt: skip
+                                    keys=[position], on_trajectory=self.on_scored)  # fmt: skip
         finally:
             self.activity.stop()
         group = make_group(problem, sampled[0], algo, self.state.roc_rng, position)
         self.ready.put_nowait(group)
 
-    def _scored(self, trajectory: Trajectory) -> None:
-        self.sampled += 1
-        self._show()
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+            self.ready.put_nowait(None)  # wakes the learner
 
-    def _show(self, taken: int = -1) -> None:
+
+class Intake:
+    """What the learner takes from the producer: the first usable groups to finish, passing
+    over stale ones (regenerated or dropped, `trainer.stale_groups`) and ones without signal
+    (`algo.drop_zero_signal_groups`), counted; rank 0's bar of the step's groups, with the
+    trajectories sampled and the groups passed over since the last step."""
+
+    def __init__(self, cfg: Config, world: World) -> None:
+        self.cfg, self.world = cfg, world
+        self.counts: Counter[str] = Counter()
+        self.finished: list[Group] = []  # trained or discarded since the last step
+        self.trained: set[int] = set()  # id() of those of `finished` that trained
+        self.sampled = 0  # trajectories scored since the last step
+        self.bar: Any = None
+
+    async def batch(self, producer: Producer, version: int) -> list[Group]:
+        """This step's groups: the first usable ones to finish. Like the synchronous refill
+        (MAX_REFILL_ROUNDS rounds), at most MAX_REFILL_ROUNDS x batch groups without signal
+        are passed over in a step; then it trains on what it has, possibly nothing."""
+        t, want = self.cfg.trainer, producer.batch
+        batch: list[Group] = []
+        passed_over = 0
+        while len(batch) < want and passed_over < MAX_REFILL_ROUNDS * want:
+            group = await producer.finished()
+            if version - _oldest_version(group, version) > t.max_staleness:
+                self.counts["stale"] += 1
+                self.discard(producer, group)
+                if t.stale_groups == "regenerate":
+                    producer.regenerate(group)
+                    self.counts["regenerated"] += 1
+                continue
+            if self.cfg.algo.drop_zero_signal_groups and not group.has_signal:
+                self.counts["no_signal"] += 1
+                passed_over += 1
+                self.discard(producer, group)
+                continue
+            batch.append(group)
+            self.show(len(batch))
+        for group in batch:
+            producer.retire(group)
+            self.finished.append(group)
+            self.trained.add(id(group))
+        return batch
+
+    def discard(self, producer: Producer, group: Group) -> None:
+        producer.retire(group)
+        self.finished.append(group)
+
+    def handed_over(self) -> tuple[list[Group], set[int]]:
+        """The groups trained or discarded since the last call, and the ids of those trained."""
+        handed = self.finished, self.trained
+        self.finished, self.trained = [], set()
+        return handed
+
+    def scored(self, trajectory: Trajectory) -> None:
+        self.sampled += 1
+        self.show()
+
+    def open_bar(self, total: int) -> None:
+        self.bar = progress_bar(total=total, desc="rollout", unit="group", leave=False,
+                                disable=not self.world.is_main)  # fmt: skip
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def show(self, taken: int = -1) -> None:
         if self.bar is not None:
             if taken >= 0:
                 self.bar.n = taken
@@ -290,117 +382,92 @@ class AsyncGroups:
                                  stale=self.counts["stale"], refresh=False)  # fmt: skip
             self.bar.refresh()
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._failure is None:
-            self._failure = task.exception()
-            self.ready.put_nowait(None)  # type: ignore[arg-type]  # wakes the learner
+    def step_counts(self) -> dict[str, float]:
+        """The groups passed over since the last step (and the bar's figures start again)."""
+        counts = {"async/stale_groups": float(self.counts.pop("stale", 0)),
+                  "async/regenerated_groups": float(self.counts.pop("regenerated", 0)),
+                  "rollout/groups_dropped": float(self.counts.pop("no_signal", 0))}  # fmt: skip
+        self.sampled = 0
+        self.show(0)
+        return counts
 
-    def _retire(self, group: Group, trained: bool) -> None:
-        """A group leaves the pipeline: trained, or discarded."""
-        self.outstanding -= 1
-        self.positions.pop(group.position, None)
-        self.finished.append(group)
-        if trained:
-            self.trained.add(id(group))
-        self._wake.set()
 
-    # -- what the learner sees -------------------------------------------------------------
+class AsyncGroups:
+    """The asynchronous group source (module docstring): a `Producer` running ahead of the
+    learner over the rollout side's engines, each behind a `Gate`, and the `Intake` the learner
+    takes each step's groups through."""
+
+    wait_metric = "timing/wait_for_groups_s"
+    in_thread: bool | None = (
+        None  # on a GPU in a worker thread, on a CPU between the engine's steps
+    )
+
+    def __init__(self, cfg: Config, world: World, state: RunState,
+                 order: Callable[[int], Problem], rollout: RolloutSide,
+                 version: int) -> None:  # fmt: skip
+        """`version`: the policy version the engines serve (the step the run starts from)."""
+        if rollout.servers and cfg.trainer.partial_rollout == "continue":
+            raise ConfigError(
+                "trainer.partial_rollout = 'continue' swaps weights mid-request, "
+                "which only the in-process engine can; servers need 'wait'"
+            )
+        self.cfg, self.world = cfg, world
+        self.intake = Intake(cfg, world)
+        self.producer = Producer(cfg, world, state, order, rollout, version, self.intake.scored)
+        self._staleness: list[int] = []  # of the last step's kept trajectories
+
+    def save(self, state: RunState) -> None:
+        """The producer's draws, in the run state's entry of this source."""
+        state.sources[SOURCE] = self.producer.saved()
+        state.data_position = max(all_gather(state.data_position, self.world))
 
     async def start(self) -> None:
         """The producer starts; rank 0 shows a bar of each step's groups with signal taken,
         with the trajectories sampled, groups passed over for want of signal and stale groups
         since the last step."""
-        self._producer = asyncio.create_task(self._produce())
-        self.bar = progress_bar(total=self.batch, desc="rollout", unit="group", leave=False,
-                                disable=not self.world.is_main)  # fmt: skip
+        self.producer.start()
+        self.intake.open_bar(self.producer.batch)
 
     async def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        tasks = [t for t in (self._producer, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._producer = None
+        self.intake.close_bar()
+        await self.producer.stop()
 
     async def draw(self) -> Drawn:
-        version, t = self.gate.version, self.cfg.trainer
-        batch = await self._next_batch()
-        self.taken += self.batch  # this step's share, even if it is short
-        for group in batch:  # out of `outstanding`
-            self._retire(group, trained=True)
+        version, t = self.producer.gate.version, self.cfg.trainer
+        batch = await self.intake.batch(self.producer, version)
+        self.producer.take(self.producer.batch)  # this step's share, even if it is short
         samples = samples_of(batch)
         self._staleness = [version - (tr.oldest_version if tr.oldest_version is not None
                                       else version) for g in batch for tr in g.kept]  # fmt: skip
-        self._wake.set()  # the producer may start the groups the bound now allows
         if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
             samples = []  # a rank without enough: nobody steps (the update's passes must match)
-        drawn = Drawn(batch, self.finished, samples, self.trained)
-        self.finished, self.trained = [], set()
-        return drawn
+        finished, trained = self.intake.handed_over()
+        return Drawn(batch, finished, samples, trained)
 
     @asynccontextmanager
     async def publishing(self, version: int) -> AsyncIterator[None]:
         """`wait`: no request is being decoded while the weights change; then the bound lets
         the producer start what version `version` allows."""
         if self.cfg.trainer.partial_rollout == "wait":
-            async with self.gate.closed():
+            async with self.producer.gate.closed():
                 yield
         else:
             yield
-        self.gate.version = version
-        self._wake.set()
+        self.producer.publish(version)
 
     def metrics(self, drawn: Drawn, waited: float, updated: float
                 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
         staleness = self._staleness
-        overlap = self.activity.busy_between(waited, updated) / max(updated - waited, 1e-9)
+        busy = self.producer.activity.busy_between(waited, updated)
         local = {  # averaged over the ranks (the maximum is the same on every rank)
             "async/staleness_max": float(all_max(max(staleness, default=0), self.world)),
-            "async/overlap": overlap,
+            "async/overlap": busy / max(updated - waited, 1e-9),
             "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
         }
-        counts: dict[str, float] = {
-            "async/stale_groups": self.counts.pop("stale", 0),
-            "async/regenerated_groups": self.counts.pop("regenerated", 0),
-            "async/outstanding_groups": self.outstanding,
-            "rollout/groups_kept": len(drawn.train),
-            "rollout/groups_dropped": self.counts.pop("no_signal", 0),
-        }
-        self.sampled = 0
-        self._show(0)
+        counts = {**self.intake.step_counts(),
+                  "async/outstanding_groups": float(self.producer.outstanding),
+                  "rollout/groups_kept": float(len(drawn.train))}  # fmt: skip
         return local, counts
-
-    async def _next_batch(self) -> list[Group]:
-        """This step's groups: the first usable ones to finish. Like the synchronous refill
-        (MAX_REFILL_ROUNDS rounds), at most MAX_REFILL_ROUNDS x batch groups without signal
-        are passed over in a step; then it trains on what it has, possibly nothing."""
-        t, version = self.cfg.trainer, self.gate.version
-        batch: list[Group] = []
-        passed_over = 0
-        while len(batch) < self.batch and passed_over < MAX_REFILL_ROUNDS * self.batch:
-            group = await self.ready.get()
-            if self._failure is not None:
-                raise self._failure
-            oldest = _oldest_version(group, version)
-            if version - oldest > t.max_staleness:
-                self.counts["stale"] += 1
-                self._retire(group, trained=False)
-                if t.stale_groups == "regenerate":
-                    self.redo.append(group.position)
-                    self.positions[group.position] = group.problem
-                    self.counts["regenerated"] += 1
-                continue
-            if self.cfg.algo.drop_zero_signal_groups and not group.has_signal:
-                self.counts["no_signal"] += 1
-                passed_over += 1
-                self._retire(group, trained=False)
-                continue
-            batch.append(group)
-            self._show(len(batch))
-        return batch
 
 
 def _oldest_version(group: Group, current: int) -> int:
