@@ -420,6 +420,7 @@ def _add_data_commands(data: argparse._SubParsersAction[Any]) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    seeded = [f"--trainer.seed={args.seed}", *args.overrides]  # an explicit override comes later
     if args.ablation or args.modes:
         import asyncio
         from pathlib import Path
@@ -429,11 +430,11 @@ def _demo(args: argparse.Namespace) -> int:
         if args.ablation:
             asyncio.run(run_ablation(Path(args.run_dir), args.seeds, overrides=args.overrides))
         if args.modes:
-            asyncio.run(run_modes(Path(args.run_dir), args.seed, overrides=args.overrides))
+            asyncio.run(run_modes(Path(args.run_dir), overrides=seeded))
         return 0
     from codeloop.recipe.demo import main
 
-    return main(args.run_dir, args.seed, args.overrides)
+    return main(args.run_dir, seeded)
 
 
 def _real(args: argparse.Namespace) -> int:
@@ -590,7 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", "--run-dir", dest="run_dir", default="runs/demo", metavar="DIR",
                       help="output directory (resumable)")  # fmt: skip
-    demo.add_argument("--seed", type=int, default=0, help="seed of the data, SFT and RL")
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the run's one seed (trainer.seed): tokenizer, problems, SFT and RL",
+    )
     demo.add_argument("--ablation", action="store_true",
                       help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT "
                            "policy, over --seeds")  # fmt: skip

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from codeloop.config import Config, SandboxConfig, SFTConfig, load_config
+from codeloop.config import POLICY_TEMPLATE, Config, SandboxConfig, SFTConfig, load_config
 from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
@@ -121,33 +121,34 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
 
 
 async def evaluate(engine: TransformersEngine, fmt: PromptFormat, held_out: list[Problem],
-                   tools: Any, cfg: Config, seed: int, samples: int) -> dict[str, Any]:  # fmt: skip
+                   tools: Any, cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
     """Held-out metrics of the policy in `engine` (the run's own): `samples` trajectories per
-    problem at the rollout settings."""
+    problem at the rollout settings, seeded by `trainer.seed`."""
     groups = await score_policy(engine, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
-                                seed)  # fmt: skip
+                                cfg.trainer.seed)  # fmt: skip
     return policy_metrics(groups)
 
 
-async def run_demo(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
-                   overrides: list[str] | None = None, config_path: Path = DEMO_CONFIG
-                   ) -> dict[str, Any]:  # fmt: skip
-    """The whole demo; returns (and writes) the summary."""
+async def run_demo(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] | None = None,
+                   config_path: Path = DEMO_CONFIG) -> dict[str, Any]:  # fmt: skip
+    """The whole demo; returns (and writes) the summary. Its one seed is the config's
+    `trainer.seed` (`overrides` may set it): the tokenizer, the problems, the SFT policy's
+    initial weights and data, and RL all follow from it."""
     start = time.perf_counter()
+    cfg = load_config(str(config_path), [f"--trainer.output_dir={run_dir / 'rl'}",
+                                         *(overrides or [])])  # fmt: skip
+    seed = cfg.trainer.seed
     torch.manual_seed(seed)
-    fixed = [f"--trainer.output_dir={run_dir / 'rl'}", f"--trainer.seed={seed}"]
-    cfg = load_config(str(config_path), fixed + (overrides or []))
-    fmt = build_format(0)
-    held_out = problems(0, "heldout", dict.fromkeys((1, 2, 3), sizes.heldout_per_difficulty))
+    held_out = problems(seed, "heldout", dict.fromkeys((1, 2, 3), sizes.heldout_per_difficulty))
     train = problems(seed, "train", dict.fromkeys((1, 2, 3), sizes.rl_per_difficulty))
     points: list[dict[str, Any]] = []
     async with LocalSandbox(SandboxConfig(workers=cfg.sandbox.workers)) as tools:
-        model = stage0(fmt, run_dir, seed, sizes)
+        model, fmt = stage0(run_dir, seed, sizes)
         world = one_process(cfg.trainer.dtype)
         engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
 
         async def measure(stage: str) -> None:
-            metrics = await evaluate(engine, fmt, held_out, tools, cfg, seed, sizes.eval_samples)
+            metrics = await evaluate(engine, fmt, held_out, tools, cfg, sizes.eval_samples)
             points.append({"stage": stage, **metrics})
             _print_point(points[-1])
 
@@ -160,18 +161,22 @@ async def run_demo(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
     return summary
 
 
-def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
-    """The SFT policy (loaded when this run directory already has it)."""
+def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
+    """The SFT policy and its prompt format (both loaded when this run directory already has
+    them: the policy carries its tokenizer)."""
     saved = run_dir / "sft" / "model"
     if (saved / "config.json").is_file():
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        return AutoModelForCausalLM.from_pretrained(saved)
+        fmt = PromptFormat(AutoTokenizer.from_pretrained(saved), str(saved / POLICY_TEMPLATE),
+                           system_prompt=SYSTEM, user_instruction="{problem}")  # fmt: skip
+        return AutoModelForCausalLM.from_pretrained(saved), fmt
+    fmt = build_format(seed)
     model = tiny_model(len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024,
                        seed=seed)  # fmt: skip
     # Held-out demonstrations past the problems `run_demo` evaluates on (the same stream).
     check = [encode_conversation(fmt, c) for c in sft_conversations(
-        fmt, 0, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout")]  # fmt: skip
+        fmt, seed, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout")]  # fmt: skip
     logger = RunLogger(run_dir / "sft")
 
     def mastered(steps: int) -> bool:
@@ -200,7 +205,7 @@ def stage0(fmt: PromptFormat, run_dir: Path, seed: int, sizes: Sizes) -> Any:
     with directory_atomic(saved) as partial:
         model.save_pretrained(partial)
         fmt.save_pretrained(partial)
-    return model
+    return model, fmt
 
 
 def _print_point(point: dict[str, Any]) -> None:
@@ -250,14 +255,16 @@ async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
     metrics of each run. The middle arm separates RoC's selection from its extra samples."""
     shared = run_dir / "sft"
     if not (shared / "model" / "config.json").is_file():
-        stage0(build_format(0), run_dir, 0, sizes)
+        stage0(run_dir, _seed(overrides), sizes)
     results: dict[str, Any] = {}
     for variant, extra in VARIANTS.items():
         for seed in seeds:
             target = run_dir / "ablation" / f"{variant}-seed{seed}"
             if not (target / "sft").exists():
                 shutil.copytree(shared, target / "sft")
-            summary = await run_demo(target, seed, sizes, [*(overrides or []), *extra])
+            summary = await run_demo(
+                target, sizes, [*(overrides or []), *extra, f"--trainer.seed={seed}"]
+            )
             results[f"{variant}-seed{seed}"] = summary["points"][-1]
     write_atomic(run_dir / "ablation" / "summary.json", json.dumps(results, indent=2))
     _print_ablation(results, seeds)
@@ -279,20 +286,20 @@ def _print_ablation(results: dict[str, Any], seeds: list[int]) -> None:
 MODES = {"sync": [], "async": ["--trainer.mode=async"]}
 
 
-async def run_modes(run_dir: Path, seed: int = 0, sizes: Sizes = Sizes(),
-                    overrides: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+async def run_modes(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] | None = None
+                    ) -> dict[str, Any]:  # fmt: skip
     """The demo's RL synchronous and asynchronous (`trainer.mode`) from one SFT policy, with the
     same seed and stages: after each stage the held-out point, the tokens trained so far and the
     seconds the RL steps took (evaluation and refiltering left out); returns them per mode."""
     shared = run_dir / "sft"
     if not (shared / "model" / "config.json").is_file():
-        stage0(build_format(0), run_dir, seed, sizes)
+        stage0(run_dir, _seed(overrides), sizes)
     results: dict[str, Any] = {}
     for mode, extra in MODES.items():
         target = run_dir / "modes" / mode
         if not (target / "sft").exists():
             shutil.copytree(shared, target / "sft")
-        summary = await run_demo(target, seed, sizes, [*(overrides or []), *extra])
+        summary = await run_demo(target, sizes, [*(overrides or []), *extra])
         tokens = seconds = 0.0
         for point in summary["points"][1:]:  # stage i's metrics live in rl/<i>-<name>/
             [stage_dir] = (target / "rl").glob(f"*-{point['stage']}")
@@ -347,8 +354,13 @@ def _plot_modes(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(run_dir: str, seed: int, overrides: list[str]) -> int:
-    summary = asyncio.run(run_demo(Path(run_dir), seed, overrides=overrides))
+def _seed(overrides: list[str] | None) -> int:
+    """The seed the demo's config says with these overrides (`trainer.seed`)."""
+    return load_config(str(DEMO_CONFIG), overrides or []).trainer.seed
+
+
+def main(run_dir: str, overrides: list[str]) -> int:
+    summary = asyncio.run(run_demo(Path(run_dir), overrides=overrides))
     first, last = summary["points"][0], summary["points"][-1]
     print(f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {accuracy_text(first)} after "
           f"SFT -> {accuracy_text(last)} after RL; plot {run_dir}/curves.png")  # fmt: skip

@@ -3,9 +3,9 @@
 1. The model: `trainer.model` in the config, or SmolLM2-135M-Instruct imported from the GGUF
    file of the `real` extra when it is empty (`data/pretrained.py`).
 2. Data: GSM8K's training split in its original format (`data.train`; empty: the copy packaged
-   with codeloop, `codeloop/data/gsm8k/train.jsonl`, MIT, OpenAI 2021); a fixed development
-   split (`Sizes.dev` problems, seeded) is carved out first and never trained on. Both are
-   written to the run directory (`dev.jsonl`, `train.jsonl`, GSM8K's format).
+   with codeloop, `codeloop/data/gsm8k/train.jsonl`, MIT, OpenAI 2021); a development split
+   (`Sizes.dev` problems, drawn with `trainer.seed`) is carved out first and never trained on.
+   Both are written to the run directory (`dev.jsonl`, `train.jsonl`, GSM8K's format).
 3. Stage 0, non-reasoning SFT (`gsm8k_sft.py`): conversations built from the worked solutions
    of the first `Sizes.sft_problems` training problems, the code run in the real sandbox
    (`sft.jsonl`); the policy is saved to `sft_model/` (a transformers directory).
@@ -117,7 +117,7 @@ def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], li
     train_file, dev_file = run_dir / "train.jsonl", run_dir / "dev.jsonl"
     if not dev_file.is_file():
         source = cfg.data.train or str(GSM8K_TRAIN)
-        train, dev = split_dev(load_problems(source, cfg.data), sizes.dev, seed=0)
+        train, dev = split_dev(load_problems(source, cfg.data), sizes.dev, seed=cfg.trainer.seed)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_problems(train_file, train)
         write_problems(dev_file, dev)

@@ -34,8 +34,21 @@ OVERRIDES = ["--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1", "--recipe
 
 
 @pytest.mark.slow
-def test_the_demo_runs_every_stage_and_reports(tmp_path: Path) -> None:
-    summary = asyncio.run(run_demo(tmp_path, 0, TINY, OVERRIDES))
+def test_the_demo_runs_every_stage_and_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.rollout.hf_engine import TransformersEngine
+
+    engines: list[TransformersEngine] = []
+    built = TransformersEngine.__init__
+
+    def counted(self: TransformersEngine, *args: object, **kwargs: object) -> None:
+        engines.append(self)
+        built(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TransformersEngine, "__init__", counted)
+    summary = asyncio.run(run_demo(tmp_path, TINY, OVERRIDES))
+    assert len(engines) == 1  # four evaluations and three stages on one engine
     stages = [p["stage"] for p in summary["points"]]
     assert stages == ["sft", "stage1-short", "stage2-longer", "stage3-hard"]
     for point in summary["points"]:
@@ -52,8 +65,30 @@ def test_the_demo_runs_every_stage_and_reports(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_configs_seed_drives_every_random_choice_and_reproduces_a_run(tmp_path: Path) -> None:
+    def run(name: str, seed: int) -> dict[str, object]:
+        summary = asyncio.run(run_demo(tmp_path / name, TINY,
+                                       [*OVERRIDES, f"--trainer.seed={seed}"]))  # fmt: skip
+        return {key: value for key, value in summary.items() if key != "minutes"}
+
+    def problems(name: str) -> set[str]:  # what its first RL step sampled
+        dump = tmp_path / name / "rl" / "1-stage1-short" / "trajectories" / "step_000001.jsonl"
+        return {json.loads(line)["problem"] for line in dump.read_text().splitlines()}
+
+    def sft_weights(name: str) -> bytes:
+        return (tmp_path / name / "sft" / "model" / "model.safetensors").read_bytes()
+
+    first, again, other = run("a", 3), run("again", 3), run("b", 4)
+    assert first == again and first["seed"] == 3  # the same seed: the same run
+    assert problems("a") == problems("again") and sft_weights("a") == sft_weights("again")
+    assert other["seed"] == 4 and other["points"] != first["points"]
+    assert problems("b").isdisjoint(problems("a"))  # other problems,
+    assert sft_weights("b") != sft_weights("a")  # another SFT policy (init and data)
+
+
+@pytest.mark.slow
 def test_modes_compares_sync_and_async_rl_from_one_sft_policy(tmp_path: Path) -> None:
-    results = asyncio.run(run_modes(tmp_path, 0, TINY, OVERRIDES))
+    results = asyncio.run(run_modes(tmp_path, TINY, OVERRIDES))
     assert list(results) == ["sync", "async"]
     for mode, summary in results.items():
         points = summary["points"]
