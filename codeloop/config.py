@@ -101,6 +101,12 @@ class SandboxConfig:
     client_batch_size: int = knob(64, "Client sends a batch when it holds this many calls.", ge=1)
     client_flush_ms: float = knob(2.0, "Client sends a partial batch after this delay, ms.", ge=0)
     client_retries: int = knob(3, "Retries of infrastructure faults (never of user code).", ge=0)
+    client_connect_timeout_s: float = knob(
+        3.0,
+        "Seconds the client waits for a server that answers nothing (to connect, or to "
+        "acknowledge what it was sent) before trying another: a host down or cut off.",
+        gt=0,
+    )
 
 
 @dataclass

@@ -6,10 +6,14 @@ the server with the fewest requests outstanding. Infrastructure faults (connecti
 429/503, other 5xx, a broken response) are retried with exponential backoff on any server;
 user-code failures are results and never retried. Every request gets exactly one result, in
 order: after the last retry it gets a `sandbox_error` result, never an exception. A server that
-cannot be reached is left out for a cool-down (doubling from 0.5 s to 5 s while it stays down)
-and rejoins when it answers again.
+cannot be reached (refused, or silent for `client_connect_timeout_s`: a host down or cut off)
+is left out for a cool-down (doubling from 0.5 s to 5 s while it stays down) and rejoins when
+it answers again.
 
-A batch whose server died after it was sent is retried on another server, so it may run twice:
+The client's sockets give up on a peer silent for `client_connect_timeout_s` (`watched_socket`:
+keep-alive probes and a TCP user timeout), so a host cut off while it runs a call fails that
+call over in seconds, not after its whole timeout. A batch whose server died after it was sent
+is retried on another server, so it may run twice:
 that is safe because a call without a session runs in a fresh process and keeps nothing. A call
 with a `session_id` always goes to the same server (a hash of the id), unbatched, and is retried
 only when it never reached the server (connection refused, 429, 503): once sent, a failure is a
@@ -20,7 +24,10 @@ earlier calls built (or twice in the old one).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import random
+import socket
 import time
 import zlib
 from collections.abc import Sequence
@@ -35,6 +42,24 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_MAX_S = 2.0
 COOL_DOWN_S = (0.5, 5.0)  # a server that cannot be reached is left out this long, doubling
 HTTP_SLACK_S = 30.0  # added to the largest per-call timeout of a batch
+
+
+def watched_socket(silent_s: float, addr_info: Any) -> socket.socket:
+    """A TCP socket that gives up on a peer silent for `silent_s` seconds (on Linux): bytes
+    sent and not acknowledged that long, or keep-alive probes of an idle connection (a call the
+    server is still running) unanswered that long, end the connection with an error. A host
+    cut off mid-call then costs seconds, not the call's whole timeout; a server that computes
+    for minutes still answers its probes from the kernel."""
+    family, kind, proto = addr_info[:3]
+    sock = socket.socket(family, kind, proto)
+    options = [(socket.SOL_SOCKET, "SO_KEEPALIVE", 1), (socket.IPPROTO_TCP, "TCP_KEEPIDLE", 1),
+               (socket.IPPROTO_TCP, "TCP_KEEPINTVL", 1),
+               (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", int(1000 * silent_s))]  # fmt: skip
+    for level, name, value in options:
+        if hasattr(socket, name):  # Linux has them all; elsewhere the call's timeout remains
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, getattr(socket, name), value)
+    return sock
 
 
 class _Infra(Exception):
@@ -71,7 +96,8 @@ class SandboxClient:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SandboxClient:
-        connector = self._connector or aiohttp.TCPConnector(limit=0)
+        watched = functools.partial(watched_socket, self.cfg.client_connect_timeout_s)
+        connector = self._connector or aiohttp.TCPConnector(limit=0, socket_factory=watched)
         self._session = aiohttp.ClientSession(connector=connector)
         return self
 
@@ -141,8 +167,10 @@ class SandboxClient:
         self, requests: list[ExecRequest], pinned: str | None = None
     ) -> list[ExecResult]:
         attempts = self.cfg.client_retries + 1
+        tried: set[str] = set()
         for attempt in range(attempts):
-            url = pinned or self._pick()
+            url = pinned or self._pick(tried)
+            tried.add(url)
             self.outstanding[url] += len(requests)
             try:
                 results = await self._post(url, requests)
@@ -168,19 +196,22 @@ class SandboxClient:
                 self.outstanding[url] -= len(requests)
         raise AssertionError("unreachable")
 
-    def _pick(self) -> str:
-        """The reachable server with the fewest requests outstanding (the one back soonest when
-        none is reachable)."""
+    def _pick(self, tried: set[str]) -> str:
+        """The reachable server with the fewest requests outstanding, one this batch has not
+        tried yet where there is one (a dead server has nothing outstanding, and would draw every
+        retry from the busy live one); the one back soonest when none is reachable."""
         now = time.monotonic()
         up = [u for u in self.urls if self.down_until[u] <= now]
         if not up:
-            return min(self.urls, key=lambda u: self.down_until[u])
-        return min(up, key=lambda u: (self.outstanding[u], random.random()))
+            return min(self.urls, key=lambda u: (u in tried, self.down_until[u]))
+        untried = [u for u in up if u not in tried] or up
+        return min(untried, key=lambda u: (self.outstanding[u], random.random()))
 
     async def _post(self, url: str, requests: list[ExecRequest]) -> list[ExecResult]:
         assert self._session is not None, "use `async with SandboxClient(...)`"
         longest = max((r.timeout_s or self.cfg.timeout_s) for r in requests)
-        timeout = aiohttp.ClientTimeout(total=longest + HTTP_SLACK_S)
+        timeout = aiohttp.ClientTimeout(total=longest + HTTP_SLACK_S,
+                                        sock_connect=self.cfg.client_connect_timeout_s)  # fmt: skip
         body = [r.to_dict() for r in requests]
         try:
             async with self._session.post(
@@ -199,7 +230,9 @@ class SandboxClient:
                         payload.get("error", str(payload)) if isinstance(payload, dict) else ""
                     )
                     return [ExecResult(ExecStatus.REJECTED, stderr=message) for _ in requests]
-        except aiohttp.ClientConnectorError as err:  # never connected: nothing was sent
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
+            # never connected (refused, or no answer within client_connect_timeout_s): nothing
+            # was sent
             raise _Infra(f"{url}: {type(err).__name__}: {err}", unreachable=True) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as err:
             lost = isinstance(err, aiohttp.ServerDisconnectedError)

@@ -173,3 +173,32 @@ def test_session_calls_stick_to_one_server() -> None:
     finally:
         for s in servers:
             assert s.stop() == 0
+
+
+def test_a_retry_tries_another_server_before_the_same_one_again() -> None:
+    """A failing server answers at once, so it has nothing outstanding while the live one is
+    busy: picked by load alone it would take every retry of a batch."""
+    failing_hits = {"n": 0}
+
+    async def failing(request: web.Request) -> web.Response:
+        failing_hits["n"] += 1
+        return web.json_response({"error": "broken"}, status=500)
+
+    async def busy(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.3)
+        return web.json_response([_ok(r) for r in await request.json()])
+
+    async def main() -> list[str]:
+        (bad_runner, bad), (good_runner, good) = await _fake(failing), await _fake(busy)
+        cfg = SandboxConfig(client_retries=1, client_flush_ms=0.0, client_batch_size=1)
+        async with SandboxClient([bad, good], cfg) as client:
+            first = asyncio.ensure_future(client.execute(ExecRequest("a")))  # keeps good busy
+            await asyncio.sleep(0.05)
+            second = await client.execute(ExecRequest("b"))  # bad first (idle), then good
+            results = [await first, second]
+        await bad_runner.cleanup()
+        await good_runner.cleanup()
+        return [r.stdout for r in results]
+
+    assert asyncio.run(main()) == ["ran a", "ran b"]
+    assert failing_hits["n"] <= 2  # each batch tried it once at most, then the other server

@@ -1,0 +1,105 @@
+"""A sandbox fleet on a simulated cluster (`tests/cluster.py`): three sandbox servers on hosts of
+their own, each in its network namespace with its own address, and the client in the test's
+process. A host killed while its calls run and a host cut off from the network cost no call;
+the cut-off host serves again once its link is back. Traffic goes only to the namespaces'
+addresses."""
+
+import asyncio
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cluster import Cluster, namespaces, unavailable
+
+from codeloop.config import SandboxConfig
+from codeloop.sandbox.client import SandboxClient
+from codeloop.types import ExecRequest, ExecResult, ExecStatus
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return str(response.read().decode())
+
+
+def _wait_healthy(url: str, deadline_s: float = 90) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            _get(url + "/healthz")
+            return
+        except OSError:
+            assert time.monotonic() < end, f"{url} did not come up"
+            time.sleep(0.2)
+
+
+def _served(url: str) -> int:
+    """Calls a server has answered (its /metrics)."""
+    found = re.findall(r'^sandbox_calls_total\{status="\w+"\} (\d+)', _get(url + "/metrics"), re.M)
+    return sum(map(int, found))
+
+
+def _in_flight(url: str) -> int:
+    found = re.search(r"^sandbox_in_flight (\d+)", _get(url + "/metrics"), re.M)
+    return int(found.group(1)) if found else 0
+
+
+def _printed(results: list[ExecResult]) -> list[str]:
+    assert [r.status for r in results] == [ExecStatus.OK] * len(results), [
+        r.stderr for r in results if r.status != ExecStatus.OK
+    ]
+    return [r.stdout for r in results]
+
+
+def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> None:
+    before = namespaces()
+    with Cluster(3) as cluster:
+        urls = [f"http://{cluster.address(h)}:8800" for h in (1, 2, 3)]
+        for host in (1, 2, 3):
+            cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
+                                 cluster.address(host), "--port", "8800", "--workers", "2"],
+                          log=tmp_path / f"host{host}.log")  # fmt: skip
+        for url in urls:
+            _wait_healthy(url)
+        cfg = SandboxConfig(urls=urls, client_batch_size=2, client_connect_timeout_s=1.0)
+
+        async def calls(client: SandboxClient, count: int, sleep_s: float) -> list[ExecResult]:
+            code = "import time; time.sleep({s}); print({i})"
+            return await asyncio.gather(*(client.execute(ExecRequest(code=code.format(s=sleep_s,
+                                                                                      i=i)))
+                                          for i in range(count)))  # fmt: skip
+
+        async def main() -> float:
+            async with SandboxClient(urls, cfg) as client:
+                expected = [f"{i}\n" for i in range(12)]
+                assert _printed(await calls(client, 12, 0.0)) == expected
+                assert all(_served(url) > 0 for url in urls)  # all three served
+                # host 2 dies with calls running on it: they go to the others
+                wave = asyncio.ensure_future(calls(client, 12, 0.5))
+                while _in_flight(urls[1]) == 0:
+                    await asyncio.sleep(0.02)
+                cluster.kill(2)
+                assert _printed(await wave) == expected
+                # host 3 is cut off: nothing answers it, and the calls go to host 1
+                cluster.cut(3)
+                began = time.monotonic()
+                assert _printed(await calls(client, 12, 0.0)) == expected
+                cut_off_s = time.monotonic() - began
+                cluster.restore(3)
+                served = _served(urls[2])
+                end = time.monotonic() + 30
+                while _served(urls[2]) == served:  # it rejoins after its cool-down
+                    assert time.monotonic() < end, "host 3 did not serve again"
+                    assert _printed(await calls(client, 4, 0.0)) == expected[:4]
+                    await asyncio.sleep(0.2)
+            return cut_off_s
+
+        cut_off_s = asyncio.run(main())
+        print(f"calls with host 3 cut off: {cut_off_s:.2f} s")
+        # a cut-off host costs a connect timeout (1 s) per try, not a call's whole timeout (40 s)
+        assert cut_off_s < 10
+    assert namespaces() == before  # nothing left behind
