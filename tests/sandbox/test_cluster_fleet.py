@@ -103,3 +103,43 @@ def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> No
         # a cut-off host costs a connect timeout (1 s) per try, not a call's whole timeout (40 s)
         assert cut_off_s < 10
     assert namespaces() == before  # nothing left behind
+
+
+def test_a_slow_lossy_or_stalled_link_slows_the_fleet_and_loses_no_call(tmp_path: Path) -> None:
+    from faultproxy import FaultProxy
+
+    with Cluster(2) as cluster:
+        for host in (1, 2):
+            cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
+                                 cluster.address(host), "--port", "8800", "--workers", "2"],
+                          log=tmp_path / f"host{host}.log")  # fmt: skip
+        direct = [f"http://{cluster.address(h)}:8800" for h in (1, 2)]
+        for url in direct:
+            _wait_healthy(url)
+
+        async def main() -> tuple[int, int, int]:
+            # host 2 behind 200 ms of delay, 50 ms of jitter and 5% of its chunks lost
+            proxy = FaultProxy(cluster.own_address, cluster.address(2), 8800, delay_s=0.2,
+                               jitter_s=0.05, loss=0.05, seed=1)  # fmt: skip
+            slow = f"http://{await proxy.start()}"
+            cfg = SandboxConfig(client_batch_size=2, client_connect_timeout_s=1.0)
+            async with SandboxClient([direct[0], slow], cfg) as client:
+                code = "print({i})"
+                requests = [ExecRequest(code=code.format(i=i)) for i in range(40)]
+                assert _printed(await client.execute_batch(requests)) == [
+                    f"{i}\n" for i in range(40)
+                ]
+                through = _served(direct[1])
+                proxy.stall()  # the link carries nothing for a second
+                stalled = asyncio.ensure_future(client.execute_batch(requests[:8]))
+                await asyncio.sleep(1.0)
+                proxy.resume()
+                assert _printed(await stalled) == [f"{i}\n" for i in range(8)]
+            await proxy.close()
+            # no call ran twice: the slow link was waited for, not given up on and retried
+            assert sum(_served(url) for url in direct) == 40 + 8
+            return through, proxy.connections, proxy.lost_chunks
+
+        through, connections, lost = asyncio.run(main())
+        assert through > 0 and connections > 0  # host 2 served calls over the bad link
+        assert lost > 0  # and the link did lose chunks
