@@ -9,6 +9,8 @@ concurrency 256, each printing its own index, and counts lost, duplicated, misma
 infrastructure-failed results. Prints a table with ratios to the baseline and writes JSON.
 `--overload` adds the cases of `overload.py`: the four-phase load several times in a row, and a
 soak with every core also loaded by a CPU-bound process; non-`ok` results are counted by status.
+`--servers URL ...` drives an existing fleet instead (no server started, no baseline): the soak
+alone, through the client over those servers, with its calls/s and latency percentiles.
 """
 
 from __future__ import annotations
@@ -154,14 +156,18 @@ async def _soak(client: SandboxClient, n: int, conc: int) -> dict[str, Any]:
     async def call(i: int) -> ExecResult:
         return await client.execute(ExecRequest(f"print({i})", timeout_s=10.0))
 
-    _, results, seconds = await _drive(n, conc, call)
+    latencies, results, seconds = await _drive(n, conc, call)
     statuses = Counter(str(r.status) for r in results)
     mismatched = sum(1 for i, r in enumerate(results) if r.ok and r.stdout != f"{i}\n")
+    ordered = sorted(latencies)
     return {
         "calls": n,
         "concurrency": conc,
         "seconds": round(seconds, 2),
         "calls_per_s": round(n / seconds, 1),
+        "p50_ms": round(statistics.median(ordered) * 1e3, 1),
+        "p99_ms": round(ordered[min(n - 1, int(0.99 * n))] * 1e3, 1),
+        "max_ms": round(ordered[-1] * 1e3, 1),
         "statuses": dict(statuses),
         "lost": sum(r is None for r in results),
         "mismatched_or_duplicated": mismatched,
@@ -201,7 +207,17 @@ PLAN = {  # workload -> [(concurrency, sandbox calls, baseline calls)]
 }
 
 
+async def fleet(urls: list[str], calls: int, concurrency: int) -> dict[str, Any]:
+    """The soak over servers that already run (`--servers`)."""
+    async with SandboxClient(urls, SandboxConfig(urls=urls)) as client:
+        return {"servers": urls, "soak": await _soak(client, calls, concurrency)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.servers:
+        driven = await fleet(args.servers, args.soak, args.concurrency)
+        print("fleet soak:", json.dumps(driven["soak"]), flush=True)
+        return driven
     cfg = SandboxConfig(port=_free_port(), workers=args.workers)
     url = f"http://127.0.0.1:{cfg.port}"
     server = subprocess.Popen(
@@ -235,7 +251,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     report["baseline"].append(asdict(base))
                     _print_row(ours, base)
             if args.soak:
-                report["soak"] = await _soak(client, args.soak, 256)
+                report["soak"] = await _soak(client, args.soak, args.concurrency)
                 print("soak:", json.dumps(report["soak"]))
             if args.overload:
                 print(f"overload ({args.workers} workers):")
@@ -282,7 +298,16 @@ def main(argv: list[str]) -> int:
         help="workloads to run; none when given alone (e.g. with --overload)",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sandbox call counts")
-    parser.add_argument("--soak", type=int, default=20000, help="soak calls at concurrency 256")
+    parser.add_argument("--soak", type=int, default=20000, help="soak calls")
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="drive these running servers with the soak alone (a fleet)",
+    )
+    parser.add_argument("--concurrency", type=int, default=256,
+                        help="the soak's calls in flight")  # fmt: skip
     parser.add_argument(
         "--overload",
         action="store_true",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cluster import Cluster, namespaces, unavailable
 
+from codeloop.bench.sandbox import fleet
 from codeloop.config import SandboxConfig
 from codeloop.sandbox.client import SandboxClient
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
@@ -78,6 +79,11 @@ def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> No
                 expected = [f"{i}\n" for i in range(12)]
                 assert _printed(await calls(client, 12, 0.0)) == expected
                 assert all(_served(url) > 0 for url in urls)  # all three served
+                # `codeloop bench sandbox --servers`'s load over the same fleet
+                soak = (await fleet(urls, 60, 8))["soak"]
+                assert (soak["calls"], soak["lost"], soak["mismatched_or_duplicated"],
+                        soak["infrastructure_failures"]) == (60, 0, 0, 0)  # fmt: skip
+                assert soak["p50_ms"] <= soak["p99_ms"] <= soak["max_ms"]
                 # host 2 dies with calls running on it: they go to the others
                 wave = asyncio.ensure_future(calls(client, 12, 0.5))
                 while _in_flight(urls[1]) == 0:
