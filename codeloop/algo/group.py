@@ -1,7 +1,9 @@
 """One prompt's group: its scored samples, the G of them that train, and their advantages.
 
-`make_group` applies the algorithm to a prompt's samples: a sample that hit an infrastructure
-fault is evidence of nothing and never kept (neither rewarded nor penalised); the rest are
+`make_group` applies the algorithm to a prompt's samples: a sample whose end infrastructure
+decided (a sandbox fault, or an engine or inference server that failed it:
+`Trajectory.unscorable`) is evidence of nothing and never kept (neither rewarded nor
+penalised); the rest are
 resampled to the G that train (`algo.resample`: GRPO-RoC or a variant) and given group
 advantages. A group whose kept rewards are all equal has no signal. `MAX_REFILL_ROUNDS` bounds
 how often a step draws more prompts to replace groups without signal
@@ -39,7 +41,7 @@ class Group:
 def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
                rng: random.Random, position: int = 0) -> Group:  # fmt: skip
     """The scored samples of one prompt, resampled to the G that train, with advantages."""
-    healthy = [t for t in sampled if not t.infra_fault]
+    healthy = [t for t in sampled if not t.unscorable]  # no engine, server or sandbox failure
     kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []
     advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
     return Group(problem, list(sampled), kept, advantages, position)

@@ -361,6 +361,12 @@ def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
     # every sample hit a fault: nothing to train on
     broken = [_scored(i, 1.0, "sandbox_error") for i in range(4)]
     assert make_group(PROBLEMS[0], broken, algo, random.Random(0)).kept == []
+    # an engine or inference server that failed a sample (status error) decided its end too
+    failed = _scored(0, 0.0)
+    failed.status = RolloutStatus.ERROR
+    group = make_group(PROBLEMS[0], [failed, *sampled[1:3], _scored(3, 0.0)], algo,
+                       random.Random(0))  # fmt: skip
+    assert [t.sample_index for t in group.kept] == [1, 2]
 
 
 def _update_two(cfg: Config, fmt: PromptFormat, tmp_path: Path, ratios_a: tuple[float, float],
