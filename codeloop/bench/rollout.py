@@ -587,18 +587,19 @@ def main(argv: list[str]) -> int:
           flush=True)  # fmt: skip
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
-    agent_rows: list[tuple[str, bool, int | None]] = [
-        ("tools_overlapped", False, None),
-        ("tools_serialised", True, None),
-    ]
-    if TransformersEngine(model, fmt.tokenizer, set(), 1).join_wait_steps:
-        agent_rows.append(("tools_joins_at_once", False, 0))  # the baseline of batched joins
-    for row, serialised, join_wait in agent_rows:
+
+    def agent_row(row: str, serialised: bool, join_wait: int | None = None) -> TransformersEngine:
         engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch,
                                     join_wait_steps=join_wait)  # fmt: skip
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
         record_stats(row, _print_stats(engine))
+        return engine
+
+    overlapped = agent_row("tools_overlapped", False)
+    agent_row("tools_serialised", True)
+    if overlapped.join_wait_steps:
+        agent_row("tools_joins_at_once", False, 0)  # the baseline of batched joins
     if cpu:
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():

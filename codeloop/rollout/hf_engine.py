@@ -228,7 +228,7 @@ class TransformersEngine:
         """What the engine did since it was made (a copy)."""
         stats = EngineStats(**vars(self._stats))
         stats.reused_tokens = self.prefixes.reused_tokens
-        stats.graphs = self.slots.graphs_captured if self.slots else 0
+        stats.graphs = self.slots.captures if self.slots else 0
         return stats
 
     def plan(self, tokens: int) -> None:
@@ -243,7 +243,7 @@ class TransformersEngine:
         """Inside the block, admit at most `tokens` reserved KV tokens (0: as built), e.g. an
         evaluation's cap on an engine shared with training."""
         built = self.max_kv_tokens
-        self.max_kv_tokens = tokens or built
+        self.max_kv_tokens = min(tokens, built) if tokens else built
         try:
             yield
         finally:
@@ -284,7 +284,10 @@ class TransformersEngine:
 
     async def _serve(self) -> None:
         await asyncio.sleep(self.batch_window_s)  # let the requests of one burst prefill together
+        ended: float | None = None  # when the last step ended
         while self._queue or self._running:
+            if ended is not None:  # results handed out, callers run, requests taken
+                self._stats.host_s += time.perf_counter() - ended
             joining = self._admit() if self._join_now() else []
             try:
                 if self.step_in_thread:
@@ -292,7 +295,6 @@ class TransformersEngine:
                 else:
                     done = self._step(joining)
                     await asyncio.sleep(0)  # callers, tool results and new requests run now
-                began = time.perf_counter()
             except Exception as err:
                 for request in [*self._running, *joining]:
                     if not request.future.done():
@@ -309,7 +311,7 @@ class TransformersEngine:
                             request.out_versions,
                         )
                     )
-            self._stats.host_s += time.perf_counter() - began
+            ended = time.perf_counter()
 
     def _join_now(self) -> bool:
         """Whether the queued requests join at this step (`join_wait_steps`): at once with

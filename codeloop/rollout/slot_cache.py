@@ -115,6 +115,7 @@ class SlotDecoder:
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows]
         self.slots = torch.arange(rows, device=self.device)  # [rows]
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self.captures = 0  # graphs captured since made (growth drops the held ones)
         self._pool: Any = None
         self.ladder = ladder(rows)
         self.ensure_columns(MIN_COLUMNS)
@@ -244,6 +245,7 @@ class SlotDecoder:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = self.forward(*args, width)
             self._graphs[key] = (graph, out)
+            self.captures += 1
         return self._graphs[key]
 
     @property

@@ -718,3 +718,17 @@ def test_on_a_cpu_steps_run_on_the_event_loops_thread(fmt: PromptFormat) -> None
     # where a step runs changes nothing in what it samples
     assert [g.token_ids for g in threaded] == [g.token_ids for g in gens]
     assert [len(g.token_ids) for g in gens] == [12, 9]
+
+
+def test_an_evaluations_cap_only_lowers_what_the_engine_admits(fmt: PromptFormat) -> None:
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
+    engine = TransformersEngine(model, fmt.tokenizer, set(), max_kv_tokens=100)
+    with engine.reserving_at_most(1000):
+        assert engine.max_kv_tokens == 100  # a cap above what it admits changes nothing
+    with engine.reserving_at_most(50):
+        assert engine.max_kv_tokens == 50
+    with engine.reserving_at_most(0):
+        assert engine.max_kv_tokens == 100
+    assert engine.max_kv_tokens == 100  # restored
