@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,19 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_healthy(url: str, deadline_s: float = 120) -> None:
+    """Wait until `url`'s `/healthz` answers (a server started on a host)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise RuntimeError(f"{url} did not come up in {deadline_s:.0f} s") from None
+            time.sleep(0.2)
 
 
 def namespaces() -> set[str]:

@@ -16,24 +16,10 @@ import asyncio
 import json
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from cluster import Cluster, unavailable
+from cluster import Cluster, unavailable, wait_healthy
 from faultproxy import FaultProxy
-
-
-def _wait_healthy(url: str) -> None:
-    end = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=2)
-            return
-        except OSError:
-            if time.monotonic() > end:
-                raise RuntimeError(f"{url} did not come up") from None
-            time.sleep(0.2)
 
 
 async def _bench(urls: list[str], calls: int, concurrency: int, out: Path) -> dict[str, object]:
@@ -53,7 +39,7 @@ async def main(calls: int, concurrency: int, out_dir: Path) -> None:
                                  cluster.address(host), "--port", "8800"])  # fmt: skip
         urls = [f"http://{cluster.address(h)}:8800" for h in (1, 2, 3)]
         for url in urls:
-            _wait_healthy(url)
+            wait_healthy(url)
         rows = {"all hosts well": await _bench(urls, calls, concurrency, out_dir / "well.json")}
         proxy = FaultProxy(cluster.own_address, cluster.address(3), 8800, delay_s=0.2,
                            jitter_s=0.05, loss=0.05, seed=1)  # fmt: skip

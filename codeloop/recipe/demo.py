@@ -87,8 +87,13 @@ def build_format(seed: int) -> PromptFormat:
     rng.shuffle(corpus)
     tokenizer = train_tokenizer(corpus, vocab_size=400)
     tokenizer.add_tokens([CALL_HEAD, '"}}'])
+    return demo_format(tokenizer, TEMPLATE)
+
+
+def demo_format(tokenizer: Any, template: Path) -> PromptFormat:
+    """The demo's prompt: its template, system prompt, and the problem as the user's turn."""
     return PromptFormat(
-        tokenizer, str(TEMPLATE), system_prompt=SYSTEM, user_instruction="{problem}"
+        tokenizer, str(template), system_prompt=SYSTEM, user_instruction="{problem}"
     )
 
 
@@ -168,8 +173,7 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
     if (saved / "config.json").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        fmt = PromptFormat(AutoTokenizer.from_pretrained(saved), str(saved / POLICY_TEMPLATE),
-                           system_prompt=SYSTEM, user_instruction="{problem}")  # fmt: skip
+        fmt = demo_format(AutoTokenizer.from_pretrained(saved), saved / POLICY_TEMPLATE)
         return AutoModelForCausalLM.from_pretrained(saved), fmt
     fmt = build_format(seed)
     model = tiny_model(len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024,

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, namespaces, unavailable
+from cluster import Cluster, namespaces, unavailable, wait_healthy
 
 from codeloop.bench.sandbox import fleet
 from codeloop.config import SandboxConfig
@@ -25,17 +25,6 @@ pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailabl
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=2) as response:
         return str(response.read().decode())
-
-
-def _wait_healthy(url: str, deadline_s: float = 90) -> None:
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            _get(url + "/healthz")
-            return
-        except OSError:
-            assert time.monotonic() < end, f"{url} did not come up"
-            time.sleep(0.2)
 
 
 def _served(url: str) -> int:
@@ -65,7 +54,7 @@ def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> No
                                  cluster.address(host), "--port", "8800", "--workers", "2"],
                           log=tmp_path / f"host{host}.log")  # fmt: skip
         for url in urls:
-            _wait_healthy(url)
+            wait_healthy(url)
         cfg = SandboxConfig(urls=urls, client_batch_size=2, client_connect_timeout_s=1.0)
 
         async def calls(client: SandboxClient, count: int, sleep_s: float) -> list[ExecResult]:
@@ -121,7 +110,7 @@ def test_a_slow_lossy_or_stalled_link_slows_the_fleet_and_loses_no_call(tmp_path
                           log=tmp_path / f"host{host}.log")  # fmt: skip
         direct = [f"http://{cluster.address(h)}:8800" for h in (1, 2)]
         for url in direct:
-            _wait_healthy(url)
+            wait_healthy(url)
 
         async def main() -> tuple[int, int, int]:
             # host 2 behind 200 ms of delay, 50 ms of jitter and 5% of its chunks lost
