@@ -679,7 +679,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err.filename is None:
             raise
         return _fail(args, f"{err.filename}: {err.strerror}")
+    except RuntimeError as err:  # a collective that failed because another rank went away
+        lost = _lost_peer(err)
+        if lost is None:
+            raise
+        _fail(args, str(lost))
+        return 1
     return code
+
+
+def _lost_peer(err: RuntimeError) -> RuntimeError | None:
+    if "torch" not in sys.modules:  # no process group without torch
+        return None
+    from codeloop.trainer.distributed import lost_peer
+
+    return lost_peer(err)
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:

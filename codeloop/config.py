@@ -122,7 +122,10 @@ class RolloutConfig:
     )
     served_model: str = knob("", "Model name sent to the servers; empty = trainer.model.")
     weights_dir: str = knob(
-        "", "Where RL writes the weights the servers reload; empty = <output_dir>/weights."
+        "",
+        "Where RL writes the weights vLLM or SGLang servers reload (they must see it at this "
+        "path: a shared filesystem; codeloop serve gets them over HTTP); empty = "
+        "<output_dir>/weights.",
     )
     engine_max_batch: int = knob(
         64,
@@ -147,6 +150,12 @@ class RolloutConfig:
     )
     scheduler: Literal["kv_aware", "least_outstanding", "static"] = knob(
         "kv_aware", "How trajectories are assigned to engines (report: kv_aware)."
+    )
+    server_retry_s: float = knob(
+        120.0,
+        "Seconds a request is sent again while no server can serve it (down, cut off, "
+        "restarting, or being brought up to the current weights) before its trajectory fails.",
+        gt=0,
     )
     max_turns: int = knob(30, "Assistant turns at most per trajectory.", ge=1)
     max_response_tokens: int = knob(

@@ -5,16 +5,19 @@ each joined to the switch by a veth pair and given its own address (10.X.0.11, .
 test's own process joins the switch too (10.X.0.1), so it can talk to the hosts, and nothing
 else is touched: every address is inside namespaces the cluster made, X is chosen per cluster,
 and deleting the namespaces removes every link. `start(host, argv)` runs a command on a host;
-`kill(host)` kills what runs there (a crash); `cut(host)` / `restore(host)` take its link down
-and up (a partition: packets vanish, nothing answers); `limit(host, kbit)` caps its link's rate
-(`tc tbf`). `close()` (or the `with` block's end, also when a test fails) kills every process
-and deletes every namespace. Needs root and iproute2; `unavailable()` says why not otherwise.
+`kill(host)` kills everything that runs there (a crash); `cut(host)` / `restore(host)` take its
+link down and up (a partition: packets vanish, nothing answers); `limit(host, kbit)` caps its
+link's rate (`tc tbf`). `close()` (or the `with` block's end, also when a test fails) kills
+every process and deletes every namespace. Needs root and iproute2; `unavailable()` says why
+not otherwise.
 
 This kernel has no `netem` qdisc, so delay, jitter and loss are not link properties here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -24,6 +27,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+_clusters_made = itertools.count()
 
 
 def unavailable() -> str | None:
@@ -46,7 +51,8 @@ class Cluster:
     def __init__(self, hosts: int) -> None:
         self.tag = f"cl{os.getpid() % 10000}x{time.monotonic_ns() % 1000}"
         self.net = f"{self.tag}-net"
-        self.subnet = 100 + os.getpid() % 100  # 10.<subnet>.0.0/24, one per cluster
+        # 10.<subnet>.0.0/24, one per cluster: apart from other test processes' and this one's
+        self.subnet = 100 + (os.getpid() + next(_clusters_made)) % 100
         self.hosts = [f"{self.tag}-h{i}" for i in range(1, hosts + 1)]
         self.processes: dict[str, list[subprocess.Popen[bytes]]] = {h: [] for h in self.hosts}
         self._made: list[str] = []
@@ -100,13 +106,18 @@ class Cluster:
         return process
 
     def kill(self, host: int) -> None:
-        """Kill every process started on host `host` (SIGKILL to their process groups)."""
-        for process in self.processes[self.hosts[host - 1]]:
+        """Kill every process on host `host` (a crash): those started there, their process
+        groups, and whatever else runs in its namespace (children in sessions of their own)."""
+        name = self.hosts[host - 1]
+        for process in self.processes[name]:
             if process.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        for pid in listed.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        for process in self.processes[name]:
             process.wait()
 
     def cut(self, host: int) -> None:

@@ -36,11 +36,13 @@ class ServedURL(str):
 
 
 @contextlib.contextmanager
-def _codeloop_serve(model: Path, *options: str) -> Iterator[ServedURL]:
-    """`codeloop serve --model MODEL OPTIONS` on a free port; yields its URL once healthy."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[ServedURL]:
+    """`codeloop serve --model MODEL OPTIONS` on `port` (0: a free one); yields its URL once
+    healthy."""
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     command = [sys.executable, "-m", "codeloop", "serve", "--model", str(model),
                "--port", str(port), *options]  # fmt: skip
     server = subprocess.Popen(command)

@@ -69,9 +69,7 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
             raise ModelError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
         fmt = PromptFormat.from_config(load_tokenizer(tokenizer or model), cfg.rollout)
         engines = servers(endpoints, cfg.rollout, model or tokenizer)
-        return (
-            engines[0] if len(engines) == 1 else Scheduler.for_rollout(engines, cfg.rollout)
-        ), fmt
+        return Scheduler.for_rollout(engines, cfg.rollout), fmt  # one, to remember failures
     if not model:
         raise ModelError("give a model path (--model) or a server (--endpoint)")
     from codeloop.rollout.hf_engine import engine_from_config

@@ -77,7 +77,9 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
     one as soon as it is scored. At most `concurrency` trajectories run at once (0: all; None:
     `in_flight_limit` of the engines)."""
     engine = agent.engine
-    scheduler = engine if isinstance(engine, Scheduler) else Scheduler([engine], "static")
+    retry_s = agent.rollout.server_retry_s
+    scheduler = (engine if isinstance(engine, Scheduler)
+                 else Scheduler([engine], "static", retry_s=retry_s))  # fmt: skip
     keys = list(keys) if keys is not None else [p.id for p in problems]
     if len(keys) != len(problems):
         raise ValueError(f"collect: {len(keys)} keys for {len(problems)} problems")

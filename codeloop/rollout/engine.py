@@ -33,6 +33,11 @@ class Generation:
     versions: list[int] | None = None
 
 
+class EngineUnavailable(RuntimeError):
+    """An engine that cannot serve now (a server down, cut off, or holding other weights): the
+    scheduler sends the request again, to another engine or later."""
+
+
 class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 

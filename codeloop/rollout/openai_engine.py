@@ -3,8 +3,14 @@
 Requests send the token ids as the prompt and ask for the sampled tokens as ids with their
 logprobs (`logprobs: 0`, `return_tokens_as_token_ids`, `include_stop_str_in_output`,
 `skip_special_tokens: false`), so nothing is re-tokenised. The ids are read from `token_ids`
-when the server returns them, else from `token_id:N` tokens. `reload(path)` points the server
-at a new checkpoint: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
+when the server returns them, else from `token_id:N` tokens.
+
+New weights reach a `codeloop serve` over the network: `push_weights(blob, version)` posts the
+safetensors bytes to `/v1/weights`, and every completion then names the version it expects
+(`weights_version`): a server that holds another one (restarted, or missed a push) answers 409
+and serves nothing until it is brought up to date. vLLM and SGLang load weights from files, so
+they must see the trainer's directory (a shared filesystem): `reload(path)` points the server
+at a checkpoint directory: `codeloop` posts `{"path"}` to `/v1/reload`; `sglang` posts
 `{"model_path"}` to `/update_weights_from_disk`; `vllm` posts `{"method": "reload_weights"}` to
 `/collective_rpc` (a development route: start vLLM with `VLLM_SERVER_DEV_MODE=1`), which reloads
 the weights from the directory vLLM serves, so `path` must be that directory (checked against
@@ -18,6 +24,10 @@ scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a us
 (`codeloop_engine_kv_capacity_tokens`, `sglang:max_total_num_tokens`, or vLLM's
 `vllm:cache_config_info` num_gpu_blocks x block_size). Those vLLM/SGLang gauge names are from
 their docs, not checked against a live server.
+
+A server that cannot serve now (refused, silent for `SILENT_S`, cut off mid-answer, a 5xx, or
+a 409 for other weights) raises `ServerUnavailable`, which the scheduler retries elsewhere or
+later; other failures (a 4xx, an unreadable answer) raise `EngineError`.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ import aiohttp
 
 from codeloop.config import RolloutConfig
 from codeloop.errors import CodeloopError
-from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.net import watched_connector
+from codeloop.rollout.engine import EngineUnavailable, Generation, SamplingParams
 
 Backend = Literal["codeloop", "sglang", "vllm"]
 _USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
@@ -41,10 +52,16 @@ _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
     "sglang": ("/update_weights_from_disk", "model_path"),
 }
 _VLLM_RELOAD = ("/collective_rpc", {"method": "reload_weights"})
+SILENT_S = 5.0  # a server host silent this long (no TCP acknowledgement) is taken as gone
 
 
 class EngineError(CodeloopError, RuntimeError):
     """The server answered with an error or an unreadable response."""
+
+
+class ServerUnavailable(EngineError, EngineUnavailable):
+    """The server cannot serve now (down, cut off, overloaded, or holding other weights): the
+    request may be sent again, there or to another server."""
 
 
 class OpenAIEngine:
@@ -52,15 +69,17 @@ class OpenAIEngine:
                  timeout_s: float = 3600.0, kv_capacity_tokens: int = 0) -> None:  # fmt: skip
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
+        self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.backend = backend
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=SILENT_S)
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+            connector = watched_connector(SILENT_S)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
         return self._session
 
     async def close(self) -> None:
@@ -76,6 +95,8 @@ class OpenAIEngine:
         }  # fmt: skip
         if params.seed is not None:
             body["seed"] = params.seed
+        if self.backend == "codeloop" and self.weights_version is not None:
+            body["weights_version"] = self.weights_version
         payload = await self._post("/v1/completions", body)
         try:
             return _generation(payload["choices"][0])
@@ -110,6 +131,18 @@ class OpenAIEngine:
         route, key = _RELOAD_ROUTES[self.backend]
         await self._post(route, {key: path})
 
+    async def push_weights(self, blob: bytes, version: int) -> None:
+        """Send the weights (`safetensors` bytes) to a `codeloop serve`, as version `version`."""
+        headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
+        await self._request("POST", "/v1/weights", data=blob, headers=headers)
+
+    async def served_version(self) -> int | None:
+        """The weights version a `codeloop serve` holds (None: those it was started with)."""
+        quick = aiohttp.ClientTimeout(total=SILENT_S)
+        answer = await self._request("GET", "/health", timeout=quick)
+        version = answer.get("version")
+        return None if version is None else int(version)
+
     async def _served_roots(self) -> list[str]:
         session = await self._http()
         async with session.get(self.base_url + "/v1/models") as response:
@@ -119,14 +152,21 @@ class OpenAIEngine:
         return [str(m.get("root") or m.get("id")) for m in models if isinstance(m, dict)]
 
     async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        session = await self._http()
-        async with session.post(self.base_url + route, json=body) as response:
-            if response.status != 200:
-                raise EngineError(
-                    f"{self.base_url}{route}: HTTP {response.status}: {await response.text()}"
-                )
-            payload: dict[str, Any] = await response.json()
-            return payload
+        return await self._request("POST", route, json=body)
+
+    async def _request(self, method: str, route: str, **kwargs: Any) -> dict[str, Any]:
+        session, where = await self._http(), self.base_url + route
+        try:
+            async with session.request(method, where, **kwargs) as response:
+                if response.status != 200:
+                    text = await response.text()
+                    fault = ServerUnavailable if _retryable(response.status) else EngineError
+                    raise fault(f"{where}: HTTP {response.status}: {text}")
+                payload: dict[str, Any] = await response.json()
+                return payload
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as err:
+            why = str(err) or type(err).__name__
+            raise ServerUnavailable(f"{where}: {why}") from None
 
 
 async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
@@ -160,6 +200,11 @@ def _generation(choice: dict[str, Any]) -> Generation:
     if choice.get("finish_reason") == "length":
         return Generation(ids, values, "length")
     return Generation(ids, values, "stop")
+
+
+def _retryable(status: int) -> bool:
+    """409: the server holds other weights; 429 and 5xx: it is overloaded or failing."""
+    return status in (409, 429) or status >= 500
 
 
 def _same_dir(a: str, b: str) -> bool:

@@ -24,6 +24,12 @@ generates through the leased engine, which routes each call as the policy
   one rather than waiting forever.
 Waiting on a tool call never blocks an engine: generation is async and the engine keeps
 serving the other trajectories.
+
+An engine that cannot serve (`EngineUnavailable`: a server down, cut off, restarting, or holding
+other weights) is left out for `COOL_DOWN_S` and the call is sent again, to another engine when
+one is up, else to the first to come back; a call keeps being retried for `retry_s`
+(`rollout.server_retry_s`) before it fails. A retried call keeps its seed, so on the same
+weights it samples what the first try would have.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ from dataclasses import dataclass
 from codeloop.config import RolloutConfig
 from codeloop.rollout.engine import (
     Engine,
+    EngineUnavailable,
     Generation,
     KVPolled,
     KVReporting,
@@ -45,6 +53,8 @@ from codeloop.rollout.engine import (
 )
 
 POLICIES = ("static", "least_outstanding", "kv_aware")
+COOL_DOWN_S = 1.0  # an engine that could not serve is left out this long before a new try
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +63,9 @@ class EngineSlot:
     capacity_tokens: int
     reserved_tokens: int = 0  # kv_aware: context + max_tokens of the calls admitted
     outstanding: int = 0  # generate calls in flight
+    down_until: float = 0.0  # loop time before which it is left out (it could not serve)
+    failing_since: float | None = None  # loop time its calls began to fail (None: they do not)
+    fault: str = ""  # why its last call could not be served
 
 
 class _Leased:
@@ -62,28 +75,35 @@ class _Leased:
         self.scheduler, self.home, self.order = scheduler, home, order
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        scheduler, reserve = self.scheduler, 0
-        if scheduler.policy == "kv_aware":
-            reserve = len(prompt_ids) + params.max_tokens
-            slot = await scheduler._acquire(self, prompt_ids, reserve)
-        elif self.home is not None:
-            slot = self.home
-        else:
-            slot = min(scheduler.slots, key=lambda s: s.outstanding)
-        slot.outstanding += 1
-        try:
-            return await slot.engine.generate(prompt_ids, params)
-        finally:
-            slot.outstanding -= 1
-            if reserve:
-                slot.reserved_tokens -= reserve
-                scheduler._dispatch()
+        """Generate on the engine the policy picks; again elsewhere or later while engines
+        cannot serve (for `retry_s` at most)."""
+        scheduler, give_up = self.scheduler, None
+        while True:
+            scheduler._check_any_hope()
+            slot, reserve = await scheduler._take(self, prompt_ids, params.max_tokens)
+            slot.outstanding += 1
+            try:
+                generation = await slot.engine.generate(prompt_ids, params)
+                slot.failing_since = None
+                return generation
+            except EngineUnavailable as err:
+                scheduler._leave_out(slot, err)
+                assert slot.failing_since is not None
+                give_up = give_up or slot.failing_since + scheduler.retry_s
+                if scheduler._now() >= give_up:
+                    raise
+            finally:
+                slot.outstanding -= 1
+                if reserve:
+                    slot.reserved_tokens -= reserve
+                    scheduler._dispatch()
 
 
 class Scheduler:
     def __init__(self, engines: Sequence[Engine], policy: str = "kv_aware",
                  capacity_tokens: int | Sequence[int] = 1 << 20, batch_size: int = 0,
-                 move_share: float = 0.25, poll_s: float = 0.05) -> None:  # fmt: skip
+                 move_share: float = 0.25, poll_s: float = 0.05, retry_s: float = 120.0
+                 ) -> None:  # fmt: skip
         if policy not in POLICIES:
             raise ValueError(f"rollout.scheduler: unknown policy {policy!r}; expected {POLICIES}")
         if not engines:
@@ -92,7 +112,7 @@ class Scheduler:
                       else list(capacity_tokens))  # fmt: skip
         self.slots = [EngineSlot(e, c) for e, c in zip(engines, capacities, strict=True)]
         self.policy, self.batch_size, self.poll_s = policy, batch_size, poll_s
-        self.move_share = move_share
+        self.move_share, self.retry_s = move_share, retry_s
         self._order, self._arrivals = itertools.count(), itertools.count()
         self._waiting: list[tuple[int, int, int, int, _Leased, asyncio.Future[EngineSlot]]] = []
         self._poller: asyncio.Task[None] | None = None
@@ -106,7 +126,7 @@ class Scheduler:
         own = [e.kv_capacity_tokens if isinstance(e, KVReporting) else 0 for e in engines]
         capacities = [(cfg.kv_capacity_tokens or capacity) // sharing or 1 << 40
                       for capacity in own]  # fmt: skip
-        return cls(engines, cfg.scheduler, capacities, batch_size)
+        return cls(engines, cfg.scheduler, capacities, batch_size, retry_s=cfg.server_retry_s)
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Engine]:
@@ -118,6 +138,42 @@ class Scheduler:
             index = (k % self.batch_size) * n // self.batch_size if self.batch_size else k % n
             home = self.slots[index]
         yield _Leased(self, home, k)
+
+    async def _take(self, leased: _Leased, prompt_ids: list[int], max_tokens: int
+                    ) -> tuple[EngineSlot, int]:  # fmt: skip
+        """The slot a call goes to, and the KV tokens it reserved there (kv_aware)."""
+        if self.policy == "kv_aware":
+            reserve = len(prompt_ids) + max_tokens
+            return await self._acquire(leased, prompt_ids, reserve), reserve
+        while not (up := [s for s in self.slots if self._up(s)]):
+            await asyncio.sleep(min(s.down_until for s in self.slots) - self._now())
+        if leased.home in up:
+            return leased.home, 0
+        return min(up, key=lambda s: s.outstanding), 0
+
+    def _up(self, slot: EngineSlot) -> bool:
+        return slot.down_until <= self._now()
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _leave_out(self, slot: EngineSlot, err: Exception) -> None:
+        """`slot` could not serve: leave it out for a cool-down, then let waiting calls try it."""
+        if slot.failing_since is None:  # the first failure of an outage says so
+            log.warning("%s; its calls go elsewhere or wait for it", err)
+            slot.failing_since = self._now()
+        slot.down_until, slot.fault = self._now() + COOL_DOWN_S, str(err)
+        asyncio.get_running_loop().call_later(COOL_DOWN_S, self._dispatch)
+
+    def _check_any_hope(self) -> None:
+        """Fail a call at once while every engine cools down after failing for `retry_s`: a
+        server gone for good costs each later call nothing (one try a cool-down still probes)."""
+        now = self._now()
+        if all(s.failing_since is not None and s.failing_since + self.retry_s <= now
+               and not self._up(s) for s in self.slots):  # fmt: skip
+            faults = "; ".join(dict.fromkeys(s.fault for s in self.slots))
+            raise EngineUnavailable(f"no engine could serve for {self.retry_s:.0f} s: {faults}")
 
     # -- kv_aware ----------------------------------------------------------------------------
 
@@ -156,7 +212,10 @@ class Scheduler:
             future.set_result(slot)
 
     def _place(self, home: EngineSlot | None, tokens: int) -> EngineSlot | None:
-        fits = [s for s in self.slots if self._free(s) >= tokens]
+        up = [s for s in self.slots if self._up(s)]
+        if home not in up:
+            home = None  # its engine cannot serve: the call moves
+        fits = [s for s in up if self._free(s) >= tokens]
         if home in fits:
             return home
         roomiest = max(fits, key=self._free, default=None)
@@ -166,7 +225,7 @@ class Scheduler:
         ):
             return roomiest
         if tokens > max(s.capacity_tokens for s in self.slots):
-            idle = [s for s in self.slots if s.reserved_tokens == 0]
+            idle = [s for s in up if s.reserved_tokens == 0]
             return home if home in idle else (idle[0] if idle else None)
         return None
 

@@ -6,12 +6,18 @@ Routes (JSON):
   `logprobs.tokens` / `logprobs.token_logprobs` (as `token_id:N` strings when
   `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
   Stop strings stay in the output (vLLM's `include_stop_str_in_output`).
+  With `weights_version` set, a server holding another version answers 409 and generates nothing
+  (it was restarted, or missed a push: the client retries once it is brought up to date).
+- `POST /v1/weights`: new weights in place, the body `safetensors` bytes (any size), the
+  header `X-Weights-Version` their version. How a trainer on another host updates the server
+  without a shared filesystem.
 - `POST /v1/reload` `{"path": DIR}`: load the weights of a checkpoint directory in place.
 - `GET /metrics`: Prometheus text, read from the continuous-batching engine: requests running
   (being decoded) and waiting (not yet admitted), and KV-cache use as the tokens the running
   requests reserve (prompt + max_tokens each) over `--kv-capacity-tokens`, which is also the
   engine's admission cap.
-- `GET /health`.
+- `GET /health`: `{"ok", "model", "version"}`, `version` the last pushed (null: the weights it
+  was started with).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ def _params(body: dict[str, Any]) -> SamplingParams:
 
 def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
     completed = 0
+    version: int | None = None  # of the weights last pushed
     tokenizer = engine.tokenizer
 
     async def completions(request: web.Request) -> web.Response:
@@ -53,6 +60,10 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
             params = _params(body)
         except (ValueError, KeyError, TypeError) as err:
             return web.json_response({"error": {"message": f"bad request: {err!r}"}}, status=400)
+        wanted = body.get("weights_version")
+        if wanted is not None and wanted != version:
+            message = f"this server holds weights version {version}, not {wanted}"
+            return web.json_response({"error": {"message": message}}, status=409)
         nonlocal completed
         try:
             generation = await engine.generate(ids, params)
@@ -73,6 +84,20 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
         return web.json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                                   "created": int(time.time()), "model": model_name,
                                   "choices": [choice], "usage": usage})  # fmt: skip
+
+    async def weights(request: web.Request) -> web.Response:
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        nonlocal version
+        try:
+            pushed = int(request.headers["X-Weights-Version"])
+            state = load(await request.content.read())  # the stream has no size cap
+            engine.update_weights(state, pushed)
+        except (KeyError, ValueError, RuntimeError, SafetensorError) as err:  # bytes/names/shapes
+            return web.json_response({"error": {"message": f"bad weights: {err}"}}, status=400)
+        version = pushed
+        return web.json_response({"ok": True, "version": version})
 
     async def reload(request: web.Request) -> web.Response:
         from transformers import AutoModelForCausalLM
@@ -104,11 +129,12 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "model": model_name})
+        return web.json_response({"ok": True, "model": model_name, "version": version})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.add_routes([web.post("/v1/completions", completions), web.post("/v1/reload", reload),
-                    web.get("/metrics", metrics), web.get("/health", health)])  # fmt: skip
+    app.add_routes([web.post("/v1/completions", completions), web.post("/v1/weights", weights),
+                    web.post("/v1/reload", reload), web.get("/metrics", metrics),
+                    web.get("/health", health)])  # fmt: skip
     return app
 
 

@@ -10,7 +10,7 @@ cannot be reached (refused, or silent for `client_connect_timeout_s`: a host dow
 is left out for a cool-down (doubling from 0.5 s to 5 s while it stays down) and rejoins when
 it answers again.
 
-The client's sockets give up on a peer silent for `client_connect_timeout_s` (`watched_socket`:
+The client's sockets give up on a peer silent for `client_connect_timeout_s` (`codeloop.net`:
 keep-alive probes and a TCP user timeout), so a host cut off while it runs a call fails that
 call over in seconds, not after its whole timeout. A batch whose server died after it was sent
 is retried on another server, so it may run twice:
@@ -24,10 +24,7 @@ earlier calls built (or twice in the old one).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import random
-import socket
 import time
 import zlib
 from collections.abc import Sequence
@@ -36,30 +33,13 @@ from typing import Any
 import aiohttp
 
 from codeloop.config import SandboxConfig
+from codeloop.net import watched_connector
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 BACKOFF_BASE_S = 0.05
 BACKOFF_MAX_S = 2.0
 COOL_DOWN_S = (0.5, 5.0)  # a server that cannot be reached is left out this long, doubling
 HTTP_SLACK_S = 30.0  # added to the largest per-call timeout of a batch
-
-
-def watched_socket(silent_s: float, addr_info: Any) -> socket.socket:
-    """A TCP socket that gives up on a peer silent for `silent_s` seconds (on Linux): bytes
-    sent and not acknowledged that long, or keep-alive probes of an idle connection (a call the
-    server is still running) unanswered that long, end the connection with an error. A host
-    cut off mid-call then costs seconds, not the call's whole timeout; a server that computes
-    for minutes still answers its probes from the kernel."""
-    family, kind, proto = addr_info[:3]
-    sock = socket.socket(family, kind, proto)
-    options = [(socket.SOL_SOCKET, "SO_KEEPALIVE", 1), (socket.IPPROTO_TCP, "TCP_KEEPIDLE", 1),
-               (socket.IPPROTO_TCP, "TCP_KEEPINTVL", 1),
-               (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", int(1000 * silent_s))]  # fmt: skip
-    for level, name, value in options:
-        if hasattr(socket, name):  # Linux has them all; elsewhere the call's timeout remains
-            with contextlib.suppress(OSError):
-                sock.setsockopt(level, getattr(socket, name), value)
-    return sock
 
 
 class _Infra(Exception):
@@ -96,8 +76,7 @@ class SandboxClient:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SandboxClient:
-        watched = functools.partial(watched_socket, self.cfg.client_connect_timeout_s)
-        connector = self._connector or aiohttp.TCPConnector(limit=0, socket_factory=watched)
+        connector = self._connector or watched_connector(self.cfg.client_connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector)
         return self
 

@@ -16,6 +16,11 @@ Launch on a cluster (one process per GPU, the same command on every node):
 
     torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HEAD_NODE:29500 -m codeloop train --config exp.toml
+
+When a rank's process or host dies, the others fail in their next collective; `lost_peer`
+turns that failure into one line naming the rank and its address (each rank's address is
+gathered when the group is joined), and the run stops: the same command on every node resumes
+from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -24,17 +29,29 @@ import atexit
 import contextlib
 import datetime
 import os
+import re
+import socket
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
-from codeloop.errors import ModelError
+from codeloop.errors import CodeloopError, ModelError
 from codeloop.rollout.model import default_device, resolve_dtype
 
 T = TypeVar("T")
 LEAVE_TIMEOUT_S = 30
+# how gloo says a peer is gone: "Connection closed by peer [10.0.0.12]:41129", "Read error
+# [10.0.0.12]:41129: Connection reset by peer"
+_PEER_GONE = re.compile(r"(?:closed|reset) by peer")
+_PEER_ADDRESS = re.compile(r"\[([^\]]+)\]:\d+")
+_addresses: list[str] = []  # each rank's address, in rank order (set by `init`)
+_broken = False  # a peer was lost: leaving cannot wait for it
+
+
+class PeerLost(CodeloopError, RuntimeError):
+    """Another rank's process or host is gone; the run cannot go on without it."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ def _leave() -> None:
     """Every rank reaches the end before any tears the group down: a rank whose peer has already
     closed its connections can abort at exit. Bounded wait: a rank that failed never arrives."""
     if dist.is_initialized():
-        if dist.get_backend() == "gloo":  # NCCL has no barrier with its own timeout
+        if dist.get_backend() == "gloo" and not _broken:  # NCCL: no barrier with a timeout
             with contextlib.suppress(Exception):
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
         dist.destroy_process_group()
@@ -99,7 +116,41 @@ def init(dtype: str = "float32") -> World:
         # Left to interpreter exit, the group's threads can outlive it: a rank then aborts
         # ("terminate called without an active exception", exit -6) after its work is done.
         atexit.register(_leave)
+        _addresses[:] = all_gather(_own_address(), World(dist.get_rank(), size, device))
     return World(dist.get_rank(), dist.get_world_size(), device, resolve_dtype(dtype))
+
+
+def _own_address() -> str:
+    """The address this host reaches the rendezvous from (where its peers reach it)."""
+    master = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "1")))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(master)  # UDP: no packet is sent, the route is chosen
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostname()
+
+
+def rank_address(rank: int) -> str:
+    """The address rank `rank` joined the group from ("" outside torchrun)."""
+    return _addresses[rank] if rank < len(_addresses) else ""
+
+
+def lost_peer(err: BaseException) -> PeerLost | None:
+    """`err` as a `PeerLost` naming the rank(s) and address that went away, when it is a
+    collective's failure because a peer is gone; else None."""
+    global _broken
+    found = _PEER_ADDRESS.search(str(err))
+    if not (_PEER_GONE.search(str(err)) and found and dist.is_initialized()):
+        return None
+    _broken = True
+    address, me = found.group(1), dist.get_rank()
+    ranks = [str(r) for r, a in enumerate(_addresses) if a == address and r != me]
+    who = f"trainer rank {', '.join(ranks)}" if ranks else "a trainer rank"
+    return PeerLost(
+        f"lost {who} ({address}): its process or host went down. The run stops here; start "
+        "the same command on every node again to resume from the last checkpoint"
+    )
 
 
 def shard(model: Any, world: World) -> Any:

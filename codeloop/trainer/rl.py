@@ -39,7 +39,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.trainer.async_rl import AsyncGroups
 from codeloop.trainer.checkpoint import latest_checkpoint
-from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum
+from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum, rank_address
 from codeloop.trainer.groups import Drawn, GroupSource, SyncGroups, problem_at
 from codeloop.trainer.held_out import HeldOut
 from codeloop.trainer.learner import Learner
@@ -191,6 +191,15 @@ class RLRun:
         logs are rewound to the step the run starts from: what a killed attempt logged past its
         last checkpoint is logged again when the step is redone, not twice."""
         path = latest_checkpoint(self.logger.run_dir)
+        seen = all_gather(path.name if path else "no checkpoint", self.world)
+        if len(set(seen)) > 1:  # a node that does not see the run directory rank 0 writes
+            views = ", ".join(
+                f"rank {r} ({rank_address(r)}): {name}" for r, name in enumerate(seen)
+            )
+            raise ConfigError(
+                f"{self.logger.run_dir}: the ranks see different checkpoints ({views}); every "
+                "node must see trainer.output_dir at this path (a shared filesystem)"
+            )
         if path is not None:
             self.step_index, extra = self.learner.load(path)
             self.state.load_state_dict(extra)

@@ -57,8 +57,9 @@ class RolloutSide:
         return sum(local, EngineStats()) if local else None
 
     async def close(self) -> None:
-        """Close the verifier's workers and the servers' HTTP sessions."""
+        """Close the verifier's workers, the weight sink and the servers' HTTP sessions."""
         self.verifier.close()
+        await self.sink.close()
         await asyncio.gather(*(server.close() for server in self.servers))
 
 

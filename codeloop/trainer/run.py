@@ -50,7 +50,11 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
                            cfg.data.ngram)  # fmt: skip
     reasons = Counter(r.reason for r in removed)
     if distributed.launched_main():
-        print(f"data: kept {len(kept)} of {len(problems)} problems; removed {dict(reasons)}")
+        why = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+        print(
+            f"data: kept {len(kept)} of {len(problems)} problems"
+            + (f" (removed: {why})" * bool(why))
+        )
     problems = kept
     model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
     return model, PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval), problems

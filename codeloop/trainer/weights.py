@@ -2,28 +2,40 @@
 
 - `EngineSink`: the in-process engine of each rank copies the gathered weights in place
   (`TransformersEngine.update_weights`); every rank needs the full weights.
-- `ServerSink`: OpenAI-compatible servers (`codeloop serve`, vLLM, SGLang). Rank 0 saves the
-  weights (model and tokenizer, in the compute dtype: half the bytes in bfloat16) to a
-  directory and asks every server to reload it (`OpenAIEngine.reload`); then, when
-  `rollout.kv_capacity_tokens` is unset, each rank reads its servers' KV capacity, and with a
-  `ReloadCheck` each rank checks that its servers serve the new weights.
+- `ServerSink`: OpenAI-compatible servers. Rank 0 casts the weights to the compute dtype (half
+  the bytes in bfloat16) and sends them to every `codeloop serve` over HTTP
+  (`OpenAIEngine.push_weights`: no shared filesystem needed), or, for vLLM and SGLang, saves
+  them with the tokenizer to `rollout.weights_dir` and asks every server to reload that
+  directory (`OpenAIEngine.reload`: the servers must see it at the same path). Every rank then
+  asks its servers for the new version; when `rollout.kv_capacity_tokens` is unset each rank
+  reads its servers' KV capacity, and with a `ReloadCheck` each rank checks that its servers
+  serve the new weights.
+
+A `codeloop serve` that misses a push (down, cut off) or comes back after a restart holds other
+weights and refuses completions (409) until rank 0, which keeps the last weights it sent and
+asks every server for its version every `WATCH_S`, sends them again. A publish goes on while
+some servers cannot be reached; it stops when none can.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from codeloop.rollout.engine import SamplingParams, WeightUpdatable
-from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
+from codeloop.rollout.engine import Generation, SamplingParams, WeightUpdatable
+from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
 from codeloop.trainer.batch import Sample, collate, on_device, token_logprobs
 from codeloop.trainer.distributed import World, barrier
 
 RELOAD_PROBE_TOKENS = 16  # greedy tokens a server is checked on after a reload
+WATCH_S = 0.5  # how often rank 0 asks every codeloop server which weights it holds
+log = logging.getLogger(__name__)
 
 
 class WeightSink(Protocol):
@@ -34,6 +46,8 @@ class WeightSink(Protocol):
         version `version` (the RL step that produced it)."""
         ...
 
+    async def close(self) -> None: ...
+
 
 class EngineSink:
     everywhere = True
@@ -43,6 +57,9 @@ class EngineSink:
 
     async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(state, version)
+
+    async def close(self) -> None:
+        pass
 
 
 class ReloadCheck:
@@ -57,7 +74,12 @@ class ReloadCheck:
     async def __call__(self, mine: Sequence[OpenAIEngine], model: Any, world: World) -> None:
         probe = self.probe
         params = SamplingParams(RELOAD_PROBE_TOKENS, temperature=0.0, seed=0)
-        served = await asyncio.gather(*(server.generate(probe, params) for server in mine))
+        answers = await asyncio.gather(*(server.generate(probe, params) for server in mine),
+                                       return_exceptions=True)  # fmt: skip
+        for answer in answers:  # a server that cannot serve now is brought up to date later
+            if isinstance(answer, BaseException) and not isinstance(answer, ServerUnavailable):
+                raise answer
+        served = [a if isinstance(a, Generation) else Generation([], [], "stop") for a in answers]
         samples = [Sample(probe + g.token_ids, [0] * len(probe) + [1] * len(g.token_ids),
                           [0.0] * (len(probe) + len(g.token_ids))) for g in served]  # fmt: skip
         batch = on_device(collate(samples, self.pad_id), model)
@@ -87,17 +109,83 @@ class ServerSink:
         self.servers, self.mine, self.path = list(servers), list(mine), path
         self.model, self.tokenizer, self.world = model, tokenizer, world
         self.read_capacity, self.check = read_capacity, check
+        self.over_network = all(server.backend == "codeloop" for server in self.servers)
+        self._sent: tuple[bytes, int] = (b"", -1)  # rank 0: the last weights sent, their version
+        self._pushing = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
 
     async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self.world.is_main:
             dtype = self.world.compute_dtype
             cast = {name: value.to(dtype) for name, value in state.items()}
-            self.model.save_pretrained(self.path, state_dict=cast)
-            self.tokenizer.save_pretrained(self.path)
-            where = str(self.path.resolve())
-            await asyncio.gather(*(server.reload(where) for server in self.servers))
+            if self.over_network:
+                await self._push(cast, version)
+            else:
+                await self._reload_files(cast)
         barrier(self.world)
+        if self.over_network:
+            for server in self.servers:
+                server.weights_version = version
         if self.read_capacity:  # each server says what it holds
             await asyncio.gather(*(s.refresh_kv() for s in self.mine), return_exceptions=True)
         if self.check is not None:
             await self.check(self.mine, self.model, self.world)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    async def _push(self, state: dict[str, torch.Tensor], version: int) -> None:
+        from safetensors.torch import save
+
+        once: dict[str, torch.Tensor] = {}  # tied weights (one tensor, two names) sent once
+        for name, tensor in state.items():
+            if all(tensor.data_ptr() != kept.data_ptr() for kept in once.values()):
+                once[name] = tensor
+        async with self._pushing:
+            self._sent = (save(once), version)
+            answers = await asyncio.gather(*(s.push_weights(*self._sent) for s in self.servers),
+                                           return_exceptions=True)  # fmt: skip
+        faults = [a for a in answers if isinstance(a, BaseException)]
+        for fault in faults:
+            if not isinstance(fault, ServerUnavailable):
+                raise fault
+        if len(faults) == len(self.servers):
+            reasons = "; ".join(str(fault) for fault in faults)
+            raise EngineError(f"no inference server can be reached: {reasons}")
+        for fault in faults:
+            log.warning("%s; it gets the weights when it answers again", fault)
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._keep_current())
+
+    async def _keep_current(self) -> None:
+        """Rank 0, for the whole run: a server that holds other weights than the last sent (it
+        missed a push, or restarted) gets them again."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            await asyncio.gather(*(self._bring_up_to_date(s) for s in self.servers))
+
+    async def _bring_up_to_date(self, server: OpenAIEngine) -> None:
+        try:
+            if await server.served_version() == self._sent[1]:
+                return
+            async with self._pushing:
+                await server.push_weights(*self._sent)
+        except ServerUnavailable:
+            return  # still down: asked again later
+        log.info("%s: brought up to weights version %d", server.base_url, self._sent[1])
+
+    async def _reload_files(self, state: dict[str, torch.Tensor]) -> None:
+        """vLLM / SGLang: the weights saved to `path`, which every server must see."""
+        self.model.save_pretrained(self.path, state_dict=state)
+        self.tokenizer.save_pretrained(self.path)
+        where = str(self.path.resolve())
+        try:
+            await asyncio.gather(*(server.reload(where) for server in self.servers))
+        except EngineError as err:
+            raise EngineError(
+                f"{err}\n(a vLLM or SGLang server reloads weights from files: it must see the "
+                f"trainer's rollout.weights_dir at {where} on its own host, a shared filesystem)"
+            ) from None

@@ -185,8 +185,9 @@ def test_a_server_killed_mid_evaluation_scores_only_what_it_generated(
     fmt.tokenizer.save_pretrained(model_dir)
     total, out = 60, tmp_path / "out"
     with codeloop_serve(model_dir) as url:
+        command = _eval_command(url, model_dir, _bench_file(tmp_path / "b.jsonl", total), out)
         evaluation = subprocess.Popen(
-            _eval_command(url, model_dir, _bench_file(tmp_path / "b.jsonl", total), out),
+            [*command, "--rollout.server_retry_s", "1"],  # not waiting for it to come back
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         results = out / "results.jsonl"
@@ -206,7 +207,9 @@ def test_a_server_killed_mid_evaluation_scores_only_what_it_generated(
     assert len(read_jsonl(out / "trajectories.jsonl")) == 2 * len(scored)
     assert "are not scored" in stderr and "Unclosed" not in stderr and "Traceback" not in stderr
     said = [line for line in stderr.splitlines() if not line.startswith("eval: ")]  # progress
-    assert len(said) == 2 and said[0].startswith("engine failed on q"), stderr  # cause, count
+    # the server's failure once, the first trajectory's cause, the count
+    assert len(said) == 3 and said[0].startswith(f"{url}/v1/completions: "), stderr
+    assert said[1].startswith("engine failed on q"), stderr
 
 
 def test_eval_without_a_policy_is_an_error(tmp_path: Path) -> None:

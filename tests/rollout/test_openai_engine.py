@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from fake_http import serve
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
+from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -272,3 +273,57 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
         {**same, "prompt": prompt, "max_tokens": 60, "seed": 7},
         {**same, "prompt": prompt + turns[0] + observation, "max_tokens": 100 - used, "seed": 8},
     ]
+
+
+def test_weights_pushed_over_http_and_a_server_on_other_weights_refuses(
+    fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    from safetensors.torch import save
+
+    v1, v2 = _tiny_model(fmt, 0), _tiny_model(fmt, 1)
+    v1.save_pretrained(tmp_path)
+    fmt.tokenizer.save_pretrained(tmp_path)
+    prompt, params = fmt.encode("2 + 3"), SamplingParams(6, temperature=0)
+
+    async def main(url: str) -> tuple[Generation, Generation]:
+        engine = OpenAIEngine(url)
+        try:
+            assert await engine.served_version() is None  # the weights it was started with
+            before = await engine.generate(prompt, params)
+            await engine.push_weights(save(v2.state_dict()), 7)
+            assert await engine.served_version() == 7
+            engine.weights_version = 6  # a client that expects other weights gets nothing
+            with pytest.raises(ServerUnavailable, match="holds weights version 7, not 6"):
+                await engine.generate(prompt, params)
+            engine.weights_version = 7
+            after = await engine.generate(prompt, params)
+            with pytest.raises(EngineError, match="HTTP 400") as bad:
+                await engine.push_weights(b"not safetensors", 8)
+            assert not isinstance(bad.value, ServerUnavailable)  # not worth a retry
+            assert await engine.served_version() == 7
+            return before, after
+        finally:
+            await engine.close()
+
+    with codeloop_serve(tmp_path) as url:
+        before, after = asyncio.run(main(url))
+    assert before.logprobs == pytest.approx(_logprobs(v1, prompt, before), abs=1e-4)
+    assert after.logprobs == pytest.approx(_logprobs(v2, prompt, after), abs=1e-4)
+
+
+def test_a_server_that_is_not_there_cannot_serve_now() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    async def main() -> None:
+        engine = OpenAIEngine(url)
+        try:
+            with pytest.raises(ServerUnavailable, match=url):
+                await engine.generate([1, 2], SamplingParams(4))
+            with pytest.raises(ServerUnavailable):
+                await engine.served_version()
+        finally:
+            await engine.close()
+
+    asyncio.run(main())

@@ -8,7 +8,8 @@ import pytest
 
 from codeloop.bench import scheduler as bench_scheduler
 from codeloop.bench.scheduler import SimEngine, Trajectory, _Prompt, run_simulated
-from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout import scheduler as scheduler_module
+from codeloop.rollout.engine import EngineUnavailable, Generation, SamplingParams
 from codeloop.rollout.scheduler import Scheduler
 
 PARAMS = SamplingParams(1)
@@ -305,3 +306,88 @@ def test_training_loop_simulation_by_hand() -> None:
     assert ahead["makespan_s"] == pytest.approx(0.30)
     assert ahead["s_per_token"] == pytest.approx((0.30 - 0.15) / 20)
     assert ahead["regenerated"] == 0 and ahead["trained_tokens"] == 30
+
+
+class Flaky(Recorder):
+    """An engine that cannot serve its first `failures` calls (a server down, then back)."""
+
+    def __init__(self, name: str, log: list[str], failures: int) -> None:
+        super().__init__(name, log)
+        self.failures = failures
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if self.failures:
+            self.failures -= 1
+            self.log.append(f"{self.name} down")
+            raise EngineUnavailable(f"{self.name} cannot serve")
+        return await super().generate(prompt_ids, params)
+
+
+@pytest.mark.parametrize("policy", ["static", "least_outstanding", "kv_aware"])
+def test_a_call_that_an_engine_cannot_serve_goes_to_another_and_it_is_left_out(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduler_module, "COOL_DOWN_S", 0.2)
+
+    async def main() -> list[str]:
+        log: list[str] = []
+        scheduler = Scheduler([Flaky("a", log, 1), Recorder("b", log)], policy, capacity_tokens=100)
+        for _ in range(3):  # each trajectory would start on a (static: every other one)
+            async with scheduler.lease() as engine:
+                await engine.generate([1], PARAMS)
+        await asyncio.sleep(0.3)  # the cool-down is over: a serves again
+        async with scheduler.lease() as engine:
+            await engine.generate([1], PARAMS)
+        return log
+
+    log = asyncio.run(main())
+    # a failed once: that call went to b, and a was left out while it cooled down
+    assert log[:4] == ["a down", "b", "b", "b"]
+    assert log[4] == ("b" if policy == "static" else "a")  # static: the 4th is b's by turn
+    assert len(log) == 5
+
+
+def test_with_every_engine_down_a_call_waits_for_one_and_gives_up_after_retry_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler_module, "COOL_DOWN_S", 0.05)
+
+    async def main(failures: int, retry_s: float) -> tuple[list[str], float]:
+        log: list[str] = []
+        scheduler = Scheduler([Flaky("a", log, failures)], "kv_aware", retry_s=retry_s)
+        started = time.monotonic()
+        try:
+            async with scheduler.lease() as engine:
+                await engine.generate([1], PARAMS)
+        except EngineUnavailable:
+            log.append("gave up")
+        return log, time.monotonic() - started
+
+    log, took = asyncio.run(main(3, retry_s=5.0))
+    assert log == ["a down"] * 3 + ["a"] and took >= 3 * 0.05  # tried again after each cool-down
+    log, took = asyncio.run(main(100, retry_s=0.3))
+    assert log[-1] == "gave up" and 4 <= log.count("a down") <= 8 and took < 1.0
+
+
+def test_once_every_engine_has_failed_for_retry_s_a_call_fails_at_once_between_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler_module, "COOL_DOWN_S", 0.1)
+
+    async def main() -> list[tuple[int, float]]:
+        log: list[str] = []
+        scheduler = Scheduler([Flaky("a", log, 100)], "static", retry_s=0.25)
+        seen = []
+        for pause in (0.0, 0.0, 0.15):  # the last after a cool-down: a tries once more
+            await asyncio.sleep(pause)
+            started = time.monotonic()
+            async with scheduler.lease() as engine:
+                with pytest.raises(EngineUnavailable):
+                    await engine.generate([1], PARAMS)
+            seen.append((log.count("a down"), time.monotonic() - started))
+        return seen
+
+    (first, took), (second, at_once), (third, _) = asyncio.run(main())
+    assert took >= 0.25 and first >= 3  # the outage's first call waited retry_s
+    assert second == first and at_once < 0.05  # the next failed without trying or waiting
+    assert third == first + 1  # a probe after the cool-down

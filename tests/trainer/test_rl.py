@@ -158,11 +158,13 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
             try:
                 metrics = (await run.train(1))[0]
                 params = SamplingParams(8, temperature=1.0, seed=3)
-                generations = []
+                generations, versions = [], []
                 for url in urls:
                     server = OpenAIEngine(url)
                     generations.append(await server.generate(prompt, params))
+                    versions.append(await server.served_version())
                     await server.close()
+                assert versions == [1, 1]  # each holds the weights of step 1
             finally:
                 logger.close()
                 await run.close()
@@ -171,7 +173,7 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     with codeloop_serve(served) as one, codeloop_serve(served) as two:
         metrics, run, generations = asyncio.run(main([one, two]))
     assert metrics["loss/policy_tokens"] > 0 and metrics["rollout/tool_calls"] > 0
-    assert (tmp_path / "run" / "weights" / "config.json").is_file()
+    assert not (tmp_path / "run" / "weights").exists()  # the weights went over HTTP
     original = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
     original.load_state_dict(sft_weights)
     for generation in generations:  # both servers score with the trained weights
@@ -194,8 +196,12 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
     model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)
     cfg.rollout.backend, cfg.rollout.reload_check_tol = "openai", 1e-4  # float32 server: ~1e-6
 
-    async def stale_reload(self: Any, path: str) -> None:  # acknowledged, nothing loaded
-        return None
+    from safetensors.torch import save
+
+    push = OpenAIEngine.push_weights
+
+    async def stale_push(self: Any, blob: bytes, version: int) -> None:  # no weights in it
+        await push(self, save({}), version)
 
     async def main(url: str) -> None:
         cfg.rollout.endpoints = [url]
@@ -204,7 +210,7 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
             run = build_run(cfg, model, fmt, PROBLEMS, sandbox, logger)
             try:
                 await run.sync_weights()  # the served weights are the trainer's: it passes
-                monkeypatch.setattr(OpenAIEngine, "reload", stale_reload)
+                monkeypatch.setattr(OpenAIEngine, "push_weights", stale_push)
                 with pytest.raises(EngineError, match="still serves other weights"):
                     await run.train(1)  # trained at lr 1e-3, then not reloaded
             finally:

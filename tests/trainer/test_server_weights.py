@@ -1,0 +1,118 @@
+"""Weights sent to `codeloop serve` over HTTP: a server that missed them, or restarted, gets
+them again before it serves (`trainer/weights.py`'s `ServerSink`)."""
+
+import asyncio
+import logging
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from codeloop.config import RolloutConfig
+from codeloop.rollout import scheduler as scheduler_module
+from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.rollout.model import tiny_model
+from codeloop.rollout.openai_engine import EngineError, servers
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.scheduler import Scheduler
+from codeloop.trainer import weights as weights_module
+from codeloop.trainer.distributed import World
+from codeloop.trainer.weights import ServerSink
+
+
+def _logprobs(model: Any, prompt: list[int], generation: Generation) -> list[float]:
+    ids = torch.tensor([prompt + generation.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    chosen = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
+    return chosen.squeeze(-1).tolist()
+
+
+def test_a_restarted_server_is_brought_up_to_date_before_it_serves_again(
+    trainer_fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    fmt = trainer_fmt
+    # the restarted server is asked for completions several times before the sink looks at it
+    monkeypatch.setattr(weights_module, "WATCH_S", 1.5)
+    monkeypatch.setattr(scheduler_module, "COOL_DOWN_S", 0.1)
+    torch.manual_seed(0)
+    started = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2)  # what the server loads
+    trained = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2)  # what the trainer sends
+    with torch.no_grad():  # far from the nearly uniform start, so the two tell apart
+        for parameter in trained.parameters():
+            parameter.normal_(0, 0.5)
+    started.save_pretrained(tmp_path / "served")
+    fmt.tokenizer.save_pretrained(tmp_path / "served")
+    prompt, greedy = fmt.prompt_ids("What is 2 + 3?"), SamplingParams(8, temperature=0.0)
+    rollout = RolloutConfig(server_retry_s=60)
+
+    async def main(url: str, restart: Any) -> tuple[Generation, int | None]:
+        engines = servers([url], rollout, "")
+        sink = ServerSink(engines, engines, tmp_path / "unused", trained, fmt.tokenizer, World(),
+                          read_capacity=False)  # fmt: skip
+        scheduler = Scheduler(engines, "kv_aware", retry_s=rollout.server_retry_s)
+        try:
+            await sink.publish(trained.state_dict(), 3)
+            restart()  # the server comes back with the weights it was started with
+            async with scheduler.lease() as engine:  # refused until the sink sends them again
+                generation = await engine.generate(prompt, greedy)
+            return generation, await engines[0].served_version()
+        finally:
+            await sink.close()
+            await engines[0].close()
+
+    with codeloop_serve(tmp_path / "served") as url:
+        port = urllib.parse.urlsplit(url).port
+        holder: list[Any] = []
+
+        def restart() -> None:
+            url.process.kill()
+            url.process.wait()
+            holder.append(codeloop_serve(tmp_path / "served", port=port))
+            holder[0].__enter__()
+
+        with caplog.at_level(logging.INFO, logger="codeloop.trainer.weights"):
+            try:
+                generation, version = asyncio.run(main(url, restart))
+            finally:
+                if holder:
+                    holder[0].__exit__(None, None, None)
+    assert version == 3
+    assert generation.logprobs == pytest.approx(_logprobs(trained, prompt, generation), abs=1e-4)
+    assert generation.logprobs != pytest.approx(_logprobs(started, prompt, generation), abs=1e-3)
+    assert "brought up to weights version 3" in caplog.text
+    assert not (tmp_path / "unused").exists()  # nothing went through files
+
+
+def test_a_publish_goes_on_without_a_server_that_is_down_but_not_without_all(
+    trainer_fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    fmt = trainer_fmt
+    model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2)
+    model.save_pretrained(tmp_path)
+    fmt.tokenizer.save_pretrained(tmp_path)
+
+    async def main(up: str, down: str) -> list[int | None]:
+        engines = servers([up, down], RolloutConfig(), "")
+        sink = ServerSink(engines, engines, tmp_path / "unused", model, fmt.tokenizer, World(),
+                          read_capacity=False)  # fmt: skip
+        try:
+            await sink.publish(model.state_dict(), 1)  # the one that is down is left for later
+            alone = servers([down], RolloutConfig(), "")
+            lost = ServerSink(alone, alone, tmp_path / "unused", model, fmt.tokenizer, World(),
+                              read_capacity=False)  # fmt: skip
+            with pytest.raises(EngineError, match="no inference server can be reached: .*" + down):
+                await lost.publish(model.state_dict(), 2)
+            await alone[0].close()
+            return [await engines[0].served_version(), engines[1].weights_version]
+        finally:
+            await sink.close()
+            await asyncio.gather(*(e.close() for e in engines))
+
+    with codeloop_serve(tmp_path) as up, codeloop_serve(tmp_path) as down:
+        down.process.kill()
+        down.process.wait()
+        assert asyncio.run(main(up, down)) == [1, 1]
