@@ -65,7 +65,7 @@ from codeloop.rollout.hf_engine import (
     uniforms,
 )
 from codeloop.rollout.model import require_cuda
-from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.trainer.profile import device_seconds, op_table, op_times, profiler, raw_events
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
@@ -238,6 +238,48 @@ def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
             lambda end: [finish_reason(tokenizer, set(), row[:end], params) for row in ids]
         ),  # fmt: skip
     }
+
+
+class FreeModel(torch.nn.Module):
+    """A causal LM whose forward costs next to nothing: every position's logits are one fixed
+    row over the first `vocab` token ids, and its KV is one number a token in one layer. An
+    engine around it does all of its own work (admitting rows, the cache's bookkeeping, drawing
+    and sampling over `vocab` ids, stop checks, handing tokens back), so its time a decoding
+    step is its host time."""
+
+    def __init__(self, vocab: int = 64) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # where the engine finds the device
+        self.row = torch.randn(vocab, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: Any = None, **_: Any) -> Any:
+        rows, length = input_ids.shape
+        kv = torch.zeros(rows, 1, length, 1)  # [B, heads, T, head_dim]
+        past_key_values.update(kv, kv, 0)
+        return argparse.Namespace(logits=self.row.expand(rows, 1, -1))
+
+
+def engine_host_ms(tokenizer: Any, rows: int = 256, tokens: int = 128) -> dict[str, float]:
+    """The in-process engine's host time per decoding step at `rows` rows (ms), over `tokens`
+    steps of a `FreeModel`: `rows` requests of 32 prompt tokens that each sample `tokens`
+    tokens with the agent's stop strings, joined in one prefill."""
+    engine = TransformersEngine(FreeModel(), tokenizer, set(), max_batch=rows,
+                                max_kv_tokens=rows * (32 + tokens))  # fmt: skip
+    params = [SamplingParams(tokens, TEMPERATURE, TOP_P, STOP_STRINGS, seed=i) for i in range(rows)]
+    prompts = [[3 + (i + j) % 61 for j in range(32)] for i in range(rows)]
+
+    async def generate_all() -> None:
+        await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
+
+    began = time.perf_counter()
+    asyncio.run(generate_all())
+    wall = time.perf_counter() - began
+    found = engine.stats().metrics()
+    steps = max(found["steps"], 1)
+    return {"rows": rows, "steps": steps, "rows_per_step": found["rows_per_step"],
+            "step_ms": 1000 * (found["decode_s"] + found["host_s"]) / steps,
+            "between_steps_ms": 1000 * found["host_s"] / steps,
+            "prefill_ms": 1000 * found["prefill_s"], "wall_s": wall}  # fmt: skip
 
 
 def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
@@ -585,6 +627,13 @@ def main(argv: list[str]) -> int:
           f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
           f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
           flush=True)  # fmt: skip
+    free = engine_host_ms(fmt.tokenizer)
+    print(
+        f"  the engine's host time a decoding step at {free['rows']} rows of a model that "
+        f"costs nothing: {free['step_ms']:.2f} ms ({free['between_steps_ms']:.2f} ms between "
+        f"steps; {free['steps']:.0f} steps of {free['rows_per_step']:.0f} rows)",
+        flush=True,
+    )
     print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
           f"of {args.tool_s} s on average", flush=True)  # fmt: skip
 
@@ -611,6 +660,6 @@ def main(argv: list[str]) -> int:
     report = {"args": vars(args), "model": name, "device": where,
               "flops_per_token": flops_per_token, "matmul_gflops": peak, "memory_bound": bound,
               "rows": rows, "ratios": ratios, "logprob_gap": gap,
-              "host_work": host}  # fmt: skip
+              "host_work": host, "host_time": free}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -494,7 +494,37 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tens
            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One token per row of [B, V] logits and its logprob, each row with its own temperature,
     top-p and uniform draw in [0, 1) ([B], `uniforms`; see the module docstring); returns ([B]
-    tokens, [B] logprobs)."""
+    tokens, [B] logprobs). A batch whose rows share their temperature and top-p (an RL run's,
+    an evaluation's) is sampled without indexing rows, to the same tokens and logprobs."""
+    settings = {(p.temperature, p.top_p) for p in params}
+    if len(settings) == 1:
+        return _sample_alike(logits, *settings.pop(), draws)
+    return _sample_rows(logits, params, draws)
+
+
+def _sample_alike(logits: torch.Tensor, temperature: float, top_p: float, draws: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`sample` with one temperature and top-p for every row: what `_sample_rows` computes."""
+    device = logits.device
+    divisor = torch.tensor([[temperature if temperature > 0 else 1.0]], device=device)  # [1, 1]
+    logprobs = torch.log_softmax(logits / divisor, -1)
+    if temperature == 0:
+        tokens = logprobs.argmax(-1)
+    elif top_p >= 1:
+        tokens = _invert_cdf(logprobs.exp(), draws.to(device, non_blocking=True))
+    else:
+        mass = torch.tensor(top_p, device=device)
+        order = _most_likely(logprobs, mass)  # [B, K]
+        probs = logprobs.gather(-1, order).exp()
+        kept = probs.cumsum(-1) - probs <= mass  # the first token always is
+        picked = _invert_cdf(torch.where(kept, probs, 0.0), draws.to(device, non_blocking=True))
+        tokens = order.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`sample` for rows of different temperatures and top-p."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)  # [B]
     greedy = temperature == 0

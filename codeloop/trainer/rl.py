@@ -8,7 +8,7 @@ synchronously (`SyncGroups`, the report's) or by a producer running ahead of the
 (`AsyncGroups`, `async_rl.py`, `trainer.mode = "async"`). The `Learner` (`learner.py`: the
 sharded policy, the loss `algo/loss.py` names, optimiser, learning-rate schedule and checkpoints)
 takes its optimiser steps; the rollout side's `WeightSink` (`weights.py`: the in-process engine,
-or servers that reload a saved directory and are checked to serve it) publishes the new weights;
+or servers sent the weights or told to reload them, and checked to serve them) publishes them;
 the step is logged and checkpointed, after an evaluation on held-out problems when one is due
 (`held_out.py`, `trainer.eval_every`). `build_run` builds a run from the config: the rollout side
 (`rollout_side.py`: engines, tools, verifier, sink) and the learner.

@@ -184,6 +184,29 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     assert report["logprob_gap"]["max_abs"] < 1e-4
     host = report["host_work"]  # at --max-batch rows
     assert host["rows"] == 4 and host["draws_ms"] > 0 and host["every_tail_ms"] > 0
+    free = report["host_time"]  # 256 rows of a model that costs nothing, 128 tokens each
+    assert free["rows"] == 256 and free["rows_per_step"] == 256 and free["steps"] == 127
+    assert 0 < free["between_steps_ms"] <= free["step_ms"]
+
+
+def test_a_free_model_runs_through_the_engine_like_a_model(fmt: PromptFormat) -> None:
+    from codeloop.bench.rollout import FreeModel
+
+    engine = TransformersEngine(FreeModel(vocab=8), fmt.tokenizer, set(), max_batch=4,
+                                max_kv_tokens=1000)  # fmt: skip
+
+    async def main() -> list[Generation]:
+        params = [SamplingParams(6, 1.0, seed=i) for i in range(3)]
+        return list(await asyncio.gather(*(engine.generate([5, 6, 7], p) for p in params)))
+
+    generations = asyncio.run(main())
+    free = FreeModel(vocab=8)
+    expected = torch.log_softmax(free.row, -1)  # the same logits at every position
+    for generation in generations:
+        assert len(generation.token_ids) == 6 and all(0 <= t < 8 for t in generation.token_ids)
+        assert generation.logprobs == pytest.approx(expected[generation.token_ids].tolist())
+    assert len({tuple(g.token_ids) for g in generations}) > 1  # each its own seed
+    assert engine.stats().steps == 5 and engine.stats().rows_decoded == 15
 
 
 def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
@@ -732,3 +755,20 @@ def test_an_evaluations_cap_only_lowers_what_the_engine_admits(fmt: PromptFormat
     with engine.reserving_at_most(0):
         assert engine.max_kv_tokens == 100
     assert engine.max_kv_tokens == 100  # restored
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (0.7, 1.0), (0.6, 0.95), (1.3, 0.3)])
+def test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample(
+    temperature: float, top_p: float
+) -> None:
+    from codeloop.rollout.hf_engine import _sample_rows, sample, uniforms
+
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(16, 3000, generator=generator) * 3  # [B, V]
+    draws = uniforms(torch.arange(16), torch.full((16,), 7))
+    params = [SamplingParams(8, temperature, top_p, seed=i) for i in range(16)]
+    tokens, logprobs = sample(logits, params, draws)
+    row_tokens, row_logprobs = _sample_rows(logits, params, draws)
+    assert torch.equal(tokens, row_tokens) and torch.equal(logprobs, row_logprobs)
+    if temperature:  # the draws decide: not every row took the most likely token
+        assert not torch.equal(tokens, logits.argmax(-1))

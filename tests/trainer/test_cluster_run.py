@@ -325,7 +325,7 @@ def test_a_sandbox_host_killed_mid_step(cluster_run: ClusterRun) -> None:
 
 def test_a_sandbox_host_cut_off_for_10_s_rejoins(cluster_run: ClusterRun) -> None:
     run, victim = cluster_run, cluster_run.sandbox_urls()[0]
-    run.steps = 12  # long enough to outlast the cut
+    run.steps = 24  # long enough to outlast the cut and the client's cool-down after it
     run.start_trainers()
     wait_for("a first tool call on the victim", lambda: served(victim, SANDBOX_CALLS) > 0)
     run.cluster.cut(run.layout.sandboxes[0])
