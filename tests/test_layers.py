@@ -15,8 +15,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "codeloop"
 
 RANK = {"__init__": 0, "__main__": 5, "types": 0, "config": 0, "errors": 0, "files": 0, "memory": 0,
-        "progress": 0, "helpformat": 0, "intervals": 0, "net": 0, "bench": 4, "sandbox": 1, "reward": 1,
-        "algo": 1, "data": 1,
+        "progress": 0, "helpformat": 0, "intervals": 0, "net": 0, "bench": 4, "sandbox": 1,
+        "reward": 1, "algo": 1, "data": 1,
         "rollout": 2, "trainer": 3, "recipe": 4, "eval": 4, "cli": 5, "reference": 5}  # fmt: skip
 ENGINE_FREE = {"sandbox", "reward", "algo"}
 ENGINES = {"transformers", "vllm", "sglang", "ray"}
