@@ -68,6 +68,8 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
     "codeloop/rollout/hf_engine.py": (
         [
             "sample",
+            "_sample_alike",
+            "_sample_rows",
             "uniforms",
             "_mix32",
             "_times32",
@@ -87,10 +89,16 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/rollout/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
             "tests/rollout/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
             "tests/rollout/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
+            "tests/rollout/test_hf_engine.py::"
+            "test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample",
             "tests/rollout/test_real_tokenizer.py::"
             "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
     ),  # fmt: skip
+    "codeloop/rollout/scheduler.py": (
+        ["generate", "_take", "_leave_out", "_check_any_hope", "_place"],
+        ["tests/rollout/test_scheduler.py"],
+    ),
     "codeloop/trainer/learner.py": (
         ["update", "_update", "__init__", "_recompute_old_logprobs"],
         ["tests/trainer/test_learner.py", "tests/trainer/test_rl.py"],
@@ -242,6 +250,11 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
         "a group has one advantage per kept trajectory; strict only checks it",
     ("codeloop/trainer/groups.py", "groups", "GtE -> Gt", "if len(groups) >= count", "len"):
         "at equality the rounds left draw count - len(groups) = 0 problems: the same groups",
+    ("codeloop/rollout/scheduler.py", "generate", "GtE -> Gt", "if scheduler._now() >= give_up",
+     "scheduler"): "the loop's clock equal to the deadline to the nanosecond: one retry more",
+    ("codeloop/rollout/scheduler.py", "_check_any_hope", "LtE -> Lt",
+     "s.failing_since + self.retry_s <= now", "s.failing_since"):
+        "an outage exactly retry_s old to the nanosecond: one try more before failing at once",
 }  # fmt: skip
 PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "--no-header"]
 

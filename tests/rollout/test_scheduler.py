@@ -338,6 +338,8 @@ def test_a_call_that_an_engine_cannot_serve_goes_to_another_and_it_is_left_out(
         await asyncio.sleep(0.3)  # the cool-down is over: a serves again
         async with scheduler.lease() as engine:
             await engine.generate([1], PARAMS)
+        # nothing is left counted against either engine, the failed call's neither
+        assert [(s.outstanding, s.reserved_tokens) for s in scheduler.slots] == [(0, 0)] * 2
         return log
 
     log = asyncio.run(main())
@@ -391,3 +393,64 @@ def test_once_every_engine_has_failed_for_retry_s_a_call_fails_at_once_between_p
     assert took >= 0.25 and first >= 3  # the outage's first call waited retry_s
     assert second == first and at_once < 0.05  # the next failed without trying or waiting
     assert third == first + 1  # a probe after the cool-down
+
+
+def test_with_every_engine_cooling_down_a_call_waits_for_the_first_back() -> None:
+    async def main() -> tuple[list[str], float]:
+        log: list[str] = []
+        scheduler = Scheduler(_engines(log, "a", "b"), "least_outstanding")
+        now = asyncio.get_running_loop().time()
+        scheduler.slots[0].down_until, scheduler.slots[1].down_until = now + 1.0, now + 0.1
+        started = time.monotonic()
+        async with scheduler.lease() as engine:
+            await engine.generate([1], PARAMS)
+        return log, time.monotonic() - started
+
+    log, waited = asyncio.run(main())
+    assert log == ["b"] and 0.1 <= waited < 0.6
+
+
+def test_a_dead_engine_does_not_fail_calls_that_a_live_one_can_serve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler_module, "COOL_DOWN_S", 5.0)
+
+    async def main() -> list[str]:
+        log: list[str] = []
+        scheduler = Scheduler([Flaky("a", log, 100), Recorder("b", log)], "static", retry_s=0.05)
+        for _ in range(2):  # the first finds a dead, then b; a is past retry_s for the second
+            async with scheduler.lease() as engine:
+                await engine.generate([1], PARAMS)
+            await asyncio.sleep(0.1)
+        return log
+
+    assert asyncio.run(main()) == ["a down", "b", "b"]
+
+
+def test_kv_aware_places_by_room_and_capacity() -> None:
+    async def main(capacities: list[int], calls: list[int]) -> tuple[list[str], list[str]]:
+        log: list[str] = []
+        gate = asyncio.Event()
+        scheduler = Scheduler([Recorder("a", log, gate), Recorder("b", log, gate)], "kv_aware",
+                              capacity_tokens=capacities)  # fmt: skip
+
+        async def call(tokens: int) -> None:
+            async with scheduler.lease() as engine:
+                await engine.generate([1] * (tokens - 10), SamplingParams(10))
+
+        tasks = []
+        for tokens in calls:
+            tasks.append(asyncio.create_task(call(tokens)))
+            await asyncio.sleep(0.05)
+        admitted = list(log)
+        gate.set()
+        await asyncio.gather(*tasks)
+        return admitted, log
+
+    # a first call goes to the engine with the most room
+    assert asyncio.run(main([100, 200], [10])) == (["b"], ["b"])
+    # 150 fits b only; 50 is exactly b's room left; 120 fits b only, which is full: it waits
+    # for b rather than run on idle a (it is not larger than every engine)
+    assert asyncio.run(main([40, 200], [150, 50, 120])) == (["b", "b"], ["b", "b", "b"])
+    # as large as the largest engine: it waits for that one too
+    assert asyncio.run(main([40, 200], [150, 200])) == (["b"], ["b", "b"])
