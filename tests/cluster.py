@@ -148,12 +148,13 @@ class Cluster:
         self.close()
 
 
-def wait_healthy(url: str, deadline_s: float = 120) -> None:
-    """Wait until `url`'s `/healthz` answers (a server started on a host)."""
+def wait_healthy(url: str, deadline_s: float = 120, route: str = "/healthz") -> None:
+    """Wait until `url`'s `route` answers (a server started on a host: a sandbox server's
+    `/healthz`, `codeloop serve`'s `/health`)."""
     end = time.monotonic() + deadline_s
     while True:
         try:
-            urllib.request.urlopen(url + "/healthz", timeout=2)
+            urllib.request.urlopen(url + route, timeout=2)
             return
         except OSError:
             if time.monotonic() > end:

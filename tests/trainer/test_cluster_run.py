@@ -118,7 +118,7 @@ class ClusterRun:
         for url in self.sandbox_urls():
             wait_healthy(url)
         for url in self.inference_urls():
-            wait_up(url + "/health")
+            wait_healthy(url, route="/health")
 
     def start_trainers(self, again: bool = False, unshared: bool = False) -> None:
         """Both trainer nodes; `again`: their logs apart from the first start's; `unshared`:
@@ -198,18 +198,6 @@ def hidden_from_trainer(root: Path, command: str) -> list[str]:
 def hidden(directory: Path, command: str) -> list[str]:
     """`command` (a shell line) in a mount namespace where `directory` is an empty tmpfs."""
     return ["unshare", "--mount", "sh", "-c", f"mount -t tmpfs hidden {directory} && {command}"]
-
-
-def wait_up(url: str, deadline_s: float = 120) -> None:
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            if time.monotonic() > end:
-                raise RuntimeError(f"{url} did not come up in {deadline_s:.0f} s") from None
-            time.sleep(0.2)
 
 
 def run_config(root: Path, inference: list[str], sandboxes: list[str], steps: int) -> str:
@@ -370,7 +358,7 @@ def test_an_inference_server_killed_and_restarted_mid_step(cluster_run: ClusterR
     run.cluster.kill(run.layout.inference[0])
     time.sleep(1)
     run.start_inference(0)  # the weights it starts with are the first step's, not the run's
-    wait_up(victim + "/health")
+    wait_healthy(victim, route="/health")
     run.check_finished()
     health = json.loads(urllib.request.urlopen(victim + "/health", timeout=5).read())
     assert health["version"] == run.steps  # brought up to date, and kept so
