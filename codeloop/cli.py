@@ -76,7 +76,7 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from codeloop.rollout.server import serve
+    from codeloop.engine.server import serve
 
     serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens, args.dtype)
     return 0
@@ -203,7 +203,7 @@ def _eval(args: argparse.Namespace) -> int:
         set_value(cfg, "eval.k", args.k, "command line")
     problems = load_problems(args.data, cfg.data)  # a bad file fails before a model loads
     if args.endpoint:
-        from codeloop.rollout.openai_engine import check_reachable
+        from codeloop.engine.openai_engine import check_reachable
 
         asyncio.run(check_reachable(args.endpoint))
     engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
@@ -328,8 +328,8 @@ def _entropy(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from codeloop.engine.model import default_device, load_policy
     from codeloop.eval.entropy import analyse_file
-    from codeloop.rollout.model import default_device, load_policy
 
     model, tokenizer = load_policy(args.model, "float32")
     model.to(default_device())
@@ -440,9 +440,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _real(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from codeloop.engine.model import require_cuda
     from codeloop.recipe.real import main
     from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_MINUTES, GPU_SIZES, Sizes
-    from codeloop.rollout.model import require_cuda
 
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")

@@ -62,10 +62,10 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
         [
             "tests/rollout/test_agent.py",
             "tests/rollout/test_collect.py",
-            "tests/rollout/test_openai_engine.py::test_the_agent_sends_the_configured_sampling_to_the_server",
+            "tests/engine/test_openai_engine.py::test_the_agent_sends_the_configured_sampling_to_the_server",
         ],
     ),  # fmt: skip
-    "codeloop/rollout/hf_engine.py": (
+    "codeloop/engine/sampler.py": (
         [
             "sample",
             "_sample_alike",
@@ -75,29 +75,44 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "_times32",
             "_invert_cdf",
             "_most_likely",
-            "finish_reason",
-            "may_complete",
-            "completing_ids",
         ],
         [
-            "tests/rollout/test_hf_engine.py::test_draws_are_a_hash_of_seed_and_counter",
-            "tests/rollout/test_hf_engine.py::test_sampling_follows_temperature_and_top_p",
-            "tests/rollout/test_hf_engine.py::test_a_draw_picks_where_the_cdf_passes_it",
-            "tests/rollout/test_hf_engine.py::test_a_row_stops_at_max_tokens_and_not_before",
-            "tests/rollout/test_hf_engine.py::"
+            "tests/engine/test_hf_engine.py::test_draws_are_a_hash_of_seed_and_counter",
+            "tests/engine/test_hf_engine.py::test_sampling_follows_temperature_and_top_p",
+            "tests/engine/test_hf_engine.py::test_a_draw_picks_where_the_cdf_passes_it",
+            "tests/engine/test_hf_engine.py::test_a_row_stops_at_max_tokens_and_not_before",
+            "tests/engine/test_hf_engine.py::"
             "test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution",
-            "tests/rollout/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
-            "tests/rollout/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
-            "tests/rollout/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
-            "tests/rollout/test_hf_engine.py::"
+            "tests/engine/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
+            "tests/engine/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
+            "tests/engine/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
+            "tests/engine/test_hf_engine.py::"
             "test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample",
             "tests/rollout/test_real_tokenizer.py::"
             "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
     ),  # fmt: skip
-    "codeloop/rollout/scheduler.py": (
+    "codeloop/engine/stops.py": (
+        ["finish_reason", "may_complete", "completing_ids"],
+        [
+            "tests/engine/test_hf_engine.py::test_draws_are_a_hash_of_seed_and_counter",
+            "tests/engine/test_hf_engine.py::test_sampling_follows_temperature_and_top_p",
+            "tests/engine/test_hf_engine.py::test_a_draw_picks_where_the_cdf_passes_it",
+            "tests/engine/test_hf_engine.py::test_a_row_stops_at_max_tokens_and_not_before",
+            "tests/engine/test_hf_engine.py::"
+            "test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution",
+            "tests/engine/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
+            "tests/engine/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
+            "tests/engine/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
+            "tests/engine/test_hf_engine.py::"
+            "test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample",
+            "tests/rollout/test_real_tokenizer.py::"
+            "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
+        ],
+    ),  # fmt: skip
+    "codeloop/engine/scheduler.py": (
         ["generate", "_take", "_leave_out", "_check_any_hope", "_place"],
-        ["tests/rollout/test_scheduler.py"],
+        ["tests/engine/test_scheduler.py"],
     ),
     "codeloop/trainer/learner.py": (
         ["update", "_update", "__init__", "_recompute_old_logprobs"],
@@ -216,43 +231,43 @@ EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
      "v if m else 0.0", "0.0"): "a position outside the loss mask is never in the loss",
     ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "True -> False",
      "strict=True", "True"): "the two lengths are equal; strict only checks it",
-    ("codeloop/rollout/hf_engine.py", "sample", "True -> False", "non_blocking=True", "True"):
+    ("codeloop/engine/hf_engine.py", "sample", "True -> False", "non_blocking=True", "True"):
         "a blocking copy moves the same draws",
-    ("codeloop/rollout/hf_engine.py", "sample", "LtE -> Lt", "probs.cumsum(-1) - probs <=",
+    ("codeloop/engine/hf_engine.py", "sample", "LtE -> Lt", "probs.cumsum(-1) - probs <=",
      "probs"):
         "differs only where a float cumulative probability equals top-p exactly",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "64 -> 65", "for k in (64, 1024)", "64"):
+    ("codeloop/engine/hf_engine.py", "_most_likely", "64 -> 65", "for k in (64, 1024)", "64"):
         "how many tokens are tried before a full sort: speed, not the tokens",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "1024 -> 1025", "for k in (64, 1024)",
+    ("codeloop/engine/hf_engine.py", "_most_likely", "1024 -> 1025", "for k in (64, 1024)",
      "1024"):
         "how many tokens are tried before a full sort: speed, not the tokens",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "Lt -> LtE", "if k < vocab", "k"):
+    ("codeloop/engine/hf_engine.py", "_most_likely", "Lt -> LtE", "if k < vocab", "k"):
         "top-k of the whole vocabulary is the full sort",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "1 -> 2", "vocab = logprobs.shape[-1]",
+    ("codeloop/engine/hf_engine.py", "_most_likely", "1 -> 2", "vocab = logprobs.shape[-1]",
      "1"):
         "the rows' count only changes which cuts are tried, each still over the vocabulary",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "Gt -> GtE", "top.exp().sum(-1) > top_p",
+    ("codeloop/engine/hf_engine.py", "_most_likely", "Gt -> GtE", "top.exp().sum(-1) > top_p",
      "top"):
         "differs only where a float mass equals top-p exactly",
-    ("codeloop/rollout/hf_engine.py", "_invert_cdf", "Sub -> Add",
+    ("codeloop/engine/hf_engine.py", "_invert_cdf", "Sub -> Add",
      "clamp(max=probs.shape[-1] - 1)", "probs.shape[-1] - 1"):
         "a draw below 1 times a float32 total stays below it: the clamp never binds",
-    ("codeloop/rollout/hf_engine.py", "_invert_cdf", "True -> False", "right=True", "True"):
+    ("codeloop/engine/hf_engine.py", "_invert_cdf", "True -> False", "right=True", "True"):
         "differs only where a draw times the total equals a float cumulative sum exactly",
-    ("codeloop/rollout/hf_engine.py", "_most_likely", "1 -> 2", "top.exp().sum(-1) > top_p",
+    ("codeloop/engine/hf_engine.py", "_most_likely", "1 -> 2", "top.exp().sum(-1) > top_p",
      "1"):
         "summing the wrong axis only falls through to the full sort: speed, not the tokens",
-    ("codeloop/rollout/hf_engine.py", "may_complete", "LtE -> Lt", "not 0 <= token", "0"):
+    ("codeloop/engine/hf_engine.py", "may_complete", "LtE -> Lt", "not 0 <= token", "0"):
         "token 0 would only be decoded more often (the check stays the same)",
-    ("codeloop/rollout/hf_engine.py", "may_complete", "0 -> 1", "not 0 <= token", "0"):
+    ("codeloop/engine/hf_engine.py", "may_complete", "0 -> 1", "not 0 <= token", "0"):
         "token 0 would only be decoded more often (the check stays the same)",
     ("codeloop/trainer/groups.py", "samples_of", "True -> False", "strict=True", "True"):
         "a group has one advantage per kept trajectory; strict only checks it",
     ("codeloop/trainer/groups.py", "groups", "GtE -> Gt", "if len(groups) >= count", "len"):
         "at equality the rounds left draw count - len(groups) = 0 problems: the same groups",
-    ("codeloop/rollout/scheduler.py", "generate", "GtE -> Gt", "if scheduler._now() >= give_up",
+    ("codeloop/engine/scheduler.py", "generate", "GtE -> Gt", "if scheduler._now() >= give_up",
      "scheduler"): "the loop's clock equal to the deadline to the nanosecond: one retry more",
-    ("codeloop/rollout/scheduler.py", "_check_any_hope", "LtE -> Lt",
+    ("codeloop/engine/scheduler.py", "_check_any_hope", "LtE -> Lt",
      "s.failing_since + self.retry_s <= now", "s.failing_since"):
         "an outage exactly retry_s old to the nanosecond: one try more before failing at once",
 }  # fmt: skip

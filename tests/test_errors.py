@@ -10,8 +10,8 @@ import codeloop
 from codeloop.config import ConfigError
 from codeloop.data.pretrained import PretrainedError
 from codeloop.data.problems import DataError
+from codeloop.engine.openai_engine import EngineError
 from codeloop.errors import ModelError
-from codeloop.rollout.openai_engine import EngineError
 from codeloop.sandbox.pool import IsolationError
 from codeloop.trainer.sft import SFTDataError
 

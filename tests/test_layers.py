@@ -1,9 +1,9 @@
 """The layering of the design page holds: checked by walking every import in the package's source.
 
-types/config/intervals < sandbox, reward, algo, data < rollout < trainer < recipe, eval, bench
-< cli. A module may import its own layer or lower ones. sandbox, reward and algo import neither
-transformers, an inference engine nor ray. Heavy optional packages are imported inside functions
-only. No modules import each other, directly or round a longer circle, not even through an
+types/config/intervals < sandbox, reward, algo, data < engine < rollout < trainer < recipe, eval,
+bench < cli. A module may import its own layer or lower ones. sandbox, reward and algo import
+neither transformers, an inference engine nor ray. Heavy optional packages are imported inside
+functions only. No modules import each other, directly or round a longer circle, not even through an
 import inside a function.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "codeloop"
 
-RANK = {"__init__": 0, "__main__": 5, "types": 0, "config": 0, "errors": 0, "files": 0, "memory": 0,
-        "progress": 0, "helpformat": 0, "intervals": 0, "net": 0, "bench": 4, "sandbox": 1,
-        "reward": 1, "algo": 1, "data": 1,
-        "rollout": 2, "trainer": 3, "recipe": 4, "eval": 4, "cli": 5, "reference": 5}  # fmt: skip
+RANK = {"__init__": 0, "__main__": 6, "types": 0, "config": 0, "errors": 0, "files": 0, "memory": 0,
+        "progress": 0, "helpformat": 0, "intervals": 0, "net": 0, "bench": 5, "sandbox": 1,
+        "reward": 1, "algo": 1, "data": 1, "engine": 2,
+        "rollout": 3, "trainer": 4, "recipe": 5, "eval": 5, "cli": 6, "reference": 6}  # fmt: skip
 ENGINE_FREE = {"sandbox", "reward", "algo"}
 ENGINES = {"transformers", "vllm", "sglang", "ray"}
 LAZY_ONLY = {"vllm", "sglang", "ray", "tensorboard", "wandb"}

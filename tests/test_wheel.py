@@ -24,7 +24,7 @@ def test_a_wheel_runs_the_demo_and_config_commands(tmp_path: Path) -> None:
         ".*_cache",
         "bench-results",
         ".gpu",
-    )  # not "*cache*": it would drop rollout/slot_cache.py
+    )  # not "*cache*": it would drop engine/slot_cache.py
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skipped))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation", "-w",

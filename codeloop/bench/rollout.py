@@ -54,19 +54,16 @@ import torch
 from codeloop.bench.static_engine import StaticBatchEngine
 from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.data.problems import GSM8K_TRAIN, load_problems
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import require_cuda
+from codeloop.engine.protocol import Engine, Generation, SamplingParams
+from codeloop.engine.sampler import uniforms
+from codeloop.engine.stops import STOP_TAIL_TOKENS, finish_reason, stop_completers
 from codeloop.helpformat import HelpFormatter
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.engine import Engine, Generation, SamplingParams, ToolExecutor
-from codeloop.rollout.hf_engine import (
-    STOP_TAIL_TOKENS,
-    TransformersEngine,
-    finish_reason,
-    stop_completers,
-    uniforms,
-)
-from codeloop.rollout.model import require_cuda
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.profile import device_seconds, op_table, op_times, profiler, raw_events
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.scheduler import POLICIES, Scheduler
 from codeloop.helpformat import HelpFormatter
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.scheduler import POLICIES, Scheduler
 
 MAX_TURNS = 30
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import finish_reason
+from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.stops import finish_reason
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.engine.model import tiny_model
 from codeloop.helpformat import HelpFormatter
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device

@@ -34,6 +34,8 @@ from typing import Any
 
 from codeloop.config import Config, eval_rollout_config
 from codeloop.data.problems import DataError, Problem
+from codeloop.engine.protocol import Engine
+from codeloop.engine.scheduler import Scheduler
 from codeloop.errors import RunError
 from codeloop.eval.metrics import majority_correct, summarise
 from codeloop.files import write_atomic
@@ -41,10 +43,9 @@ from codeloop.intervals import METHOD, interval, problem_scores
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
-from codeloop.rollout.engine import Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.scheduler import Scheduler
 from codeloop.rollout.stats import sample, stats
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.types import Trajectory
 
 
@@ -57,13 +58,13 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
     `rollout.kv_capacity_tokens`); the prompt is rendered here with `tokenizer` (a directory or
     hub name; defaults to `model`).
     """
+    from codeloop.engine.model import default_device, load_policy, load_tokenizer
     from codeloop.errors import ModelError
-    from codeloop.rollout.model import default_device, load_policy, load_tokenizer
 
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
     endpoints = [e for e in endpoints if e]
     if endpoints:
-        from codeloop.rollout.openai_engine import servers
+        from codeloop.engine.openai_engine import servers
 
         if not (tokenizer or model):
             raise ModelError("a server (--endpoint) needs its model's tokenizer (--tokenizer)")
@@ -72,17 +73,20 @@ def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = ""
         return Scheduler.for_rollout(engines, cfg.rollout), fmt  # one, to remember failures
     if not model:
         raise ModelError("give a model path (--model) or a server (--endpoint)")
-    from codeloop.rollout.hf_engine import engine_from_config
+    from codeloop.engine.hf_engine import engine_from_config
 
     policy, loaded = load_policy(model, cfg.trainer.dtype)
     policy.to(default_device())
     fmt = PromptFormat.from_config(loaded, cfg.rollout)
-    return engine_from_config(policy, fmt, cfg.rollout, cfg.eval.max_response_tokens), fmt
+    engine = engine_from_config(
+        policy, fmt.tokenizer, cfg.rollout, longest_response=cfg.eval.max_response_tokens
+    )
+    return engine, fmt
 
 
 async def close_policy(engine: Engine | Scheduler) -> None:
     """Close the HTTP sessions of served engines (an in-process engine has none)."""
-    from codeloop.rollout.openai_engine import OpenAIEngine
+    from codeloop.engine.openai_engine import OpenAIEngine
 
     engines = [s.engine for s in engine.slots] if isinstance(engine, Scheduler) else [engine]
     for one in engines:

@@ -16,13 +16,13 @@ from codeloop.errors import RunError
 from codeloop.intervals import interval
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect, pass_rates
-from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import problem_shares, trajectory_stats
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.types import Trajectory
 
 if TYPE_CHECKING:
-    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.engine.hf_engine import TransformersEngine
 
 
 async def score_policy(engine: TransformersEngine, fmt: PromptFormat,

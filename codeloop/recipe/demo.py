@@ -34,12 +34,12 @@ from codeloop.config import POLICY_TEMPLATE, Config, SandboxConfig, SFTConfig, l
 from codeloop.data.problems import Problem
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import tiny_model
 from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import accuracy_text, first_vs_last
 from codeloop.recipe.runner import run_recipe
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from codeloop.data.problems import Problem
-from codeloop.rollout.engine import ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN, format_observation
-from codeloop.rollout.tools import PYTHON_TOOL
+from codeloop.rollout.tools import PYTHON_TOOL, ToolExecutor
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
 ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]*)>>")

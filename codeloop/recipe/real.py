@@ -40,6 +40,8 @@ import torch
 
 from codeloop.config import Config, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import load_policy
 from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import accuracy_text, first_vs_last
@@ -48,8 +50,6 @@ from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import load_policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.sandbox.pool import LocalSandbox

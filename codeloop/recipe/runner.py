@@ -30,11 +30,11 @@ from typing import Any
 
 from codeloop.config import Config, ConfigError, stage_config
 from codeloop.data.problems import DataError, Problem
+from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
 from codeloop.files import write_atomic
-from codeloop.rollout.engine import ToolExecutor
-from codeloop.rollout.hf_engine import TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.checkpoint import latest_checkpoint, read_state
 from codeloop.trainer.distributed import World, barrier, one_process
 from codeloop.trainer.logs import read_metrics

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from codeloop.config import RolloutConfig
-from codeloop.rollout.engine import Engine, SamplingParams, ToolExecutor
+from codeloop.engine.protocol import Engine, SamplingParams
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, format_observation, parse_tool_call
-from codeloop.rollout.tools import Tool, Toolbox, toolbox
+from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
 from codeloop.types import (
     ExecResult,
     ExecStatus,

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
+from codeloop.engine.protocol import Batched, Engine
+from codeloop.engine.scheduler import Scheduler
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.engine import Batched, Engine, ToolExecutor
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.scheduler import Scheduler
-from codeloop.rollout.tools import Tool, Toolbox, toolbox
+from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
 from codeloop.types import Trajectory
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
+from codeloop.engine.model import end_of_turn_ids
 from codeloop.errors import ModelError, read_text_input
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.rollout.tools import PYTHON_SCHEMA, tool_schemas
@@ -63,7 +64,7 @@ class PromptFormat:
         self.turn_settings: dict[str, Any] = {}  # the rollout budgets it was trained with
         self.tools = list(tools)
         self._tool_prefix, self._tool_suffix = self._tool_turn()
-        self.end_of_turn_ids = self._end_of_turn_ids()
+        self.end_of_turn_ids = end_of_turn_ids(tokenizer)
 
     @classmethod
     def from_config(cls, tokenizer: Any, cfg: Any, eval_cfg: Any = None) -> PromptFormat:
@@ -131,11 +132,3 @@ class PromptFormat:
             )
         prefix, _, suffix = after_call.partition(_TOOL_MARK)
         return prefix, suffix
-
-    def _end_of_turn_ids(self) -> set[int]:
-        """Tokens that end an assistant turn: the template's turn end and the EOS token."""
-        ids = {self.tokenizer.eos_token_id} - {None}
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
-            ids.add(end)
-        return ids

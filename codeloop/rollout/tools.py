@@ -21,8 +21,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from codeloop.config import ConfigError
-from codeloop.rollout.engine import ToolExecutor
 from codeloop.types import ExecRequest, ExecResult
+
+
+class ToolExecutor(Protocol):
+    """What runs tool calls: `SandboxClient`, or a `WorkerPool` in the same process."""
+
+    async def execute(self, request: ExecRequest) -> ExecResult: ...
+
 
 PYTHON_TOOL = "execute_python_code_with_standard_io"
 PYTHON_SCHEMA: dict[str, Any] = {

@@ -2,7 +2,8 @@
 
 Concurrent `execute` calls are gathered into batches, sent when `client_batch_size` calls wait,
 `client_flush_ms` after the first, or at once when no batch is in flight; each batch goes to
-the server with the fewest requests outstanding. Infrastructure faults (connection errors,
+the server with the fewest requests outstanding (among equals, the one picked least recently, so
+that a quiet run still visits every server in turn). Infrastructure faults (connection errors,
 429/503, other 5xx, a broken response) are retried with exponential backoff on any server;
 user-code failures are results and never retried. Every request gets exactly one result, in
 order: after the last retry it gets a `sandbox_error` result, never an exception. A server that
@@ -69,6 +70,8 @@ class SandboxClient:
         self.outstanding = dict.fromkeys(self.urls, 0)
         self.down_until = dict.fromkeys(self.urls, 0.0)
         self._cool_down = dict.fromkeys(self.urls, COOL_DOWN_S[0])
+        self._last_picked = dict.fromkeys(self.urls, -1)  # the pick count when each was last chosen
+        self._picks = 0
         self._connector = transport
         self._session: aiohttp.ClientSession | None = None
         self._buffer: list[tuple[ExecRequest, asyncio.Future[ExecResult]]] = []
@@ -178,13 +181,17 @@ class SandboxClient:
     def _pick(self, tried: set[str]) -> str:
         """The reachable server with the fewest requests outstanding, one this batch has not
         tried yet where there is one (a dead server has nothing outstanding, and would draw every
-        retry from the busy live one); the one back soonest when none is reachable."""
+        retry from the busy live one); among equals, the one picked least recently; the one back
+        soonest when none is reachable."""
         now = time.monotonic()
         up = [u for u in self.urls if self.down_until[u] <= now]
         if not up:
             return min(self.urls, key=lambda u: (u in tried, self.down_until[u]))
         untried = [u for u in up if u not in tried] or up
-        return min(untried, key=lambda u: (self.outstanding[u], random.random()))
+        url = min(untried, key=lambda u: (self.outstanding[u], self._last_picked[u]))
+        self._picks += 1
+        self._last_picked[url] = self._picks
+        return url
 
     async def _post(self, url: str, requests: list[ExecRequest]) -> list[ExecResult]:
         assert self._session is not None, "use `async with SandboxClient(...)`"

@@ -55,9 +55,7 @@ from typing import Any
 from codeloop.algo.group import MAX_REFILL_ROUNDS, Group, make_group
 from codeloop.config import Config, ConfigError
 from codeloop.data.problems import Problem
-from codeloop.progress import progress_bar
-from codeloop.rollout.collect import collect
-from codeloop.rollout.engine import (
+from codeloop.engine.protocol import (
     Batched,
     Engine,
     Generation,
@@ -65,6 +63,8 @@ from codeloop.rollout.engine import (
     KVReporting,
     SamplingParams,
 )
+from codeloop.progress import progress_bar
+from codeloop.rollout.collect import collect
 from codeloop.trainer.distributed import World, all_gather, all_max
 from codeloop.trainer.groups import Drawn, samples_of
 from codeloop.trainer.rollout_side import RolloutSide
@@ -115,7 +115,7 @@ class GatedEngine:
     def __init__(self, engine: Engine, gate: Gate) -> None:
         self.engine, self.gate = engine, gate
 
-    # What the engine behind declares (`rollout/engine.py`), and nothing it does not: a
+    # What the engine behind declares (`engine/protocol.py`), and nothing it does not: a
     # property that raises AttributeError makes isinstance say the gated engine lacks it too.
 
     @property

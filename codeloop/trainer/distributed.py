@@ -37,8 +37,8 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from codeloop.engine.model import default_device, resolve_dtype
 from codeloop.errors import CodeloopError, ModelError
-from codeloop.rollout.model import default_device, resolve_dtype
 
 T = TypeVar("T")
 LEAVE_TIMEOUT_S = 30

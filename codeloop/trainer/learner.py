@@ -15,7 +15,7 @@ report's); `lr_schedule` steps once per RL step, whether or not the step had sig
 `update_async` is the same update for a loop that generates meanwhile (`trainer.mode =
 "async"`). On a GPU it runs in a worker thread. On a CPU it runs on the event loop's thread and
 yields to the loop after every micro-batch, so the in-process engine (which steps on that
-thread on a CPU, `rollout/hf_engine.py`) takes its decoding steps between them: the two share
+thread on a CPU, `engine/hf_engine.py`) takes its decoding steps between them: the two share
 one OpenMP team instead of two teams over-subscribing the cores.
 """
 

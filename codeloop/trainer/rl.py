@@ -31,12 +31,12 @@ from codeloop.algo.group import Group
 from codeloop.algo.resample import penalty
 from codeloop.config import Config, ConfigError
 from codeloop.data.problems import DataError, Problem
+from codeloop.engine.hf_engine import EngineStats, TransformersEngine
 from codeloop.progress import progress_bar
 from codeloop.rollout.collect import pass_rates
-from codeloop.rollout.engine import ToolExecutor
-from codeloop.rollout.hf_engine import EngineStats, TransformersEngine
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.stats import trajectory_stats
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.async_rl import AsyncGroups
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum, rank_address

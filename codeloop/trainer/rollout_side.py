@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from codeloop.config import Config, ConfigError, RolloutConfig
+from codeloop.engine.hf_engine import EngineStats, TransformersEngine, engine_from_config
+from codeloop.engine.openai_engine import OpenAIEngine, servers
+from codeloop.engine.protocol import Engine
+from codeloop.engine.scheduler import Scheduler
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
-from codeloop.rollout.engine import Engine, ToolExecutor
-from codeloop.rollout.hf_engine import EngineStats, TransformersEngine, engine_from_config
-from codeloop.rollout.openai_engine import OpenAIEngine, servers
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.scheduler import Scheduler
+from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.distributed import World
 from codeloop.trainer.weights import EngineSink, ReloadCheck, ServerSink, WeightSink
 
@@ -91,7 +92,7 @@ def local_engine(cfg: Config, model: Any, fmt: PromptFormat, world: World) -> Tr
     (one that cannot fit is refused here, before any step)."""
     copied = copy.deepcopy(model).to(world.device, world.compute_dtype)
     longest = max(cfg.rollout.max_response_tokens, cfg.eval.max_response_tokens)
-    return engine_from_config(copied, fmt, cfg.rollout, longest)
+    return engine_from_config(copied, fmt.tokenizer, cfg.rollout, longest_response=longest)
 
 
 def rank_share(servers: Sequence[T], world: World) -> tuple[list[T], int]:

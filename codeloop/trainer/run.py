@@ -9,8 +9,8 @@ from typing import Any
 from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
+from codeloop.engine.model import load_policy
 from codeloop.files import directory_atomic
-from codeloop.rollout.model import load_policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-from codeloop.rollout.engine import Generation, SamplingParams, WeightUpdatable
-from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
+from codeloop.engine.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
+from codeloop.engine.protocol import Generation, SamplingParams, WeightUpdatable
 from codeloop.trainer.batch import Sample, collate, on_device, token_logprobs
 from codeloop.trainer.distributed import World, barrier
 

@@ -11,8 +11,8 @@ import pytest
 from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.eval.evaluate import evaluate
-from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.sandbox.pool import LocalSandbox

@@ -8,8 +8,8 @@ import pytest
 import torch
 from eval_helpers import read_jsonl
 
+from codeloop.engine.model import tiny_model
 from codeloop.eval.entropy import after_tool_flags, analyse, analyse_file, response_entropies
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 
 

@@ -17,8 +17,8 @@ import pytest
 from eval_helpers import PROBLEMS, K, ScriptedPolicy, cfg_for_eval, read_jsonl, run_eval
 
 from codeloop.data.problems import DataError
+from codeloop.engine.model import tiny_model
 from codeloop.eval.evaluate import evaluate
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -234,7 +234,7 @@ def test_a_corrupt_line_inside_the_results_is_an_error(
 def test_an_evaluation_spread_over_two_engines(
     fmt: PromptFormat, scripted_run: tuple[Path, dict], tmp_path: Path
 ) -> None:
-    from codeloop.rollout.scheduler import Scheduler
+    from codeloop.engine.scheduler import Scheduler
     from codeloop.sandbox.pool import LocalSandbox
 
     policy = ScriptedPolicy(fmt)  # one policy behind two engines: the same samples as one

@@ -7,10 +7,10 @@ from pathlib import Path
 from eval_helpers import PROBLEMS, ScriptedPolicy, cfg_for_eval, read_jsonl
 
 from codeloop.config import eval_rollout_config
+from codeloop.engine.model import tiny_model
 from codeloop.eval.passrate import pass_band
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 

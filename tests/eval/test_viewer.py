@@ -12,8 +12,8 @@ import pytest
 from eval_helpers import PROBLEMS, read_jsonl
 
 from codeloop.algo.group import Group
+from codeloop.engine.model import tiny_model
 from codeloop.eval.entropy import analyse_file
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.rl import _dump
 from codeloop.types import Trajectory

@@ -9,6 +9,7 @@ import pytest
 
 from codeloop.config import SandboxConfig, SFTConfig
 from codeloop.data.synthetic import Task, demonstration, syntax_error
+from codeloop.engine.model import tiny_model
 from codeloop.recipe.demo import (
     Sizes,
     build_format,
@@ -17,7 +18,6 @@ from codeloop.recipe.demo import (
     run_modes,
     sft_conversations,
 )
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.toolcall import format_observation
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import read_metrics
@@ -37,7 +37,7 @@ OVERRIDES = ["--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1", "--recipe
 def test_the_demo_runs_every_stage_and_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.engine.hf_engine import TransformersEngine
 
     engines: list[TransformersEngine] = []
     built = TransformersEngine.__init__

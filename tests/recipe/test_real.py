@@ -14,11 +14,11 @@ import torch
 from codeloop.config import load_config
 from codeloop.data.problems import Problem, load_problems
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.engine.model import tiny_model
 from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
 from codeloop.recipe.real import disk_needed, disk_warning, run_real, tool_metrics
 from codeloop.recipe.sizes import Sizes
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.trainer.checkpoint import save_checkpoint
 from codeloop.types import (
@@ -103,7 +103,7 @@ def test_one_engine_serves_the_whole_run_and_no_finished_stage_is_loaded_again(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.engine.hf_engine import TransformersEngine
 
     engines: list[TransformersEngine] = []
     loads: list[str] = []

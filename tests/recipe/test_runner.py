@@ -12,13 +12,13 @@ import torch
 from codeloop.config import Config, SandboxConfig, StageConfig
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import default_device, tiny_model
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.errors import RunError
 from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, pass_rates
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import default_device, tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer import rl

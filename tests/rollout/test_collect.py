@@ -6,9 +6,9 @@ import time
 
 from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect, seed_of
-from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 PROBLEMS = [Problem("fast", "What is 2 + 2?", "4"), Problem("slow", "What is 3 + 3?", "6")]

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from codeloop.config import RolloutConfig
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.stops import finish_reason, stop_completers
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine, finish_reason, stop_completers
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus

@@ -113,7 +113,7 @@ def test_a_policy_trained_with_two_tools_is_evaluated_with_them_without_its_conf
     fmt: PromptFormat, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from codeloop.cli import main
-    from codeloop.rollout.model import tiny_model
+    from codeloop.engine.model import tiny_model
 
     (tmp_path / "my_adder_tool.py").write_text(ADDER)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -136,6 +136,30 @@ def test_spreads_batches_over_servers_by_outstanding_requests() -> None:
     assert min(seen.values()) >= 16, seen  # both servers carried a real share
 
 
+def test_one_batch_at_a_time_visits_every_server_in_turn() -> None:
+    """With nothing outstanding, servers are equal: the choice rotates rather than falling to
+    chance, so a short, quiet run still reaches every server (a fleet's health depends on it)."""
+    order: list[str] = []
+
+    def make(name: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            order.append(name)
+            return web.json_response([_ok(r) for r in await request.json()])
+
+        return handler
+
+    async def main() -> None:
+        fakes = [await _fake(make(name)) for name in "abc"]
+        async with SandboxClient([url for _, url in fakes], FAST) as client:
+            for i in range(6):
+                await client.execute(ExecRequest(str(i)))
+        for runner, _ in fakes:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert order == ["a", "b", "c", "a", "b", "c"]
+
+
 def test_against_the_real_server_every_result_is_its_own() -> None:
     from test_sandbox_server import Server
 

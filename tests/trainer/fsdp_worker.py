@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from codeloop.config import Config, SFTConfig
 from codeloop.data.problems import Problem
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.batch import Sample
@@ -62,7 +62,7 @@ def main(tokenizer_dir: str, out: Path) -> None:
     cfg.trainer.micro_batch_tokens = 80  # rank 0 gets 3 micro-batches, rank 1 2: padding runs
     cfg.trainer.prompts_per_step, cfg.trainer.recompute_old_logprobs = 2, True
     cfg.reward.workers = 1
-    from codeloop.rollout.hf_engine import TransformersEngine
+    from codeloop.engine.hf_engine import TransformersEngine
 
     engine = TransformersEngine(engine_model, fmt.tokenizer, fmt.end_of_turn_ids)
     logger = RunLogger(out / f"rl{world.rank}", tensorboard=False)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from codeloop.cli import main
-from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
 

@@ -14,10 +14,10 @@ from trainer_helpers import conversation
 from codeloop.algo.loss import behaviour_weights, policy_loss
 from codeloop.config import ConfigError, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import tiny_model
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.eval.viewer import render
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.async_rl import Gate, GatedEngine
@@ -330,8 +330,8 @@ def test_update_async_takes_the_same_step_beside_other_work(trainer_fmt: PromptF
 
 def test_a_gated_engine_declares_what_the_engine_behind_it_declares() -> None:
     from codeloop.config import RolloutConfig
-    from codeloop.rollout.engine import Batched, KVPolled, KVReporting
-    from codeloop.rollout.scheduler import Scheduler
+    from codeloop.engine.protocol import Batched, KVPolled, KVReporting
+    from codeloop.engine.scheduler import Scheduler
 
     class Plain:
         async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

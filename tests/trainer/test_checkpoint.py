@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.trainer.checkpoint import (
     latest_checkpoint,
     load_checkpoint,

@@ -16,7 +16,7 @@ from trainer_helpers import (  # noqa: F401  (trainer_fmt: the session fixture)
 )
 from transformers import AutoModelForCausalLM
 
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World, pad_micro_batches

@@ -11,7 +11,7 @@ from trainer_helpers import conversation
 
 from codeloop.config import Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer import distributed

@@ -14,7 +14,7 @@ import torch
 from codeloop.algo.group import Group
 from codeloop.config import Config
 from codeloop.data.problems import Problem
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World

@@ -9,9 +9,9 @@ import pytest
 
 from codeloop.config import Config, ConfigError
 from codeloop.data.problems import Problem
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
-from codeloop.rollout.engine import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.distributed import World
 from codeloop.trainer.held_out import HeldOut

@@ -8,7 +8,7 @@ import torch
 
 from codeloop.algo.loss import policy_loss
 from codeloop.config import Config
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.trainer.batch import Sample, collate, token_logprobs
 from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner

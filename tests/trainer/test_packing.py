@@ -8,7 +8,7 @@ import torch
 from trainer_helpers import conversation
 
 from codeloop.config import SFTConfig
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import batch as batch_module
 from codeloop.trainer.batch import Sample, collate, collate_packed, pack, token_logprobs

@@ -10,7 +10,7 @@ import torch
 
 from codeloop.config import Config
 from codeloop.data.problems import Problem
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import Sample
 from codeloop.trainer.distributed import World

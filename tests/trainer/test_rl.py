@@ -18,8 +18,8 @@ from trainer_helpers import conversation
 from codeloop.algo.group import make_group
 from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
 from codeloop.data.problems import Problem
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
@@ -142,8 +142,8 @@ def _served_policy(fmt: PromptFormat, weights: Any, root: Path) -> tuple[Any, Pa
 def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any
 ) -> None:
-    from codeloop.rollout.engine import SamplingParams
-    from codeloop.rollout.openai_engine import OpenAIEngine
+    from codeloop.engine.openai_engine import OpenAIEngine
+    from codeloop.engine.protocol import SamplingParams
 
     fmt = trainer_fmt
     model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)
@@ -190,7 +190,7 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from codeloop.rollout.openai_engine import EngineError, OpenAIEngine
+    from codeloop.engine.openai_engine import EngineError, OpenAIEngine
 
     fmt = trainer_fmt
     model, served, cfg = _served_policy(fmt, sft_weights, tmp_path)

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from codeloop.config import RolloutConfig
-from codeloop.rollout import scheduler as scheduler_module
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.model import tiny_model
-from codeloop.rollout.openai_engine import EngineError, servers
+from codeloop.engine import scheduler as scheduler_module
+from codeloop.engine.model import tiny_model
+from codeloop.engine.openai_engine import EngineError, servers
+from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.scheduler import Scheduler
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.scheduler import Scheduler
 from codeloop.trainer import weights as weights_module
 from codeloop.trainer.distributed import World
 from codeloop.trainer.weights import ServerSink

@@ -7,7 +7,7 @@ import torch
 from trainer_helpers import cli_inputs, conversation
 
 from codeloop.config import Config, SFTConfig
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.run import run_sft
 from codeloop.trainer.sft import SFTDataError, encode_conversation, load_conversations, train_sft

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
 

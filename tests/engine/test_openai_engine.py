@@ -13,8 +13,8 @@ import torch
 from fake_http import serve
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
+from codeloop.engine.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -104,7 +104,7 @@ def test_metrics(served: tuple[str, Path]) -> None:
 def test_live_kv_readings(served: tuple[str, Path]) -> None:
     from aiohttp import web
 
-    from codeloop.rollout.openai_engine import _gauges
+    from codeloop.engine.openai_engine import _gauges
 
     text = (
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
@@ -133,7 +133,7 @@ def test_live_kv_readings(served: tuple[str, Path]) -> None:
 
 
 def test_an_unset_kv_capacity_is_read_from_the_server(served: tuple[str, Path]) -> None:
-    from codeloop.rollout.openai_engine import _capacity, _gauges
+    from codeloop.engine.openai_engine import _capacity, _gauges
 
     vllm = 'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048"} 1.0'
     sglang = "sglang:max_total_num_tokens 500000"

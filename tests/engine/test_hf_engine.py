@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from codeloop.bench.rollout import bandwidth_bound
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -361,7 +361,7 @@ def test_a_request_joins_the_running_batch_and_leaves_when_it_stops(
 def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
     engine: TransformersEngine, fmt: PromptFormat
 ) -> None:
-    from codeloop.rollout.hf_engine import JOIN_SHARE
+    from codeloop.engine.hf_engine import JOIN_SHARE
 
     waiting = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=4,
                                  slot_cache=engine.slots is not None)  # fmt: skip
@@ -454,7 +454,7 @@ def _uniform_by_hand(seed: int, counter: int) -> float:
 
 
 def test_draws_are_a_hash_of_seed_and_counter() -> None:
-    from codeloop.rollout.hf_engine import SEEDS, uniforms
+    from codeloop.engine.sampler import SEEDS, uniforms
 
     seeds = [0, 1, 2, 7, 2**32, 2**32 + 1, SEEDS - 1]
     counters = [0, 1, 5, 2**31, 2**32 - 1]
@@ -482,7 +482,7 @@ def test_a_draw_picks_where_the_cdf_passes_it() -> None:
     with top-p 0.65 in descending order, keeping 0.6 and then 0.3 (0.6 < 0.65), renormalised
     (A's tokens 1 then 2, B's 2 then 0, each 2/3 then 1/3); greedy ignores top-p (0.95 would
     keep all three)."""
-    from codeloop.rollout.hf_engine import sample
+    from codeloop.engine.sampler import sample
 
     a, b = torch.tensor([0.1, 0.6, 0.3]).log(), torch.tensor([0.3, 0.1, 0.6]).log()
     logits = torch.stack([a, a, b, a, b])  # [5, 3]
@@ -513,7 +513,7 @@ def test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution() -
     """200 tokens, each a little less likely than the one before (id order is descending
     order): top-p 0.9 keeps about 180 of them, more than the 64 tried first, and a draw of 0.99
     lands among the last kept."""
-    from codeloop.rollout.hf_engine import sample
+    from codeloop.engine.sampler import sample
 
     logits = -0.001 * torch.arange(200.0).unsqueeze(0)  # [1, 200]
     params = [SamplingParams(1, temperature=1.0, top_p=0.9)]
@@ -524,7 +524,7 @@ def test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution() -
 
 
 def test_a_row_stops_at_max_tokens_and_not_before() -> None:
-    from codeloop.rollout.hf_engine import finish_reason
+    from codeloop.engine.stops import finish_reason
 
     params = SamplingParams(3)
     assert [finish_reason(None, set(), [7] * n, params) for n in (1, 2, 3)] == [
@@ -536,7 +536,7 @@ def test_a_row_stops_at_max_tokens_and_not_before() -> None:
 
 
 def test_sampling_follows_temperature_and_top_p() -> None:
-    from codeloop.rollout.hf_engine import sample, uniforms
+    from codeloop.engine.sampler import sample, uniforms
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -8.0]]).repeat(4, 1)  # [4, 5]
     params = [
@@ -608,7 +608,7 @@ def test_identical_prompts_are_prefilled_once_and_sampled_apart(
 
 
 def test_the_prefix_cache_keeps_the_longest_entries_within_its_budget() -> None:
-    from codeloop.rollout.kv_batch import PrefixCache
+    from codeloop.engine.kv_batch import PrefixCache
 
     def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(torch.full((1, n, 2), float(n)), torch.zeros(1, n, 2))]
@@ -631,7 +631,7 @@ def test_the_prefix_cache_keeps_the_longest_entries_within_its_budget() -> None:
 
 def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine,
                                                       fmt: PromptFormat) -> None:  # fmt: skip
-    from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN
+    from codeloop.engine.kv_batch import SHARED_PREFIX_MIN
 
     system = fmt.encode("Solve the problem step by step. print(sum(range(10)))\n" * 4)
     assert len(system) > SHARED_PREFIX_MIN
@@ -652,7 +652,7 @@ def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine
 def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
     fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from codeloop.rollout import hf_engine
+    from codeloop.engine import hf_engine
 
     config = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
@@ -761,7 +761,7 @@ def test_an_evaluations_cap_only_lowers_what_the_engine_admits(fmt: PromptFormat
 def test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample(
     temperature: float, top_p: float
 ) -> None:
-    from codeloop.rollout.hf_engine import _sample_rows, sample, uniforms
+    from codeloop.engine.sampler import _sample_rows, sample, uniforms
 
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(16, 3000, generator=generator) * 3  # [B, V]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from codeloop.types import ExecRequest, ExecResult
+from codeloop.errors import CodeloopError
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,10 @@ class Generation:
     versions: list[int] | None = None
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(CodeloopError, RuntimeError):
     """An engine that cannot serve now (a server down, cut off, or holding other weights): the
-    scheduler sends the request again, to another engine or later."""
+    scheduler sends the request again, to another engine or later, and raises it when no engine
+    could serve for `rollout.server_retry_s` (the message names the servers' faults)."""
 
 
 class Engine(Protocol):
@@ -57,7 +58,7 @@ class Batched(Protocol):
 @runtime_checkable
 class KVReporting(Protocol):
     """Knows its KV cache in tokens: what it admits, and what is in use (None until known). The
-    kv_aware scheduler places calls by them (`rollout/scheduler.py`)."""
+    kv_aware scheduler places calls by them (`engine/scheduler.py`)."""
 
     @property
     def kv_capacity_tokens(self) -> int: ...
@@ -79,9 +80,3 @@ class WeightUpdatable(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None
                        ) -> None: ...  # fmt: skip
-
-
-class ToolExecutor(Protocol):
-    """What runs tool calls: `SandboxClient`, or a `WorkerPool` in the same process."""
-
-    async def execute(self, request: ExecRequest) -> ExecResult: ...

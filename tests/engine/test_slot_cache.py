@@ -16,12 +16,12 @@ from transformers import (
     Qwen3Config,
 )
 
-from codeloop.rollout import slot_cache
-from codeloop.rollout.engine import SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.kv_batch import PrefixCache
+from codeloop.engine import slot_cache
+from codeloop.engine.hf_engine import TransformersEngine
+from codeloop.engine.kv_batch import PrefixCache
+from codeloop.engine.protocol import SamplingParams
+from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, ladder, unsupported_reason
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.slot_cache import SlotBatch, SlotDecoder, ladder, unsupported_reason
 
 SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2,

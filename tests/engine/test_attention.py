@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from codeloop.rollout.attention import NAME, decode_attention, use_decode_attention
+from codeloop.engine.attention import NAME, decode_attention, use_decode_attention
 
 
 class _Module(torch.nn.Module):

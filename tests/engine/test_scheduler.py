@@ -8,9 +8,9 @@ import pytest
 
 from codeloop.bench import scheduler as bench_scheduler
 from codeloop.bench.scheduler import SimEngine, Trajectory, _Prompt, run_simulated
-from codeloop.rollout import scheduler as scheduler_module
-from codeloop.rollout.engine import EngineUnavailable, Generation, SamplingParams
-from codeloop.rollout.scheduler import Scheduler
+from codeloop.engine import scheduler as scheduler_module
+from codeloop.engine.protocol import EngineUnavailable, Generation, SamplingParams
+from codeloop.engine.scheduler import Scheduler
 
 PARAMS = SamplingParams(1)
 

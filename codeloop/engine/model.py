@@ -36,6 +36,15 @@ def resolve_dtype(setting: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[setting]
 
 
+def end_of_turn_ids(tokenizer: Any) -> set[int]:
+    """Tokens that end an assistant turn: the chat template's turn end and the EOS token."""
+    ids = {tokenizer.eos_token_id} - {None}
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(end, int) and end != tokenizer.unk_token_id:
+        ids.add(end)
+    return ids
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

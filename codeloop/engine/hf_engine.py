@@ -22,15 +22,7 @@ continuous-batching manager (`generate_batch`, paged attention) measured at a fr
 `generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which is
 why this is hand-written.
 
-Sampling is vectorised over the batch: the logprob returned for a token is under
-softmax(logits / temperature), before top-p (the trainer must score with the same temperature);
-temperature 0 is greedy with raw logprobs. A row's draw for its i-th token is a hash of (its
-seed, i) (`uniforms`: the request's seed, or one the engine draws for it), and it inverts the CDF
-of its top-p-truncated distribution in descending probability order, so a seeded request gets
-the same tokens whatever it was batched with, on any device, with no per-row work on the host.
-A row stops at an end-of-turn token, at a stop string (the decoded tail is checked, so a string
-that ends across token boundaries is found; the token that completes it is kept; only after a
-token that can complete one, `stop_completers`), or at its `max_tokens`. `update_weights`
+Sampling is `sampler.py`'s, and the stop check `stops.py`'s. `update_weights`
 copies new weights in place between steps and advances `version`; each token's
 `Generation.versions` entry says which weights sampled it, so a request that spans an update
 (a partial rollout) is told apart token by token.
@@ -43,8 +35,7 @@ import contextlib
 import inspect
 import threading
 import time
-import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,14 +43,14 @@ import torch
 from transformers import DynamicCache
 
 from codeloop.config import RolloutConfig
+from codeloop.engine.attention import use_decode_attention
+from codeloop.engine.kv_batch import KVBatch, PrefixCache
+from codeloop.engine.model import end_of_turn_ids
+from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.sampler import SEEDS, sample, uniforms
+from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
+from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.memory import available_memory, trim_when_above
-from codeloop.rollout.attention import use_decode_attention
-from codeloop.rollout.engine import Generation, SamplingParams
-from codeloop.rollout.kv_batch import KVBatch, PrefixCache
-from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
-
-STOP_TAIL_TOKENS = 16  # a stop string must fit in the decoded last tokens
 
 
 @dataclass
@@ -149,15 +140,18 @@ def default_kv_tokens(model: Any) -> int:
     return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
 
 
-def engine_from_config(model: Any, fmt: PromptFormat, rollout: RolloutConfig,
-                       longest_response: int) -> TransformersEngine:  # fmt: skip
+def engine_from_config(model: Any, tokenizer: Any, rollout: RolloutConfig, *,
+                       longest_response: int = 0) -> TransformersEngine:  # fmt: skip
     """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`)
-    over `model` as it is (device, dtype), stopping at `fmt`'s turn ends; its KV slots planned
-    for `longest_response` tokens now (`plan`: one that cannot fit is refused here)."""
-    engine = TransformersEngine(model, fmt.tokenizer, fmt.end_of_turn_ids,
+    over `model` as it is (device, dtype), stopping at the tokenizer's turn ends
+    (`end_of_turn_ids`); its KV slots planned for `longest_response` tokens now (`plan`: one
+    that cannot fit is refused here; 0: planned by the first requests). `codeloop serve`,
+    training and evaluation all build their engine here."""
+    engine = TransformersEngine(model, tokenizer, end_of_turn_ids(tokenizer),
                                 max_batch=rollout.engine_max_batch,
                                 max_kv_tokens=rollout.kv_capacity_tokens)  # fmt: skip
-    engine.plan(longest_response)
+    if longest_response:
+        engine.plan(longest_response)
     return engine
 
 
@@ -435,165 +429,3 @@ class TransformersEngine:
                     self.prefixes.store(ids, batch.row_kv(i))
         order = batch.select(keep)
         return [r for r in rows if r.finish is not None], [rows[i] for i in order]
-
-
-def finish_reason(tokenizer: Any, stop_token_ids: set[int], generated: list[int],
-                  params: SamplingParams, completers: Completers | None = None
-                  ) -> Literal["stop", "length"] | None:  # fmt: skip
-    """Why a row that sampled `generated` stops now, or None: an end-of-turn token, a stop
-    string in the decoded tail (it may end across token boundaries), or `max_tokens`.
-    `completers` (`stop_completers` of `params.stop`): the tail is decoded only after a token
-    that can complete a stop string."""
-    if generated[-1] in stop_token_ids:
-        return "stop"
-    if params.stop and (completers is None or completers.may_complete(generated[-1])):
-        tail = tokenizer.decode(generated[-STOP_TAIL_TOKENS:])
-        if any(stop in tail for stop in params.stop):
-            return "stop"
-    return "length" if len(generated) >= params.max_tokens else None
-
-
-class Completers:
-    """The token ids after which a stop string can newly be in a decoded tail: those whose own
-    text holds the last character of one of them, or a replacement character (a piece of a
-    character of several bytes, which only its neighbours complete); ids past the tokenizer's
-    vocabulary are taken to complete one."""
-
-    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        self.vocabulary = len(texts)
-        self.ids = completing_ids(texts, stops)
-
-    def may_complete(self, token: int) -> bool:
-        return token in self.ids or not 0 <= token < self.vocabulary
-
-
-def completing_ids(texts: Sequence[str], stops: Sequence[str]) -> frozenset[int]:
-    """The ids (positions in `texts`, each token's own text) that can complete a stop string."""
-    ends = {stop[-1] for stop in stops if stop}
-    return frozenset(i for i, text in enumerate(texts)
-                     if "\ufffd" in text or any(end in text for end in ends))  # fmt: skip
-
-
-_COMPLETERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Completers]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def stop_completers(tokenizer: Any, stops: Sequence[str]) -> Completers:
-    """`Completers` of `stops` for `tokenizer`, made once (the whole vocabulary is decoded:
-    about 0.7 s for SmolLM2's 49,152 tokens on one CPU core)."""
-    known = _COMPLETERS.setdefault(tokenizer, {})
-    key = tuple(stops)
-    if key not in known:
-        known[key] = Completers(tokenizer, stops)
-    return known[key]
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """One token per row of [B, V] logits and its logprob, each row with its own temperature,
-    top-p and uniform draw in [0, 1) ([B], `uniforms`; see the module docstring); returns ([B]
-    tokens, [B] logprobs). A batch whose rows share their temperature and top-p (an RL run's,
-    an evaluation's) is sampled without indexing rows, to the same tokens and logprobs."""
-    settings = {(p.temperature, p.top_p) for p in params}
-    if len(settings) == 1:
-        return _sample_alike(logits, *settings.pop(), draws)
-    return _sample_rows(logits, params, draws)
-
-
-def _sample_alike(logits: torch.Tensor, temperature: float, top_p: float, draws: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`sample` with one temperature and top-p for every row: what `_sample_rows` computes."""
-    device = logits.device
-    divisor = torch.tensor([[temperature if temperature > 0 else 1.0]], device=device)  # [1, 1]
-    logprobs = torch.log_softmax(logits / divisor, -1)
-    if temperature == 0:
-        tokens = logprobs.argmax(-1)
-    elif top_p >= 1:
-        tokens = _invert_cdf(logprobs.exp(), draws.to(device, non_blocking=True))
-    else:
-        mass = torch.tensor(top_p, device=device)
-        order = _most_likely(logprobs, mass)  # [B, K]
-        probs = logprobs.gather(-1, order).exp()
-        kept = probs.cumsum(-1) - probs <= mass  # the first token always is
-        picked = _invert_cdf(torch.where(kept, probs, 0.0), draws.to(device, non_blocking=True))
-        tokens = order.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`sample` for rows of different temperatures and top-p."""
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)  # [B]
-    greedy = temperature == 0
-    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature).unsqueeze(-1), -1)
-    draws = draws.to(device, non_blocking=True)
-    tokens = logprobs.argmax(-1)  # greedy rows keep it
-    nucleus = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_p < 1]
-    full = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_p >= 1]
-    if full:  # the whole vocabulary in id order: no sort needed
-        rows = torch.tensor(full, device=device)
-        tokens[rows] = _invert_cdf(logprobs[rows].exp(), draws[rows])
-    if nucleus:
-        rows = torch.tensor(nucleus, device=device)
-        top_p = torch.tensor([params[i].top_p for i in nucleus], device=device)
-        order = _most_likely(logprobs[rows], top_p)  # [N, K]
-        probs = logprobs[rows].gather(-1, order).exp()
-        kept = probs.cumsum(-1) - probs <= top_p.unsqueeze(-1)  # the first token always is
-        picked = _invert_cdf(torch.where(kept, probs, 0.0), draws[rows])
-        tokens[rows] = order.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-SEEDS = 2**62  # a request's seed is taken modulo this
-_LOW32 = 0xFFFFFFFF
-
-
-def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """[B] draws in [0, 1) (float32, 24 bits), each a hash of (seed, counter) ([B] int64 each:
-    seeds in [0, SEEDS), counters below 2**32), the same on any device and in any batch: a 32-bit
-    integer mixer (C. Wellons' `lowbias32`) over the seed's halves, then over the counter under
-    two keys made of them."""
-    seeds = seeds.long()
-    key = _mix32(_mix32((seeds & _LOW32) ^ 0x9E3779B9) ^ ((seeds >> 32) & _LOW32))
-    other = _mix32(key ^ 0x85EBCA6B)
-    mixed = _mix32((_mix32((counters.long() & _LOW32) ^ key) + other) & _LOW32)
-    return (mixed >> 8).float() / 2**24
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """`lowbias32` of values in [0, 2**32) held in int64."""
-    x = x ^ (x >> 16)
-    x = _times32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _times32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _times32(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """(x * factor) mod 2**32 for x in [0, 2**32), in two 16-bit halves of the factor so that no
-    product passes 2**49 (int64 never overflows)."""
-    low, high = factor & 0xFFFF, factor >> 16
-    return (x * low + ((x * high) & 0xFFFF) * 65536) & _LOW32
-
-
-def _invert_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """Per row of [N, K] unnormalised probabilities, the index where the CDF passes the draw."""
-    cdf = probs.cumsum(-1)
-    index = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    return index.clamp(max=probs.shape[-1] - 1)
-
-
-def _most_likely(logprobs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per row, token ids in descending probability, as many as top-p can keep ([N, K]): the
-    smallest of 64, 1024 or all whose mass exceeds every row's top-p (so no later token is
-    kept), which spares most steps a sort of the whole vocabulary."""
-    vocab = logprobs.shape[-1]
-    for k in (64, 1024):
-        if k < vocab:
-            top, order = logprobs.topk(k, dim=-1)  # sorted
-            if bool((top.exp().sum(-1) > top_p).all()):
-                return order
-    return logprobs.argsort(dim=-1, descending=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.rollout.engine import Generation, SamplingParams
+from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 CORPUS = [

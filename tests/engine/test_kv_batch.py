@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 import torch
 
-from codeloop.rollout.kv_batch import KVBatch, PrefixCache
-from codeloop.rollout.model import tiny_model
+from codeloop.engine.kv_batch import KVBatch, PrefixCache
+from codeloop.engine.model import tiny_model
 
 VOCAB = 97
 
@@ -90,7 +90,7 @@ def test_rows_leave_and_join_in_place_with_every_rows_logits_unchanged(model: An
 def test_the_prefix_index_finds_what_a_scan_of_every_entry_finds() -> None:
     import random
 
-    from codeloop.rollout.kv_batch import BLOCK
+    from codeloop.engine.kv_batch import BLOCK
 
     rng = random.Random(5)
     system = tuple(rng.randrange(4) for _ in range(2 * BLOCK + 3))  # shared by most entries

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 from codeloop.errors import RunError
 from codeloop.memory import available_memory
-from codeloop.rollout.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more

@@ -43,7 +43,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from codeloop.config import RolloutConfig
-from codeloop.rollout.engine import (
+from codeloop.engine.protocol import (
     Engine,
     EngineUnavailable,
     Generation,

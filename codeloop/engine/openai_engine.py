@@ -41,9 +41,9 @@ from typing import Any, Literal
 import aiohttp
 
 from codeloop.config import RolloutConfig
+from codeloop.engine.protocol import EngineUnavailable, Generation, SamplingParams
 from codeloop.errors import CodeloopError
 from codeloop.net import watched_connector
-from codeloop.rollout.engine import EngineUnavailable, Generation, SamplingParams
 
 Backend = Literal["codeloop", "sglang", "vllm"]
 _USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")

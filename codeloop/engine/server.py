@@ -28,9 +28,10 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.rollout.engine import SamplingParams
-from codeloop.rollout.hf_engine import TransformersEngine
-from codeloop.rollout.model import default_device, load_policy
+from codeloop.config import RolloutConfig
+from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
+from codeloop.engine.model import default_device, load_policy
+from codeloop.engine.protocol import SamplingParams
 
 
 def _params(body: dict[str, Any]) -> SamplingParams:
@@ -144,11 +145,8 @@ def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tok
     model, tokenizer = load_policy(model_path, dtype)  # a ModelError names what is missing
     device = default_device()
     model.to(device)
-    stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
-                if isinstance(i, int) and i != tokenizer.unk_token_id}  # fmt: skip
-    engine = TransformersEngine(
-        model, tokenizer, stop_ids, max_batch=max_batch, max_kv_tokens=kv_capacity_tokens
-    )
+    rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
+    engine = engine_from_config(model, tokenizer, rollout)
     app = build_app(engine, model_path)
     banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}"
     web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))
