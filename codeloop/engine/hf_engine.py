@@ -114,10 +114,13 @@ class EngineStats:
 TRIM_EVERY_STEPS = 32  # decoding steps between checks that freed memory goes back (memory.py)
 KV_MEMORY_SHARE = 0.25  # of the memory free when an engine starts, for its KV cache
 PREFIX_CACHE_TOKENS = 32768  # the prefix cache without slots (a CPU's DynamicCache path)
-# On the slot path with graphs, a joining request waits for others until this many decoding
-# steps have passed or a sixteenth of the running rows are waiting: every prefill is an eager
+# On the slot path with graphs, queued requests join in batches: every prefill is an eager
 # forward of the whole model (hundreds of kernel launches) whatever its rows, and with 256
-# trajectories in flight about two turns end every step.
+# trajectories in flight about two turns end every step. They join once a sixteenth of
+# `max_batch` of them can (free slots and queued requests both), or when JOIN_WAIT_STEPS
+# decoding steps have passed since the last join (not since the oldest arrival, which with a
+# long queue has always passed): at most one prefill in JOIN_WAIT_STEPS steps beside the full
+# batches.
 JOIN_WAIT_STEPS = 8
 JOIN_SHARE = 16
 
@@ -202,6 +205,7 @@ class TransformersEngine:
         if join_wait_steps is None:
             join_wait_steps = JOIN_WAIT_STEPS if self.slots and self.slots.graphs_on else 0
         self.join_wait_steps = join_wait_steps
+        self._last_join_step = -join_wait_steps  # the decoding steps when requests last joined
         self._stats = EngineStats()
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()
@@ -283,6 +287,8 @@ class TransformersEngine:
             if ended is not None:  # results handed out, callers run, requests taken
                 self._stats.host_s += time.perf_counter() - ended
             joining = self._admit() if self._join_now() else []
+            if joining:
+                self._last_join_step = self._stats.steps
             try:
                 if self.step_in_thread:
                     done = await asyncio.to_thread(self._step, joining)
@@ -309,14 +315,16 @@ class TransformersEngine:
 
     def _join_now(self) -> bool:
         """Whether the queued requests join at this step (`join_wait_steps`): at once with
-        nothing running, else once enough of them wait or the first has waited long enough."""
+        nothing running, else once a batch worth a prefill can join or `join_wait_steps`
+        steps have passed since the last join."""
         if not self._queue or not self._running or not self.join_wait_steps:
             return True
-        if len(self._queue) >= max(1, len(self._running) // JOIN_SHARE):
+        joinable = min(len(self._queue), self.max_batch - len(self._running))
+        if joinable <= 0:
+            return False
+        if joinable >= max(1, self.max_batch // JOIN_SHARE):
             return True
-        free = self.max_batch - len(self._running)
-        waited = self._stats.steps - self._queue[0].arrived_step
-        return len(self._queue) >= free or waited >= self.join_wait_steps
+        return self._stats.steps - self._last_join_step >= self.join_wait_steps
 
     def _admit(self) -> list[_Request]:
         """Queued requests that fit beside the running ones, in arrival order."""

@@ -358,26 +358,35 @@ def test_a_request_joins_the_running_batch_and_leaves_when_it_stops(
     assert engine.steps_run - steps_before == 59
 
 
+def _recording_prefills(engine: TransformersEngine) -> list[tuple[list[int], int]]:
+    """(the steps when each joining request arrived, the steps now) for every prefill of
+    `engine` from now on."""
+    prefills: list[tuple[list[int], int]] = []
+    prefill = engine._prefill
+
+    def recording(joining: Any, device: Any) -> Any:
+        prefills.append(([r.arrived_step for r in joining], engine.steps_run))
+        return prefill(joining, device)
+
+    engine._prefill = recording  # type: ignore[method-assign]
+    return prefills
+
+
 def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
     engine: TransformersEngine, fmt: PromptFormat
 ) -> None:
     from codeloop.engine.hf_engine import JOIN_SHARE
 
+    # max_batch 32: two requests that can join are a batch worth a prefill
     waiting = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=4,
+                                 max_batch=2 * JOIN_SHARE,
                                  slot_cache=engine.slots is not None)  # fmt: skip
     long = fmt.encode("def f(n): return n ** 2")
-    rows = 2 * JOIN_SHARE + 1  # running: two waiting requests are enough to join at once
+    rows = 2 * JOIN_SHARE - 3  # three slots stay free
     prompts = [fmt.encode(q) for q in ("x", "print(1)", "y = 2")]
     alone = [asyncio.run(engine.generate(p, SamplingParams(6, seed=i))) for i, p in
              enumerate(prompts)]  # fmt: skip
-    prefills: list[tuple[list[int], int]] = []  # (steps when each joiner arrived, steps now)
-    prefill = waiting._prefill
-
-    def recording(joining: Any, device: Any) -> Any:
-        prefills.append(([r.arrived_step for r in joining], waiting.steps_run))
-        return prefill(joining, device)
-
-    waiting._prefill = recording  # type: ignore[method-assign]
+    prefills = _recording_prefills(waiting)
 
     async def main() -> list[Generation]:
         first = [waiting.generate(long, SamplingParams(40, seed=s)) for s in range(rows)]
@@ -394,10 +403,39 @@ def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
     gens = asyncio.run(main())
     assert len(prefills) == 3 and prefills[0] == ([0] * rows, 0)
     (arrived,), at = prefills[1]
-    assert arrived >= 2 and at == arrived + 4  # one waiting request waited its 4 steps
+    # alone, it waited until 4 steps had passed since the last join (step 0)
+    assert arrived >= 2 and at == max(arrived, 4)
     arrived_together, at = prefills[2]
     assert arrived_together == [at, at]  # two were enough: they joined at the next step
     assert [g.token_ids for g in gens] == [g.token_ids for g in alone]  # waiting changed nothing
+
+
+def test_a_long_queue_joins_in_batches_or_after_the_wait(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
+    """Twice as many requests as slots, of many lengths: a freed slot is not filled at the
+    next step (a prefill a step), but once a batch worth a prefill can join, or 8 steps after
+    the last join."""
+    from codeloop.engine.hf_engine import JOIN_SHARE
+
+    batch = 2 * JOIN_SHARE
+    queued = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=8,
+                                max_batch=batch, slot_cache=engine.slots is not None)  # fmt: skip
+    prefills = _recording_prefills(queued)
+    prompt = fmt.encode("print(1)")
+    params = [SamplingParams(3 + 7 * i % 29, seed=i) for i in range(2 * batch)]
+
+    async def main() -> list[Generation]:
+        return await asyncio.gather(*(queued.generate(prompt, p) for p in params))
+
+    gens = asyncio.run(main())
+    assert [len(g.token_ids) for g in gens] == [p.max_tokens for p in params]
+    at = [step for _, step in prefills]
+    joined = [len(arrived) for arrived, _ in prefills]
+    assert at[0] == 0 and joined[0] == batch and sum(joined) == 2 * batch
+    for k in range(1, len(prefills)):
+        assert joined[k] >= 2 or at[k] - at[k - 1] >= 8, (k, joined, at)
+    assert len(prefills) <= 1 + batch // 2  # not one per freed slot
 
 
 def test_the_engine_counts_what_it_computed_and_what_the_cache_served(
