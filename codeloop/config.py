@@ -52,8 +52,16 @@ def knob(
     return field(default=default, metadata=metadata)
 
 
-DEFAULT_PRELOAD = ["math", "fractions", "itertools", "collections", "functools",
-                   "numpy", "sympy", "scipy"]  # fmt: skip
+DEFAULT_PRELOAD = [
+    "math",
+    "fractions",
+    "itertools",
+    "collections",
+    "functools",
+    "numpy",
+    "sympy",
+    "scipy",
+]
 
 
 # Exercises sympy's solver, simplifier and integrator and numpy's linear algebra on throwaway
@@ -231,8 +239,9 @@ class AlgoConfig:
     )
     clip_low: float = knob(0.2, "Lower PPO clip: ratio >= 1 - clip_low.", gt=0, lt=1)
     clip_high: float = knob(0.28, "Upper PPO clip (clip-higher): ratio <= 1 + clip_high.", gt=0)
-    dual_clip: float = knob(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.",
-                            ge=0)  # fmt: skip
+    dual_clip: float = knob(
+        0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.", ge=0
+    )
     adv_eps: float = knob(1e-6, "Added to the group std in the advantage denominator.", gt=0)
     off_policy: Literal["none", "decoupled"] = knob(
         "none",
@@ -371,16 +380,22 @@ class StageConfig:
     name: str = knob("", "Stage name, used for its run sub-directory.")
     steps: int = knob(0, "RL steps in this stage.", ge=0)
     overrides: dict[str, Any] = knob({}, "Dotted config keys set for this stage only.")
-    refilter: bool = knob(False, "Before the stage keep only the problems whose pass rate "
-                          "under the policy is within the refilter_*_pass_rate band.")  # fmt: skip
+    refilter: bool = knob(
+        False,
+        "Before the stage keep only the problems whose pass rate "
+        "under the policy is within the refilter_*_pass_rate band.",
+    )
     refilter_samples: int = knob(8, "Samples per problem when refiltering.", ge=1)
     refilter_max_pass_rate: float = knob(
         0.99, "Keep problems whose pass rate is at most this.", ge=0, le=1
     )
     refilter_min_pass_rate: float = knob(
-        0.0, "Keep problems whose pass rate is at least this (above 0: drop the problems the "
-        "policy never solves, whose groups carry no signal).", ge=0, le=1,
-    )  # fmt: skip
+        0.0,
+        "Keep problems whose pass rate is at least this (above 0: drop the problems the "
+        "policy never solves, whose groups carry no signal).",
+        ge=0,
+        le=1,
+    )
     reset_optimizer: bool = knob(False, "Start the stage with a fresh optimiser state.")
 
 
@@ -488,8 +503,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def _check_range(f: dataclasses.Field[Any], value: Any, where: str) -> None:
-    bounds = [("ge", ">=", operator.ge), ("gt", ">", operator.gt),
-              ("le", "<=", operator.le), ("lt", "<", operator.lt)]  # fmt: skip
+    bounds = [
+        ("ge", ">=", operator.ge),
+        ("gt", ">", operator.gt),
+        ("le", "<=", operator.le),
+        ("lt", "<", operator.lt),
+    ]
     for key, symbol, holds in bounds:
         bound = f.metadata.get(key)
         if bound is not None and not holds(value, bound):
@@ -603,14 +622,18 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
 def _check_stage_overrides(cfg: Config, source: str) -> None:
     for i, stage in enumerate(cfg.recipe.stages):
         if stage.refilter_min_pass_rate > stage.refilter_max_pass_rate:
-            raise ConfigError(f"{source}: recipe.stages[{i}]: refilter_min_pass_rate "
-                              f"{stage.refilter_min_pass_rate} > refilter_max_pass_rate "
-                              f"{stage.refilter_max_pass_rate} keeps no problem")  # fmt: skip
+            raise ConfigError(
+                f"{source}: recipe.stages[{i}]: refilter_min_pass_rate "
+                f"{stage.refilter_min_pass_rate} > refilter_max_pass_rate "
+                f"{stage.refilter_max_pass_rate} keeps no problem"
+            )
         trial = copy.deepcopy(cfg)
         for key, value in _flatten(stage.overrides):
             if key.startswith("recipe."):
-                raise ConfigError(f"{source}: recipe.stages[{i}].overrides.{key}: a stage "
-                                  "cannot change the recipe")  # fmt: skip
+                raise ConfigError(
+                    f"{source}: recipe.stages[{i}].overrides.{key}: a stage "
+                    "cannot change the recipe"
+                )
             set_value(trial, key, value, f"{source}: recipe.stages[{i}].overrides")
 
 
@@ -640,8 +663,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 data = tomllib.load(fh)
         except FileNotFoundError:
             packaged = ", ".join(sorted(p.name for p in PACKAGED_CONFIGS.glob("*.toml")))
-            raise ConfigError(f"{source}: no such config file (the package's own: {packaged})"
-                              ) from None  # fmt: skip
+            raise ConfigError(
+                f"{source}: no such config file (the package's own: {packaged})"
+            ) from None
         except IsADirectoryError:
             raise ConfigError(f"{source}: is a directory; expected a TOML file") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
@@ -653,11 +677,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     apply_overrides(cfg, overrides)
     _check_stage_overrides(cfg, source)
     if 0 < cfg.algo.dual_clip <= 1:  # c <= 1 would cap a negative advantage below its clip
-        raise ConfigError(f"{source}: algo.dual_clip: must be 0 (off) or > 1, got "
-                          f"{cfg.algo.dual_clip}")  # fmt: skip
+        raise ConfigError(
+            f"{source}: algo.dual_clip: must be 0 (off) or > 1, got {cfg.algo.dual_clip}"
+        )
     if cfg.algo.loss == "gspo" and cfg.algo.off_policy == "decoupled":
-        raise ConfigError(f"{source}: algo.loss gspo takes one ratio per sequence; "
-                          "algo.off_policy decoupled weights tokens: choose one")  # fmt: skip
+        raise ConfigError(
+            f"{source}: algo.loss gspo takes one ratio per sequence; "
+            "algo.off_policy decoupled weights tokens: choose one"
+        )
     return cfg
 
 
@@ -670,9 +697,13 @@ def apply_overrides(cfg: Config, overrides: Sequence[str]) -> None:
 def eval_rollout_config(cfg: Config) -> RolloutConfig:
     """The rollout settings with the `[eval]` section's sampling and budgets."""
     e = cfg.eval
-    return dataclasses.replace(cfg.rollout, temperature=e.temperature, top_p=e.top_p,
-                               max_turns=e.max_turns,
-                               max_response_tokens=e.max_response_tokens)  # fmt: skip
+    return dataclasses.replace(
+        cfg.rollout,
+        temperature=e.temperature,
+        top_p=e.top_p,
+        max_turns=e.max_turns,
+        max_response_tokens=e.max_response_tokens,
+    )
 
 
 POLICY_SETTINGS = "codeloop.json"  # beside a saved policy: how it is prompted and evaluated

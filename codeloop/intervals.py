@@ -41,8 +41,12 @@ def interval(scores: Sequence[float], seed: int = 0) -> tuple[float, float]:
         raise ValueError("interval: no problems")
     values = np.asarray(scores, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    means = np.concatenate([values[rng.integers(0, len(values), (rows, len(values)))].mean(axis=1)
-                            for rows in _blocks(len(values))])  # fmt: skip
+    means = np.concatenate(
+        [
+            values[rng.integers(0, len(values), (rows, len(values)))].mean(axis=1)
+            for rows in _blocks(len(values))
+        ]
+    )
     low, high = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return float(low), float(high)
 
@@ -61,8 +65,12 @@ def compare(a: Mapping[str, float], b: Mapping[str, float], seed: int = 0) -> di
     low, high = interval(diffs.tolist(), seed)
     rng = np.random.default_rng(seed + 1)
     signs = np.array([-1.0, 1.0])
-    flipped = np.concatenate([np.abs((rng.choice(signs, (rows, len(common))) * diffs).mean(axis=1))
-                              for rows in _blocks(len(common))])  # fmt: skip
+    flipped = np.concatenate(
+        [
+            np.abs((rng.choice(signs, (rows, len(common))) * diffs).mean(axis=1))
+            for rows in _blocks(len(common))
+        ]
+    )
     observed = abs(float(diffs.mean()))
     p_value = float((np.count_nonzero(flipped >= observed - 1e-12) + 1) / (RESAMPLES + 1))
     return {
@@ -86,9 +94,11 @@ def percent(value: float, bounds: Sequence[float]) -> str:
 def verdict(result: Mapping[str, Any], a_name: str = "A", b_name: str = "B") -> str:
     """One sentence on a `compare` result that never calls noise a result."""
     low, high = result["interval95"]
-    points = f"{100 * result['difference']:+.1f} points, 95% interval " \
-             f"[{100 * low:+.1f}, {100 * high:+.1f}], p = {result['p_value']:.2g}, " \
-             f"{result['problems']} problems"  # fmt: skip
+    points = (
+        f"{100 * result['difference']:+.1f} points, 95% interval "
+        f"[{100 * low:+.1f}, {100 * high:+.1f}], p = {result['p_value']:.2g}, "
+        f"{result['problems']} problems"
+    )
     shown = result["p_value"] < 1 - LEVEL
     if shown and low > 0:
         return f"{b_name} is better than {a_name}: {points}"

@@ -22,9 +22,12 @@ def watched_socket(silent_s: float, addr_info: Any) -> socket.socket:
     """A TCP socket that gives up on a peer silent for `silent_s` seconds (see above)."""
     family, kind, proto = addr_info[:3]
     sock = socket.socket(family, kind, proto)
-    options = [(socket.SOL_SOCKET, "SO_KEEPALIVE", 1), (socket.IPPROTO_TCP, "TCP_KEEPIDLE", 1),
-               (socket.IPPROTO_TCP, "TCP_KEEPINTVL", 1),
-               (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", int(1000 * silent_s))]  # fmt: skip
+    options = [
+        (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPIDLE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPINTVL", 1),
+        (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", int(1000 * silent_s)),
+    ]
     for level, name, value in options:
         if hasattr(socket, name):  # Linux has them all; elsewhere the request's timeout remains
             with contextlib.suppress(OSError):

@@ -32,9 +32,16 @@ class Lines:
     """tqdm's interface (`update`, `set_postfix`, `refresh`, `close`, `n`, iteration, a
     context) printing plain lines to standard error."""
 
-    def __init__(self, iterable: Iterable[Any] | None = None, total: float | None = None,
-                 initial: float = 0, desc: str = "", unit: str = "it", leave: bool = True,
-                 **_ignored: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        total: float | None = None,
+        initial: float = 0,
+        desc: str = "",
+        unit: str = "it",
+        leave: bool = True,
+        **_ignored: Any,
+    ) -> None:
         self.iterable = iterable
         if total is None and isinstance(iterable, Sized):
             total = len(iterable)

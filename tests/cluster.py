@@ -85,8 +85,19 @@ class Cluster:
 
     def _plug(self, port: str, inside: str, host: str | None, address: str) -> None:
         """A veth pair: `port` on the switch, `inside` in `host` (None: the test's namespace)."""
-        _ip("link", "add", port, "netns", self.net, "type", "veth", "peer", "name", inside,
-            *(["netns", host] if host else []))  # fmt: skip
+        _ip(
+            "link",
+            "add",
+            port,
+            "netns",
+            self.net,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inside,
+            *(["netns", host] if host else []),
+        )
         _ip("link", "set", port, "master", "br0", namespace=self.net)
         _ip("link", "set", port, "up", namespace=self.net)
         _ip("addr", "add", f"{address}/24", "dev", inside, namespace=host)
@@ -94,14 +105,23 @@ class Cluster:
         if host:
             _ip("link", "set", "lo", "up", namespace=host)
 
-    def start(self, host: int, argv: Sequence[str], log: Path | None = None,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    def start(
+        self,
+        host: int,
+        argv: Sequence[str],
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Run `argv` on host `host` (its own process group, so `kill` takes its children)."""
         name = self.hosts[host - 1]
         out: Any = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child's
-        process = subprocess.Popen(["ip", "netns", "exec", name, *argv], stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **(env or {})})  # fmt: skip
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", name, *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         self.processes[name].append(process)
         return process
 
@@ -129,9 +149,29 @@ class Cluster:
 
     def limit(self, host: int, kbit: int) -> None:
         """Cap what host `host` receives from the switch to `kbit` kbit/s (`tc tbf`)."""
-        subprocess.run(["ip", "netns", "exec", self.net, "tc", "qdisc", "replace", "dev",
-                        f"p{host}", "root", "tbf", "rate", f"{kbit}kbit", "burst", "16kbit",
-                        "latency", "400ms"], check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.net,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                f"p{host}",
+                "root",
+                "tbf",
+                "rate",
+                f"{kbit}kbit",
+                "burst",
+                "16kbit",
+                "latency",
+                "400ms",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     def close(self) -> None:
         """Kill every process the cluster started and delete every namespace it made."""

@@ -43,8 +43,17 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    command = [sys.executable, "-m", "codeloop", "serve", "--model", str(model),
-               "--port", str(port), *options]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "codeloop",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *options,
+    ]
     server = subprocess.Popen(command)
     url = ServedURL(f"http://127.0.0.1:{port}")
     url.process = server

@@ -17,9 +17,16 @@ RETRANSMIT_S = 0.2  # Linux's minimum retransmission timeout
 
 
 class FaultProxy:
-    def __init__(self, listen_host: str, target_host: str, target_port: int,
-                 delay_s: float = 0.0, jitter_s: float = 0.0, loss: float = 0.0,
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        listen_host: str,
+        target_host: str,
+        target_port: int,
+        delay_s: float = 0.0,
+        jitter_s: float = 0.0,
+        loss: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.listen_host, self.target = listen_host, (target_host, target_port)
         self.delay_s, self.jitter_s, self.loss = delay_s, jitter_s, loss
         self.rng = random.Random(seed)

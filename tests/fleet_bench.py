@@ -24,9 +24,21 @@ from faultproxy import FaultProxy
 
 async def _bench(urls: list[str], calls: int, concurrency: int, out: Path) -> dict[str, object]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "codeloop", "bench", "sandbox", "--servers", *urls,
-        "--soak", str(calls), "--concurrency", str(concurrency), "--out", str(out),
-        stdout=asyncio.subprocess.DEVNULL)  # fmt: skip
+        sys.executable,
+        "-m",
+        "codeloop",
+        "bench",
+        "sandbox",
+        "--servers",
+        *urls,
+        "--soak",
+        str(calls),
+        "--concurrency",
+        str(concurrency),
+        "--out",
+        str(out),
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     await process.wait()
     soak: dict[str, object] = json.loads(out.read_text())["soak"]
     return soak
@@ -35,17 +47,37 @@ async def _bench(urls: list[str], calls: int, concurrency: int, out: Path) -> di
 async def main(calls: int, concurrency: int, out_dir: Path) -> None:
     with Cluster(3) as cluster:
         for host in (1, 2, 3):
-            cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
-                                 cluster.address(host), "--port", "8800"])  # fmt: skip
+            cluster.start(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "codeloop",
+                    "sandbox",
+                    "serve",
+                    "--host",
+                    cluster.address(host),
+                    "--port",
+                    "8800",
+                ],
+            )
         urls = [f"http://{cluster.address(h)}:8800" for h in (1, 2, 3)]
         for url in urls:
             wait_healthy(url)
         rows = {"all hosts well": await _bench(urls, calls, concurrency, out_dir / "well.json")}
-        proxy = FaultProxy(cluster.own_address, cluster.address(3), 8800, delay_s=0.2,
-                           jitter_s=0.05, loss=0.05, seed=1)  # fmt: skip
+        proxy = FaultProxy(
+            cluster.own_address,
+            cluster.address(3),
+            8800,
+            delay_s=0.2,
+            jitter_s=0.05,
+            loss=0.05,
+            seed=1,
+        )
         slow = urls[:2] + [f"http://{await proxy.start()}"]
-        rows["host 3 slow (200 ms, 5% held)"] = await _bench(slow, calls, concurrency,
-                                                             out_dir / "slow.json")  # fmt: skip
+        rows["host 3 slow (200 ms, 5% held)"] = await _bench(
+            slow, calls, concurrency, out_dir / "slow.json"
+        )
         await proxy.close()
 
         async def cut_then_restore() -> None:
@@ -55,15 +87,20 @@ async def main(calls: int, concurrency: int, out_dir: Path) -> None:
             cluster.restore(3)
 
         faults = asyncio.ensure_future(cut_then_restore())
-        rows["host 3 cut at 2 s for 8 s"] = await _bench(urls, calls, concurrency,
-                                                         out_dir / "cut.json")  # fmt: skip
+        rows["host 3 cut at 2 s for 8 s"] = await _bench(
+            urls, calls, concurrency, out_dir / "cut.json"
+        )
         await faults
-    print(f"{'run':32} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-          f"{'lost':>5} {'wrong':>6} {'infra':>6}")  # fmt: skip
+    print(
+        f"{'run':32} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'lost':>5} {'wrong':>6} {'infra':>6}"
+    )
     for name, row in rows.items():
-        print(f"{name:32} {row['calls_per_s']:>8} {row['p50_ms']:>8} {row['p99_ms']:>8} "
-              f"{row['max_ms']:>8} {row['lost']:>5} {row['mismatched_or_duplicated']:>6} "
-              f"{row['infrastructure_failures']:>6}")  # fmt: skip
+        print(
+            f"{name:32} {row['calls_per_s']:>8} {row['p50_ms']:>8} {row['p99_ms']:>8} "
+            f"{row['max_ms']:>8} {row['lost']:>5} {row['mismatched_or_duplicated']:>6} "
+            f"{row['infrastructure_failures']:>6}"
+        )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/reward/test_forms.py",
             "tests/reward/test_symbolic.py",
         ],
-    ),  # fmt: skip
+    ),
     "codeloop/reward/forms.py": (
         None,
         ["tests/reward/test_forms.py", "tests/reward/test_agreement.py"],
@@ -64,7 +64,7 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/rollout/test_collect.py",
             "tests/engine/test_openai_engine.py::test_the_agent_sends_the_configured_sampling_to_the_server",
         ],
-    ),  # fmt: skip
+    ),
     "codeloop/engine/sampler.py": (
         [
             "sample",
@@ -91,7 +91,7 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/rollout/test_real_tokenizer.py::"
             "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
-    ),  # fmt: skip
+    ),
     "codeloop/engine/stops.py": (
         ["finish_reason", "may_complete", "completing_ids"],
         [
@@ -109,7 +109,7 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/rollout/test_real_tokenizer.py::"
             "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
-    ),  # fmt: skip
+    ),
     "codeloop/engine/scheduler.py": (
         ["generate", "_take", "_leave_out", "_check_any_hope", "_place"],
         ["tests/engine/test_scheduler.py"],
@@ -126,7 +126,7 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/trainer/test_distributed.py::"
             "test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps",
         ],
-    ),  # fmt: skip
+    ),
 }
 # Modules whose guarding tests include slow ones (named above by node id): run them too.
 SLOW_GUARDS = {"codeloop/trainer/groups.py"}
@@ -134,153 +134,445 @@ SLOW_GUARDS = {"codeloop/trainer/groups.py"}
 # (module, function, mutation, text on its line (with a newline: on it and the line before),
 # text where the mutated code starts (with a final `$`: all the rest of the line)) -> why.
 EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {
-    ("codeloop/algo/loss.py", "policy_loss", "0 -> 1", "if dual_clip > 0", "0"):
-        "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
-    ("codeloop/algo/loss.py", "policy_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
-        "at A = 0 both sides are 0",
-    ("codeloop/algo/loss.py", "sequence_loss", "0 -> 1", "if dual_clip > 0", "0"):
-        "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
-    ("codeloop/algo/loss.py", "sequence_loss", "Lt -> LtE", "torch.where(adv < 0", "adv"):
-        "at A = 0 both sides are 0",
-    ("codeloop/algo/loss.py", "behaviour_weights", "True -> False", "strict=True", "True"):
-        "the three lists have one entry per token: strict only checks it",
-    ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if neg <= min(", "neg"):
-        "at equality the branch assigns the value neg already has",
-    ("codeloop/algo/resample.py", "_split_released", "LtE -> Lt", "if pos <= min(", "pos"):
-        "at equality the branch assigns the value pos already has",
-    ("codeloop/algo/resample.py", "resample", "1.0 -> 2.0", "weights = [1.0 /", "1.0"):
-        "scaling every weight alike leaves the weighted draw unchanged",
-    ("codeloop/reward/extract.py", "_braced", "Add -> Sub", "return text[start + 1 : i], i + 1",
-     "i + 1"): "the search for the next box resumes inside the closing braces, where none starts",
-    ("codeloop/reward/extract.py", "all_boxed", "LtE -> Lt", "<= 1:  # the common case", "text"):
-        "a single box on the general path gives what the fast path gives",
-    ("codeloop/reward/extract.py", "_final_answer_block", "Lt -> LtE", "if end < 0", "end"):
-        "</answer> is searched after <answer>: found, it is never at 0",
-    ("codeloop/reward/extract.py", "_final_answer_block", "0 -> 1", "if end < 0", "0"):
-        "</answer> is searched after <answer>: found, it is never at 0",
-    ("codeloop/reward/integer.py", "_normalise", "0 -> 1", "range(3 if", "0)"):
-        "wrappers are backslash commands: without a backslash a pass removes nothing",
-    ("codeloop/reward/integer.py", "_normalise", "3 -> 4", "range(3 if", "3 if"):
-        "a fourth pass unwraps a fourth level of nesting, which answers do not have: the "
-        "limit only bounds the work",
-    ("codeloop/reward/integer.py", "parse_number", "1 -> 2", "if not text[:1].isdigit()", "1"):
-        "the gate only skips a currency substitution that cannot match (a currency sign "
-        "starts with no digit or ends with no letter or digit): two characters gate the same",
-    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if pred_form == gold_form or",
-     "pred_form == gold_form"): "math-verify finds identical forms and words that differ in "
-                                "case equal too: the line saves its time, not its verdict",
-    ("codeloop/reward/symbolic.py", "_expand_plus_minus", "In -> NotIn", "minus_first =",
-     "match.group"): "the two expansions are compared as a set: their order does not matter",
-    ("codeloop/reward/symbolic.py", "_parsed", "0 -> 1", "boxed_match_priority=0", "0"):
-        "the answers parsed here carry no \\boxed (extraction took it off): no box to rank",
-    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if not pred_form or not gold_form",
-     "not pred_form"): "an empty side then parses to nothing and the check below says False",
-    ("codeloop/reward/symbolic.py", "_equivalent", "Or -> And", "if not gold_parsed or not pred_",
-     "not gold_parsed"): "verify over an empty parse is False",
-    ("codeloop/reward/symbolic.py", "_equivalent", "False -> True",
-     "if not gold_parsed or not pred_parsed:\n        return False", "False$"):
-        "unreached: both forms are non-empty here and math-verify's parse of a non-empty answer "
-        "holds at least the answer's own text",
-    ("codeloop/reward/fastpath.py", "fast_check", "condition negated", "if other is None:", "if"):
-        "no pair is known whose own reading is decided False while another one is undecided: "
-        "the other readings are plain numbers wherever the pair's own is decided",
-    ("codeloop/reward/fastpath.py", "fast_check", "Is -> IsNot", "if other is None:", "other"):
-        "the other readings are then decided too: the mutant only sends a pair the fast path "
-        "found wrong on to the workers, which find it wrong as well (slower, same verdict)",
-    ("codeloop/reward/verifier.py", "score_async", "condition negated", "if self._thread is None",
-     "if"): "without its own thread the loop's default executor runs the check; the pool "
-            "serialises checks under its lock: the same results",
-    ("codeloop/reward/verifier.py", "score_async", "Is -> IsNot", "if self._thread is None",
-     "self._thread"): "as above: a new thread per call, the same results",
-    ("codeloop/reward/verifier.py", "score_async", "1 -> 2", "ThreadPoolExecutor(1,", "1"):
-        "two threads: the pool serialises checks under its lock, the same results",
-    ("codeloop/reward/verifier.py", "score_batch", "True -> False", "strict=True", "True"):
-        "the pool answers one check per pair: the lengths are equal; strict only checks it",
-    ("codeloop/reward/verifier.py", "close", "True -> False", "shutdown(wait=True)", "True"):
-        "close comes after every score_async was awaited: nothing is left to wait for",
-    ("codeloop/rollout/agent.py", "run_trajectory", "Lt -> LtE", "while turns < cfg.max_turns",
-     "turns"):
-        "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
-    ("codeloop/rollout/agent.py", "run_trajectory", "LtE -> Lt", "if budget <= 0", "budget"):
-        "the budget is at least 1 here: a turn that used it up ended the loop (length), and an "
-        "observation goes in only with a token left after it",
-    ("codeloop/rollout/agent.py", "add", "1 -> 2", "[-1] * len(ids)", "1"):
-        "a negative version means unknown (Trajectory.policy_versions): -1 and -2 read alike",
-    ("codeloop/rollout/agent.py", "_has_answer", "GtE -> Gt", 'find("</answer>", start) >= 0',
-     "turn_text.find"): "</answer> is found after <answer>, never at 0",
-    ("codeloop/rollout/agent.py", "_has_answer", "0 -> 1", 'find("</answer>", start) >= 0',
-     "0$"): "</answer> is found after <answer>, never at 0",
-    ("codeloop/trainer/learner.py", "__init__", "0 -> 1", "pad_id: int = 0", "0"):
-        "the pad id fills positions the attention and loss masks leave out",
-    ("codeloop/trainer/learner.py", "_update", "Mult -> Div", "(loss * weight * world.size)",
-     "loss"): "in one process weight and world.size are 1; FSDP's padding micro-batches "
-              "(weight 0) and several ranks: the two-process tests (slow) run them",
-    ("codeloop/trainer/learner.py", "_update", "Mult -> Div", "sums[key] += value * weight",
-     "value"): "in one process weight is 1; the two-process tests (slow) run weight 0",
-    ("codeloop/trainer/learner.py", "_update", "True -> False", "zero_grad(set_to_none=True)",
-     "True"): "gradients zeroed or set to None: the next backward starts from nothing either way",
-    ("codeloop/trainer/learner.py", "_update", "True -> False",
-     "for sample, engine in zip(samples, behaviour, strict=True)", "True"):
-        "one behaviour list per sample: strict only checks it",
-    ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "1 -> 2",
-     'batch["input_ids"][:1, :1]', "1"): "a padding forward for FSDP (several ranks): its "
-                                          "output is not used",
-    ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "0.0 -> 1.0",
-     "sample.old_logprobs = [0.0] +", "0.0"): "position 0 is a prompt token, never in the loss",
-    ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "0.0 -> 1.0",
-     "v if m else 0.0", "0.0"): "a position outside the loss mask is never in the loss",
-    ("codeloop/trainer/learner.py", "_recompute_old_logprobs", "True -> False",
-     "strict=True", "True"): "the two lengths are equal; strict only checks it",
-    ("codeloop/engine/hf_engine.py", "sample", "True -> False", "non_blocking=True", "True"):
-        "a blocking copy moves the same draws",
-    ("codeloop/engine/hf_engine.py", "sample", "LtE -> Lt", "probs.cumsum(-1) - probs <=",
-     "probs"):
-        "differs only where a float cumulative probability equals top-p exactly",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "64 -> 65", "for k in (64, 1024)", "64"):
-        "how many tokens are tried before a full sort: speed, not the tokens",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "1024 -> 1025", "for k in (64, 1024)",
-     "1024"):
-        "how many tokens are tried before a full sort: speed, not the tokens",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "Lt -> LtE", "if k < vocab", "k"):
-        "top-k of the whole vocabulary is the full sort",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "1 -> 2", "vocab = logprobs.shape[-1]",
-     "1"):
-        "the rows' count only changes which cuts are tried, each still over the vocabulary",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "Gt -> GtE", "top.exp().sum(-1) > top_p",
-     "top"):
-        "differs only where a float mass equals top-p exactly",
-    ("codeloop/engine/hf_engine.py", "_invert_cdf", "Sub -> Add",
-     "clamp(max=probs.shape[-1] - 1)", "probs.shape[-1] - 1"):
-        "a draw below 1 times a float32 total stays below it: the clamp never binds",
-    ("codeloop/engine/hf_engine.py", "_invert_cdf", "True -> False", "right=True", "True"):
-        "differs only where a draw times the total equals a float cumulative sum exactly",
-    ("codeloop/engine/hf_engine.py", "_most_likely", "1 -> 2", "top.exp().sum(-1) > top_p",
-     "1"):
-        "summing the wrong axis only falls through to the full sort: speed, not the tokens",
-    ("codeloop/engine/hf_engine.py", "may_complete", "LtE -> Lt", "not 0 <= token", "0"):
-        "token 0 would only be decoded more often (the check stays the same)",
-    ("codeloop/engine/hf_engine.py", "may_complete", "0 -> 1", "not 0 <= token", "0"):
-        "token 0 would only be decoded more often (the check stays the same)",
-    ("codeloop/trainer/groups.py", "samples_of", "True -> False", "strict=True", "True"):
-        "a group has one advantage per kept trajectory; strict only checks it",
-    ("codeloop/trainer/groups.py", "groups", "GtE -> Gt", "if len(groups) >= count", "len"):
-        "at equality the rounds left draw count - len(groups) = 0 problems: the same groups",
-    ("codeloop/engine/scheduler.py", "generate", "GtE -> Gt", "if scheduler._now() >= give_up",
-     "scheduler"): "the loop's clock equal to the deadline to the nanosecond: one retry more",
-    ("codeloop/engine/scheduler.py", "_check_any_hope", "LtE -> Lt",
-     "s.failing_since + self.retry_s <= now", "s.failing_since"):
-        "an outage exactly retry_s old to the nanosecond: one try more before failing at once",
-}  # fmt: skip
+    (
+        "codeloop/algo/loss.py",
+        "policy_loss",
+        "0 -> 1",
+        "if dual_clip > 0",
+        "0",
+    ): "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
+    (
+        "codeloop/algo/loss.py",
+        "policy_loss",
+        "Lt -> LtE",
+        "torch.where(adv < 0",
+        "adv",
+    ): "at A = 0 both sides are 0",
+    (
+        "codeloop/algo/loss.py",
+        "sequence_loss",
+        "0 -> 1",
+        "if dual_clip > 0",
+        "0",
+    ): "the config refuses a dual clip in (0, 1]: c = 0 (off) or c > 1",
+    (
+        "codeloop/algo/loss.py",
+        "sequence_loss",
+        "Lt -> LtE",
+        "torch.where(adv < 0",
+        "adv",
+    ): "at A = 0 both sides are 0",
+    (
+        "codeloop/algo/loss.py",
+        "behaviour_weights",
+        "True -> False",
+        "strict=True",
+        "True",
+    ): "the three lists have one entry per token: strict only checks it",
+    (
+        "codeloop/algo/resample.py",
+        "_split_released",
+        "LtE -> Lt",
+        "if neg <= min(",
+        "neg",
+    ): "at equality the branch assigns the value neg already has",
+    (
+        "codeloop/algo/resample.py",
+        "_split_released",
+        "LtE -> Lt",
+        "if pos <= min(",
+        "pos",
+    ): "at equality the branch assigns the value pos already has",
+    (
+        "codeloop/algo/resample.py",
+        "resample",
+        "1.0 -> 2.0",
+        "weights = [1.0 /",
+        "1.0",
+    ): "scaling every weight alike leaves the weighted draw unchanged",
+    (
+        "codeloop/reward/extract.py",
+        "_braced",
+        "Add -> Sub",
+        "return text[start + 1 : i], i + 1",
+        "i + 1",
+    ): "the search for the next box resumes inside the closing braces, where none starts",
+    (
+        "codeloop/reward/extract.py",
+        "all_boxed",
+        "LtE -> Lt",
+        "<= 1:  # the common case",
+        "text",
+    ): "a single box on the general path gives what the fast path gives",
+    (
+        "codeloop/reward/extract.py",
+        "_final_answer_block",
+        "Lt -> LtE",
+        "if end < 0",
+        "end",
+    ): "</answer> is searched after <answer>: found, it is never at 0",
+    (
+        "codeloop/reward/extract.py",
+        "_final_answer_block",
+        "0 -> 1",
+        "if end < 0",
+        "0",
+    ): "</answer> is searched after <answer>: found, it is never at 0",
+    (
+        "codeloop/reward/integer.py",
+        "_normalise",
+        "0 -> 1",
+        "range(3 if",
+        "0)",
+    ): "wrappers are backslash commands: without a backslash a pass removes nothing",
+    (
+        "codeloop/reward/integer.py",
+        "_normalise",
+        "3 -> 4",
+        "range(3 if",
+        "3 if",
+    ): "a fourth pass unwraps a fourth level of nesting, which answers do not have: the "
+    "limit only bounds the work",
+    (
+        "codeloop/reward/integer.py",
+        "parse_number",
+        "1 -> 2",
+        "if not text[:1].isdigit()",
+        "1",
+    ): "the gate only skips a currency substitution that cannot match (a currency sign "
+    "starts with no digit or ends with no letter or digit): two characters gate the same",
+    (
+        "codeloop/reward/symbolic.py",
+        "_equivalent",
+        "Or -> And",
+        "if pred_form == gold_form or",
+        "pred_form == gold_form",
+    ): "math-verify finds identical forms and words that differ in "
+    "case equal too: the line saves its time, not its verdict",
+    (
+        "codeloop/reward/symbolic.py",
+        "_expand_plus_minus",
+        "In -> NotIn",
+        "minus_first =",
+        "match.group",
+    ): "the two expansions are compared as a set: their order does not matter",
+    (
+        "codeloop/reward/symbolic.py",
+        "_parsed",
+        "0 -> 1",
+        "boxed_match_priority=0",
+        "0",
+    ): "the answers parsed here carry no \\boxed (extraction took it off): no box to rank",
+    (
+        "codeloop/reward/symbolic.py",
+        "_equivalent",
+        "Or -> And",
+        "if not pred_form or not gold_form",
+        "not pred_form",
+    ): "an empty side then parses to nothing and the check below says False",
+    (
+        "codeloop/reward/symbolic.py",
+        "_equivalent",
+        "Or -> And",
+        "if not gold_parsed or not pred_",
+        "not gold_parsed",
+    ): "verify over an empty parse is False",
+    (
+        "codeloop/reward/symbolic.py",
+        "_equivalent",
+        "False -> True",
+        "if not gold_parsed or not pred_parsed:\n        return False",
+        "False$",
+    ): "unreached: both forms are non-empty here and math-verify's parse of a non-empty answer "
+    "holds at least the answer's own text",
+    (
+        "codeloop/reward/fastpath.py",
+        "fast_check",
+        "condition negated",
+        "if other is None:",
+        "if",
+    ): "no pair is known whose own reading is decided False while another one is undecided: "
+    "the other readings are plain numbers wherever the pair's own is decided",
+    (
+        "codeloop/reward/fastpath.py",
+        "fast_check",
+        "Is -> IsNot",
+        "if other is None:",
+        "other",
+    ): "the other readings are then decided too: the mutant only sends a pair the fast path "
+    "found wrong on to the workers, which find it wrong as well (slower, same verdict)",
+    (
+        "codeloop/reward/verifier.py",
+        "score_async",
+        "condition negated",
+        "if self._thread is None",
+        "if",
+    ): "without its own thread the loop's default executor runs the check; the pool "
+    "serialises checks under its lock: the same results",
+    (
+        "codeloop/reward/verifier.py",
+        "score_async",
+        "Is -> IsNot",
+        "if self._thread is None",
+        "self._thread",
+    ): "as above: a new thread per call, the same results",
+    (
+        "codeloop/reward/verifier.py",
+        "score_async",
+        "1 -> 2",
+        "ThreadPoolExecutor(1,",
+        "1",
+    ): "two threads: the pool serialises checks under its lock, the same results",
+    (
+        "codeloop/reward/verifier.py",
+        "score_batch",
+        "True -> False",
+        "strict=True",
+        "True",
+    ): "the pool answers one check per pair: the lengths are equal; strict only checks it",
+    (
+        "codeloop/reward/verifier.py",
+        "close",
+        "True -> False",
+        "shutdown(wait=True)",
+        "True",
+    ): "close comes after every score_async was awaited: nothing is left to wait for",
+    (
+        "codeloop/rollout/agent.py",
+        "run_trajectory",
+        "Lt -> LtE",
+        "while turns < cfg.max_turns",
+        "turns",
+    ): "the loop leaves by `turns == max_turns` first; max_turns >= 1 (config)",
+    (
+        "codeloop/rollout/agent.py",
+        "run_trajectory",
+        "LtE -> Lt",
+        "if budget <= 0",
+        "budget",
+    ): "the budget is at least 1 here: a turn that used it up ended the loop (length), and an "
+    "observation goes in only with a token left after it",
+    (
+        "codeloop/rollout/agent.py",
+        "add",
+        "1 -> 2",
+        "[-1] * len(ids)",
+        "1",
+    ): "a negative version means unknown (Trajectory.policy_versions): -1 and -2 read alike",
+    (
+        "codeloop/rollout/agent.py",
+        "_has_answer",
+        "GtE -> Gt",
+        'find("</answer>", start) >= 0',
+        "turn_text.find",
+    ): "</answer> is found after <answer>, never at 0",
+    (
+        "codeloop/rollout/agent.py",
+        "_has_answer",
+        "0 -> 1",
+        'find("</answer>", start) >= 0',
+        "0$",
+    ): "</answer> is found after <answer>, never at 0",
+    (
+        "codeloop/trainer/learner.py",
+        "__init__",
+        "0 -> 1",
+        "pad_id: int = 0",
+        "0",
+    ): "the pad id fills positions the attention and loss masks leave out",
+    (
+        "codeloop/trainer/learner.py",
+        "_update",
+        "Mult -> Div",
+        "(loss * weight * world.size)",
+        "loss",
+    ): "in one process weight and world.size are 1; FSDP's padding micro-batches "
+    "(weight 0) and several ranks: the two-process tests (slow) run them",
+    (
+        "codeloop/trainer/learner.py",
+        "_update",
+        "Mult -> Div",
+        "sums[key] += value * weight",
+        "value",
+    ): "in one process weight is 1; the two-process tests (slow) run weight 0",
+    (
+        "codeloop/trainer/learner.py",
+        "_update",
+        "True -> False",
+        "zero_grad(set_to_none=True)",
+        "True",
+    ): "gradients zeroed or set to None: the next backward starts from nothing either way",
+    (
+        "codeloop/trainer/learner.py",
+        "_update",
+        "True -> False",
+        "for sample, engine in zip(samples, behaviour, strict=True)",
+        "True",
+    ): "one behaviour list per sample: strict only checks it",
+    (
+        "codeloop/trainer/learner.py",
+        "_recompute_old_logprobs",
+        "1 -> 2",
+        'batch["input_ids"][:1, :1]',
+        "1",
+    ): "a padding forward for FSDP (several ranks): its output is not used",
+    (
+        "codeloop/trainer/learner.py",
+        "_recompute_old_logprobs",
+        "0.0 -> 1.0",
+        "sample.old_logprobs = [0.0] +",
+        "0.0",
+    ): "position 0 is a prompt token, never in the loss",
+    (
+        "codeloop/trainer/learner.py",
+        "_recompute_old_logprobs",
+        "0.0 -> 1.0",
+        "v if m else 0.0",
+        "0.0",
+    ): "a position outside the loss mask is never in the loss",
+    (
+        "codeloop/trainer/learner.py",
+        "_recompute_old_logprobs",
+        "True -> False",
+        "strict=True",
+        "True",
+    ): "the two lengths are equal; strict only checks it",
+    (
+        "codeloop/engine/sampler.py",
+        "sample",
+        "True -> False",
+        "non_blocking=True",
+        "True",
+    ): "a blocking copy moves the same draws",
+    (
+        "codeloop/engine/sampler.py",
+        "sample",
+        "LtE -> Lt",
+        "probs.cumsum(-1) - probs <=",
+        "probs",
+    ): "differs only where a float cumulative probability equals top-p exactly",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "64 -> 65",
+        "for k in (64, 1024)",
+        "64",
+    ): "how many tokens are tried before a full sort: speed, not the tokens",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "1024 -> 1025",
+        "for k in (64, 1024)",
+        "1024",
+    ): "how many tokens are tried before a full sort: speed, not the tokens",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "Lt -> LtE",
+        "if k < vocab",
+        "k",
+    ): "top-k of the whole vocabulary is the full sort",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "1 -> 2",
+        "vocab = logprobs.shape[-1]",
+        "1",
+    ): "the rows' count only changes which cuts are tried, each still over the vocabulary",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "Gt -> GtE",
+        "top.exp().sum(-1) > top_p",
+        "top",
+    ): "differs only where a float mass equals top-p exactly",
+    (
+        "codeloop/engine/sampler.py",
+        "_invert_cdf",
+        "Sub -> Add",
+        "clamp(max=probs.shape[-1] - 1)",
+        "probs.shape[-1] - 1",
+    ): "a draw below 1 times a float32 total stays below it: the clamp never binds",
+    (
+        "codeloop/engine/sampler.py",
+        "_invert_cdf",
+        "True -> False",
+        "right=True",
+        "True",
+    ): "differs only where a draw times the total equals a float cumulative sum exactly",
+    (
+        "codeloop/engine/sampler.py",
+        "_most_likely",
+        "1 -> 2",
+        "top.exp().sum(-1) > top_p",
+        "1",
+    ): "summing the wrong axis only falls through to the full sort: speed, not the tokens",
+    (
+        "codeloop/engine/stops.py",
+        "may_complete",
+        "LtE -> Lt",
+        "not 0 <= token",
+        "0",
+    ): "token 0 would only be decoded more often (the check stays the same)",
+    (
+        "codeloop/engine/stops.py",
+        "may_complete",
+        "0 -> 1",
+        "not 0 <= token",
+        "0",
+    ): "token 0 would only be decoded more often (the check stays the same)",
+    (
+        "codeloop/trainer/groups.py",
+        "samples_of",
+        "True -> False",
+        "strict=True",
+        "True",
+    ): "a group has one advantage per kept trajectory; strict only checks it",
+    (
+        "codeloop/trainer/groups.py",
+        "groups",
+        "GtE -> Gt",
+        "if len(groups) >= count",
+        "len",
+    ): "at equality the rounds left draw count - len(groups) = 0 problems: the same groups",
+    (
+        "codeloop/engine/scheduler.py",
+        "generate",
+        "GtE -> Gt",
+        "if scheduler._now() >= give_up",
+        "scheduler",
+    ): "the loop's clock equal to the deadline to the nanosecond: one retry more",
+    (
+        "codeloop/engine/scheduler.py",
+        "_check_any_hope",
+        "LtE -> Lt",
+        "s.failing_since + self.retry_s <= now",
+        "s.failing_since",
+    ): "an outage exactly retry_s old to the nanosecond: one try more before failing at once",
+}
 PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "--no-header"]
 
 _COMPARE_SWAPS: dict[type, type] = {
-    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-    ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
-}  # fmt: skip
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _BINOP_SWAPS: dict[type, type] = {
-    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
-    ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
-}  # fmt: skip
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+}
 
 
 @dataclass
@@ -399,16 +691,25 @@ def mutants(module: str, functions: list[str] | None) -> Iterator[Mutant]:
                 # whose own location must stay for its mutants
                 placed = ast.copy_location(copy.deepcopy(replacement), node)
                 mutated = _Replace(twin, placed).visit(fresh)
-                yield Mutant(module, function.name, line, what,
-                             ast.unparse(ast.fix_missing_locations(mutated)),
-                             lines[line - 1].strip() if line else "",
-                             lines[line - 1][node.col_offset :] if line else "",
-                             lines[line - 2] if line > 1 else "")  # fmt: skip
+                yield Mutant(
+                    module,
+                    function.name,
+                    line,
+                    what,
+                    ast.unparse(ast.fix_missing_locations(mutated)),
+                    lines[line - 1].strip() if line else "",
+                    lines[line - 1][node.col_offset :] if line else "",
+                    lines[line - 2] if line > 1 else "",
+                )
 
 
 def _where(node: ast.AST) -> tuple[int, int, int, int]:
-    return (getattr(node, "lineno", -1), getattr(node, "col_offset", -1),
-            getattr(node, "end_lineno", -1), getattr(node, "end_col_offset", -1))  # fmt: skip
+    return (
+        getattr(node, "lineno", -1),
+        getattr(node, "col_offset", -1),
+        getattr(node, "end_lineno", -1),
+        getattr(node, "end_col_offset", -1),
+    )
 
 
 def _run_tests(copy_root: Path, tests: list[str], timeout_s: float, slow: bool = False) -> str:
@@ -490,14 +791,26 @@ def main() -> int:
                 counts[outcome] += 1
                 if outcome in ("survived", "equivalent"):
                     survivors.append(mutant)
-                    print(f"  {outcome} {module}:{mutant.line} {mutant.function}: {mutant.what}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"  {outcome} {module}:{mutant.line} {mutant.function}: {mutant.what}",
+                        flush=True,
+                    )
             (work / module).write_text(original)
-            rows.append((module, sum(counts.values()), counts["killed"] + counts["timeout"],
-                         counts["equivalent"], counts["survived"]))  # fmt: skip
-            print(f"{module}: {rows[-1][1]} mutants, {counts['killed']} killed, "
-                  f"{counts['timeout']} timed out, {counts['equivalent']} equivalent, "
-                  f"{counts['survived']} survived", flush=True)  # fmt: skip
+            rows.append(
+                (
+                    module,
+                    sum(counts.values()),
+                    counts["killed"] + counts["timeout"],
+                    counts["equivalent"],
+                    counts["survived"],
+                )
+            )
+            print(
+                f"{module}: {rows[-1][1]} mutants, {counts['killed']} killed, "
+                f"{counts['timeout']} timed out, {counts['equivalent']} equivalent, "
+                f"{counts['survived']} survived",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = _report(rows, survivors)
@@ -512,8 +825,10 @@ def _report(rows: list[tuple[str, int, int, int, int]], survivors: list[Mutant])
     lines += [f"| `{m}` | {n} | {k} | {e} | {s} |" for m, n, k, e, s in rows]
     total = [sum(r[i] for r in rows) for i in (1, 2, 3, 4)]
     lines.append(f"| all | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")
-    for title, chosen in (("Equivalent (harmless)", [s for s in survivors if s.equivalent()]),
-                          ("Survivors", [s for s in survivors if not s.equivalent()])):  # fmt: skip
+    for title, chosen in (
+        ("Equivalent (harmless)", [s for s in survivors if s.equivalent()]),
+        ("Survivors", [s for s in survivors if not s.equivalent()]),
+    ):
         if chosen:
             lines += ["", f"{title}:", ""]
             for s in chosen:

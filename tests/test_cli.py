@@ -7,8 +7,21 @@ import pytest
 from codeloop.cli import main, split_overrides
 from codeloop.config import load_config
 
-TOP_LEVEL = ["sandbox", "serve", "sft", "train", "recipe", "eval", "compare", "view", "entropy",
-             "demo", "data", "bench", "config"]  # fmt: skip
+TOP_LEVEL = [
+    "sandbox",
+    "serve",
+    "sft",
+    "train",
+    "recipe",
+    "eval",
+    "compare",
+    "view",
+    "entropy",
+    "demo",
+    "data",
+    "bench",
+    "config",
+]
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,18 +52,31 @@ def test_config_show_reports_errors_on_stderr(capsys: pytest.CaptureFixture[str]
 
 def test_split_overrides_keeps_negative_values_away_from_argparse() -> None:
     assert split_overrides(["config", "show", "f.toml", "--algo.clip_high", "-1"]) == (
-        ["config", "show", "f.toml"], ["--algo.clip_high", "-1"]
-    )  # fmt: skip
+        ["config", "show", "f.toml"],
+        ["--algo.clip_high", "-1"],
+    )
 
 
 def test_overrides_and_the_command_options_mix_in_any_order() -> None:
     """An override before `--data` used to swallow it (and `--k`, `--out`) as overrides."""
-    argv = ["eval", "--model", "m", "--eval.max_response_tokens", "512", "--data", "d.jsonl",
-            "--trainer.seed=3", "--k", "4", "--algo.clip_low", "-0.5"]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        "m",
+        "--eval.max_response_tokens",
+        "512",
+        "--data",
+        "d.jsonl",
+        "--trainer.seed=3",
+        "--k",
+        "4",
+        "--algo.clip_low",
+        "-0.5",
+    ]
     assert split_overrides(argv) == (
         ["eval", "--model", "m", "--data", "d.jsonl", "--k", "4"],
         ["--eval.max_response_tokens", "512", "--trainer.seed=3", "--algo.clip_low", "-0.5"],
-    )  # fmt: skip
+    )
     assert split_overrides(["train", "--algo.clip_high"]) == (["train"], ["--algo.clip_high"])
 
 

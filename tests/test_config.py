@@ -46,8 +46,16 @@ def test_every_field_is_documented() -> None:
         missing = []
         for f in dataclasses.fields(cls):
             if dataclasses.is_dataclass(f.type) or f.name in {
-                "sandbox", "rollout", "reward", "algo", "trainer", "sft", "data", "recipe", "eval"
-            }:  # fmt: skip
+                "sandbox",
+                "rollout",
+                "reward",
+                "algo",
+                "trainer",
+                "sft",
+                "data",
+                "recipe",
+                "eval",
+            }:
                 continue
             if not f.metadata.get("help"):
                 missing.append(f"{cls.__name__}.{f.name}")
@@ -55,8 +63,9 @@ def test_every_field_is_documented() -> None:
 
     from codeloop import config as module
 
-    sections = [v for v in vars(module).values()
-                if isinstance(v, type) and dataclasses.is_dataclass(v)]  # fmt: skip
+    sections = [
+        v for v in vars(module).values() if isinstance(v, type) and dataclasses.is_dataclass(v)
+    ]
     assert len(sections) >= 10
     assert [name for cls in sections for name in walk(cls)] == []
 
@@ -85,27 +94,36 @@ def test_list_override_parses_as_toml() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[algo]\nclip_hgh = 0.3\n",
-         "exp.toml: algo.clip_hgh: unknown key; did you mean 'clip_high'?"),
+        (
+            "[algo]\nclip_hgh = 0.3\n",
+            "exp.toml: algo.clip_hgh: unknown key; did you mean 'clip_high'?",
+        ),
         ("[algoo]\nclip_high = 0.3\n", "exp.toml: algoo: unknown key; did you mean 'algo'?"),
         ('[algo]\nclip_high = "big"\n', "exp.toml: algo.clip_high: expected a number, got 'big'"),
         ("[algo]\ngroup_size = 1.5\n", "exp.toml: algo.group_size: expected an integer, got 1.5"),
-        ("[algo]\ngroup_size = true\n",
-         "exp.toml: algo.group_size: expected an integer, got True"),
+        ("[algo]\ngroup_size = true\n", "exp.toml: algo.group_size: expected an integer, got True"),
         ("[algo]\nclip_low = 1.5\n", "exp.toml: algo.clip_low: must be < 1, got 1.5"),
         ("[algo]\ngroup_size = 0\n", "exp.toml: algo.group_size: must be >= 1, got 0"),
-        ('[algo]\nresample = "rock"\n',
-         "exp.toml: algo.resample: expected one of 'roc', 'roc_released', 'random', 'none', "
-         "got 'rock'"),
-        ("[sandbox]\nurls = \"http://a\"\n",
-         "exp.toml: sandbox.urls: expected a list of a string, got 'http://a'"),
+        (
+            '[algo]\nresample = "rock"\n',
+            "exp.toml: algo.resample: expected one of 'roc', 'roc_released', 'random', 'none', "
+            "got 'rock'",
+        ),
+        (
+            '[sandbox]\nurls = "http://a"\n',
+            "exp.toml: sandbox.urls: expected a list of a string, got 'http://a'",
+        ),
         ("algo = 3\n", "exp.toml: algo: expected a table, got 3"),
-        ("[algo]\nclip_high = \n",
-         "exp.toml: not valid TOML: Invalid value (at line 2, column 13)"),
-        ("[[recipe.stages]]\nname = \"s\"\nstepz = 3\n",
-         "exp.toml: recipe.stages[0].stepz: unknown key; did you mean 'steps'?"),
+        (
+            "[algo]\nclip_high = \n",
+            "exp.toml: not valid TOML: Invalid value (at line 2, column 13)",
+        ),
+        (
+            '[[recipe.stages]]\nname = "s"\nstepz = 3\n',
+            "exp.toml: recipe.stages[0].stepz: unknown key; did you mean 'steps'?",
+        ),
     ],
-)  # fmt: skip
+)
 def test_file_errors_name_file_key_and_expectation(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, text))
@@ -122,14 +140,16 @@ def test_file_errors_name_file_key_and_expectation(tmp_path: Path, text: str, me
         (["--rollout.scheduler", "fifo"], "command line: rollout.scheduler: expected one of"),
         (["--algo", "1"], "command line: expected an override like --section.key VALUE"),
         (["--algo.clip_high"], "command line: --algo.clip_high needs a value"),
-        (["--recipe.stages.0.steps", "3"],
-         "command line: recipe.stages.0: expected an index below 0"),
+        (
+            ["--recipe.stages.0.steps", "3"],
+            "command line: recipe.stages.0: expected an index below 0",
+        ),
         (["--algo.clip_high.x", "3"], "command line: algo.clip_high: is a number, not a table"),
         (["--sandbox", "x"], "command line: expected an override"),
         (["--trainer.seed", "1.5"], "command line: trainer.seed: expected an integer, got 1.5"),
         (["--algo.dual_clip", "0.5"], "algo.dual_clip: must be 0 (off) or > 1, got 0.5"),
     ],
-)  # fmt: skip
+)
 def test_override_errors_name_the_key(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, args)
@@ -142,8 +162,10 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
 
 def test_parse_overrides_accepts_both_spellings() -> None:
     assert parse_overrides(["--a.b", "1", "--c.d=x=y", "--e.f", "-2"]) == [
-        ("a.b", "1"), ("c.d", "x=y"), ("e.f", "-2")
-    ]  # fmt: skip
+        ("a.b", "1"),
+        ("c.d", "x=y"),
+        ("e.f", "-2"),
+    ]
 
 
 def test_paper_recipe_loads_and_stage_overrides_apply() -> None:
@@ -151,8 +173,10 @@ def test_paper_recipe_loads_and_stage_overrides_apply() -> None:
     assert [s.name for s in cfg.recipe.stages] == ["stage1-8k", "stage2-12k", "stage3-hard-12k"]
     assert sum(s.steps for s in cfg.recipe.stages) == cfg.trainer.max_steps == 510
     assert [stage_config(cfg, i).rollout.max_response_tokens for i in range(3)] == [
-        8192, 12288, 12288
-    ]  # fmt: skip
+        8192,
+        12288,
+        12288,
+    ]
     assert cfg.rollout.max_response_tokens == 8192  # the base is not modified
     assert cfg.recipe.stages[2].refilter and cfg.recipe.stages[2].reset_optimizer
 
@@ -183,15 +207,26 @@ def test_bad_stage_override_is_caught_at_load_time(tmp_path: Path) -> None:
 
 
 def test_a_refilter_band_that_keeps_nothing_is_refused_at_load_time(tmp_path: Path) -> None:
-    text = ('[[recipe.stages]]\nname = "s1"\nrefilter = true\nrefilter_min_pass_rate = 0.8\n'
-            "refilter_max_pass_rate = 0.5\n")  # fmt: skip
-    with pytest.raises(ConfigError, match=r"exp.toml: recipe.stages\[0\]: refilter_min_pass_rate "
-                       r"0.8 > refilter_max_pass_rate 0.5 keeps no problem"):  # fmt: skip
+    text = (
+        '[[recipe.stages]]\nname = "s1"\nrefilter = true\nrefilter_min_pass_rate = 0.8\n'
+        "refilter_max_pass_rate = 0.5\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"exp.toml: recipe.stages\[0\]: refilter_min_pass_rate "
+        r"0.8 > refilter_max_pass_rate 0.5 keeps no problem",
+    ):
         load_config(_write(tmp_path, text))
     with pytest.raises(ConfigError, match=r"recipe.stages\[0\]: refilter_min_pass_rate 0.6 >"):
-        load_config(_write(tmp_path, '[[recipe.stages]]\nname = "s1"\n'),
-                    ["--recipe.stages.0.refilter_min_pass_rate", "0.6",
-                     "--recipe.stages.0.refilter_max_pass_rate", "0.5"])  # fmt: skip
+        load_config(
+            _write(tmp_path, '[[recipe.stages]]\nname = "s1"\n'),
+            [
+                "--recipe.stages.0.refilter_min_pass_rate",
+                "0.6",
+                "--recipe.stages.0.refilter_max_pass_rate",
+                "0.5",
+            ],
+        )
 
 
 def test_to_toml_reads_back_to_an_equal_config(tmp_path: Path) -> None:
@@ -211,8 +246,11 @@ def test_a_config_that_is_a_directory_or_binary_is_named(tmp_path: Path) -> None
     binary.write_bytes(b"\xff\xfe\x00key = 1")
     with pytest.raises(ConfigError, match=r"x.toml: not valid TOML"):
         load_config(binary)
-    with pytest.raises(ConfigError, match=r"no such config file \(the package's own: .*"
-                                          r"gsm8k_smollm2.toml"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"no such config file \(the package's own: .*"
+        r"gsm8k_smollm2.toml",
+    ):
         load_config(tmp_path / "missing.toml")
 
 
@@ -239,15 +277,25 @@ def test_policy_settings_set_the_prompt_format_and_eval(tmp_path: Path) -> None:
     cfg = load_config()
     assert apply_policy_settings(cfg, tmp_path) is False  # nothing saved: nothing changes
     assert cfg.rollout.chat_template == "" and cfg.eval.max_turns == 30
-    (tmp_path / "codeloop.json").write_text(json.dumps({
-        "rollout": {"chat_template": "t.jinja", "system_prompt": "S",
-                    "user_instruction": "{problem}"},
-        "eval": {"max_turns": 8, "temperature": 0.6, "max_response_tokens": 1024},
-    }))  # fmt: skip
+    (tmp_path / "codeloop.json").write_text(
+        json.dumps(
+            {
+                "rollout": {
+                    "chat_template": "t.jinja",
+                    "system_prompt": "S",
+                    "user_instruction": "{problem}",
+                },
+                "eval": {"max_turns": 8, "temperature": 0.6, "max_response_tokens": 1024},
+            }
+        )
+    )
     assert apply_policy_settings(cfg, tmp_path) is True
     assert cfg.rollout.chat_template == str(tmp_path / "t.jinja")  # beside the weights
     assert (cfg.rollout.system_prompt, cfg.eval.max_turns, cfg.eval.max_response_tokens) == (
-        "S", 8, 1024)  # fmt: skip
+        "S",
+        8,
+        1024,
+    )
     (tmp_path / "codeloop.json").write_text('{"eval": {"max_turns": 0}}')
     with pytest.raises(ConfigError, match=r"codeloop.json: eval.max_turns"):
         apply_policy_settings(cfg, tmp_path)

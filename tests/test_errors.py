@@ -17,34 +17,52 @@ from codeloop.trainer.sft import SFTDataError
 
 
 def test_every_public_error_is_a_codeloop_error() -> None:
-    for error in (ConfigError, DataError, ModelError, SFTDataError, EngineError, IsolationError,
-                  PretrainedError):  # fmt: skip
+    for error in (
+        ConfigError,
+        DataError,
+        ModelError,
+        SFTDataError,
+        EngineError,
+        IsolationError,
+        PretrainedError,
+    ):
         assert issubclass(error, codeloop.CodeloopError), error
 
 
 def _codeloop(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "codeloop", *args], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "codeloop", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["eval", "--model", "x", "--data", "gsm8k_typo"],
-         "codeloop eval: gsm8k_typo: no such file; read as a hub dataset name, it needs"),
-        (["serve", "--model", "./no/such/model"],
-         "codeloop serve: model './no/such/model': no such directory"),
+        (
+            ["eval", "--model", "x", "--data", "gsm8k_typo"],
+            "codeloop eval: gsm8k_typo: no such file; read as a hub dataset name, it needs",
+        ),
+        (
+            ["serve", "--model", "./no/such/model"],
+            "codeloop serve: model './no/such/model': no such directory",
+        ),
         (["serve", "--model", "{empty}"], "no model there (no config.json)"),
-        (["eval", "--model", "{empty}", "--data", "{data}"],
-         "codeloop eval: model '{empty}': no model there (no config.json)"),
+        (
+            ["eval", "--model", "{empty}", "--data", "{data}"],
+            "codeloop eval: model '{empty}': no model there (no config.json)",
+        ),
         (["eval", "--model", "{empty}", "--data", "{bad}"], "bad.jsonl:2: not JSON"),
         (["config", "show", "nothing.toml"], "codeloop config show: nothing.toml: no such"),
-        (["eval", "--model", "{untokenized}", "--data", "{data}"],
-         "tokenizer '{untokenized}': no tokenizer there"),
-        (["eval", "--model", "{unreadable}", "--data", "{data}"],
-         "tokenizer '{unreadable}': KeyError"),
+        (
+            ["eval", "--model", "{untokenized}", "--data", "{data}"],
+            "tokenizer '{untokenized}': no tokenizer there",
+        ),
+        (
+            ["eval", "--model", "{unreadable}", "--data", "{data}"],
+            "tokenizer '{unreadable}': KeyError",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_a_message_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for name in ("untokenized", "unreadable"):  # a config.json transformers cannot read

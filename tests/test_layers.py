@@ -14,10 +14,31 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "codeloop"
 
-RANK = {"__init__": 0, "__main__": 6, "types": 0, "config": 0, "errors": 0, "files": 0, "memory": 0,
-        "progress": 0, "helpformat": 0, "intervals": 0, "net": 0, "bench": 5, "sandbox": 1,
-        "reward": 1, "algo": 1, "data": 1, "engine": 2,
-        "rollout": 3, "trainer": 4, "recipe": 5, "eval": 5, "cli": 6, "reference": 6}  # fmt: skip
+RANK = {
+    "__init__": 0,
+    "__main__": 6,
+    "types": 0,
+    "config": 0,
+    "errors": 0,
+    "files": 0,
+    "memory": 0,
+    "progress": 0,
+    "helpformat": 0,
+    "intervals": 0,
+    "net": 0,
+    "bench": 5,
+    "sandbox": 1,
+    "reward": 1,
+    "algo": 1,
+    "data": 1,
+    "engine": 2,
+    "rollout": 3,
+    "trainer": 4,
+    "recipe": 5,
+    "eval": 5,
+    "cli": 6,
+    "reference": 6,
+}
 ENGINE_FREE = {"sandbox", "reward", "algo"}
 ENGINES = {"transformers", "vllm", "sglang", "ray"}
 LAZY_ONLY = {"vllm", "sglang", "ray", "tensorboard", "wandb"}
@@ -54,8 +75,10 @@ def _graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:  # a submodule, or a name
-                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
-                            else node.module for a in node.names}  # fmt: skip
+                targets |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                    for a in node.names
+                }
         graph[name] = {t for t in targets if t in files and t != name}
     return graph
 
@@ -155,5 +178,6 @@ def test_the_circle_finder_finds_circles(tmp_path: Path, monkeypatch) -> None:  
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     graph = _graph()
     assert graph["codeloop.trainer.loop"] == {"codeloop.trainer.ends"}  # inside a function too
-    assert _cycles(graph) == [["codeloop.trainer.ends", "codeloop.trainer.loop",
-                               "codeloop.trainer.rl"]]  # fmt: skip
+    assert _cycles(graph) == [
+        ["codeloop.trainer.ends", "codeloop.trainer.loop", "codeloop.trainer.rl"]
+    ]

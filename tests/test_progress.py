@@ -7,8 +7,9 @@ from codeloop import progress
 from codeloop.progress import Lines, progress_bar
 
 
-def test_redirected_output_gets_plain_lines(capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_redirected_output_gets_plain_lines(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     with progress_bar(total=4, desc="eval", unit="problem") as bar:  # a line at the start
@@ -35,10 +36,11 @@ def test_a_line_waits_for_the_postfix_of_its_update_and_never_repeats(
             bar.update()
             bar.set_postfix(loss=f"{loss:.1f}")  # as the trainers do: update, then the loss
     assert capsys.readouterr().err.splitlines() == [
-        "sft: 0/3 step", "sft: 1/3 step",  # the first update cannot know a postfix follows
+        "sft: 0/3 step",
+        "sft: 1/3 step",  # the first update cannot know a postfix follows
         "sft: 2/3 step (loss=1.5)",
         "sft: 3/3 step (loss=1.0)",  # once: closing repeats nothing
-    ]  # fmt: skip
+    ]
 
 
 def test_a_transient_bar_prints_only_work_that_lasts(

@@ -29,15 +29,23 @@ def test_every_config_key_has_a_row_with_its_default(pages: dict[str, str]) -> N
 
 def test_every_command_has_its_help(pages: dict[str, str]) -> None:
     page = pages["cli.md"]
-    for command in ("## codeloop real", "## codeloop bench rollout", "## codeloop data stats",
-                    "## codeloop config show", "## codeloop docs"):  # fmt: skip
+    for command in (
+        "## codeloop real",
+        "## codeloop bench rollout",
+        "## codeloop data stats",
+        "## codeloop config show",
+        "## codeloop docs",
+    ):
         assert command + "\n" in page
     assert "--random-weights" in page and "--gpu" in page  # options of sub-parsers of their own
 
 
-def test_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                     pages: dict[str, str],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_check_names_the_stale_pages(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    pages: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(
         reference, "pages", lambda cli, parser: pages
     )  # generated once for the module

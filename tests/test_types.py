@@ -42,11 +42,21 @@ def _trajectory(**changes: object) -> Trajectory:
 
 def test_status_enums_are_their_string_values() -> None:
     assert [str(s) for s in ExecStatus] == [
-        "ok", "error", "timeout", "memory", "killed", "rejected", "sandbox_error"
-    ]  # fmt: skip
+        "ok",
+        "error",
+        "timeout",
+        "memory",
+        "killed",
+        "rejected",
+        "sandbox_error",
+    ]
     assert [str(s) for s in RolloutStatus] == [
-        "answered", "no_answer", "truncated_length", "truncated_turns", "error"
-    ]  # fmt: skip
+        "answered",
+        "no_answer",
+        "truncated_length",
+        "truncated_turns",
+        "error",
+    ]
     assert ExecStatus("timeout") is ExecStatus.TIMEOUT
     assert json.dumps(ExecStatus.OK) == '"ok"'
 

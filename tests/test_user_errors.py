@@ -19,9 +19,19 @@ def inputs(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "ok.jsonl").write_text('{"id": "1", "problem": "2 + 2?", "answer": "4"}\n')
     (tmp_path / "broken_run" / "trajectories").mkdir(parents=True)
     (tmp_path / "broken_run" / "trajectories" / "step_000001.jsonl").write_text("{oops\n")
-    return {name: str(tmp_path / name) for name in
-            ("empty.jsonl", "blank.jsonl", "binary.jsonl", "folder.jsonl", "not.gguf", "a_file",
-             "ok.jsonl", "broken_run")}  # fmt: skip
+    return {
+        name: str(tmp_path / name)
+        for name in (
+            "empty.jsonl",
+            "blank.jsonl",
+            "binary.jsonl",
+            "folder.jsonl",
+            "not.gguf",
+            "a_file",
+            "ok.jsonl",
+            "broken_run",
+        )
+    }
 
 
 @pytest.mark.parametrize(
@@ -45,9 +55,9 @@ def inputs(tmp_path: Path) -> dict[str, str]:
         (["view", "{broken_run}"], "step_000001.jsonl:1: not JSON"),
     ],
 )
-def test_a_mistake_is_one_line_and_exit_2(argv: list[str], expected: str,
-                                          inputs: dict[str, str],
-                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_mistake_is_one_line_and_exit_2(
+    argv: list[str], expected: str, inputs: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     def fill(text: str) -> str:
         for name, path in inputs.items():
             text = text.replace("{" + name + "}", path)
@@ -76,9 +86,11 @@ def test_a_gpu_option_without_a_gpu_says_so_and_runs_nothing(
     assert main(["bench", "rollout", "--device", "cuda"]) == 2
     recipe, bench = capsys.readouterr().err.strip().split("\n")
     version = torch.__version__
-    assert recipe == (f"codeloop real: --gpu needs a GPU, and torch {version} is a CPU build: "
-                      "install a CUDA build of torch (docs/installation.md), or leave --gpu out "
-                      "for the recipe sized for a CPU")  # fmt: skip
+    assert recipe == (
+        f"codeloop real: --gpu needs a GPU, and torch {version} is a CPU build: "
+        "install a CUDA build of torch (docs/installation.md), or leave --gpu out "
+        "for the recipe sized for a CPU"
+    )
     assert bench.startswith("codeloop bench rollout: --device cuda needs a GPU")
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     assert main(["real", "--gpu"]) == 2

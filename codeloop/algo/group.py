@@ -38,8 +38,13 @@ class Group:
         return has_signal([t.reward or 0.0 for t in self.kept])
 
 
-def make_group(problem: Problem, sampled: list[Trajectory], algo: AlgoConfig,
-               rng: random.Random, position: int = 0) -> Group:  # fmt: skip
+def make_group(
+    problem: Problem,
+    sampled: list[Trajectory],
+    algo: AlgoConfig,
+    rng: random.Random,
+    position: int = 0,
+) -> Group:
     """The scored samples of one prompt, resampled to the G that train, with advantages."""
     healthy = [t for t in sampled if not t.unscorable]  # no engine, server or sandbox failure
     kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []

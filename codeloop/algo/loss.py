@@ -79,8 +79,10 @@ def sequence_loss(
     the optimiser step's sequences (module docstring). A row without policy tokens adds 0."""
     _check(denominator)
     if weights is not None:
-        raise ValueError("sequence_loss: per-token weights (algo.off_policy decoupled) are not "
-                         "defined for a sequence-level ratio")  # fmt: skip
+        raise ValueError(
+            "sequence_loss: per-token weights (algo.off_policy decoupled) are not "
+            "defined for a sequence-level ratio"
+        )
     mask = loss_mask.to(logprobs.dtype)
     lengths = mask.sum(-1)  # [B]
     log_ratio = (logprobs - old_logprobs) * mask
@@ -101,8 +103,9 @@ def _check(denominator: int) -> None:
         raise ValueError(f"policy loss: the denominator must be positive, got {denominator}")
 
 
-def _sums(clipped: torch.Tensor, ratio: torch.Tensor, log_ratio: torch.Tensor,
-          mask: torch.Tensor) -> LossSums:  # fmt: skip
+def _sums(
+    clipped: torch.Tensor, ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor
+) -> LossSums:
     with torch.no_grad():
         return LossSums(
             clipped_tokens=float((clipped.to(mask.dtype) * mask).sum()),
@@ -119,16 +122,21 @@ class Loss:
     per: Literal["token", "sequence"]
 
 
-LOSSES: dict[str, Loss] = {"token": Loss(policy_loss, "token"),
-                           "gspo": Loss(sequence_loss, "sequence")}  # fmt: skip
+LOSSES: dict[str, Loss] = {
+    "token": Loss(policy_loss, "token"),
+    "gspo": Loss(sequence_loss, "sequence"),
+}
 
 
-def behaviour_weights(proximal: Sequence[float], behaviour: Sequence[float],
-                      loss_mask: Sequence[int], cap: float) -> list[float]:  # fmt: skip
+def behaviour_weights(
+    proximal: Sequence[float], behaviour: Sequence[float], loss_mask: Sequence[int], cap: float
+) -> list[float]:
     """Decoupled PPO's weight of each token: pi_proximal / pi_behaviour (the logprobs of the
     weights before the update against the engine's), at most `cap`; 0 where the mask is 0."""
-    return [min(math.exp(prox - engine), cap) if m else 0.0
-            for prox, engine, m in zip(proximal, behaviour, loss_mask, strict=True)]  # fmt: skip
+    return [
+        min(math.exp(prox - engine), cap) if m else 0.0
+        for prox, engine, m in zip(proximal, behaviour, loss_mask, strict=True)
+    ]
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

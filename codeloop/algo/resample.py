@@ -60,8 +60,9 @@ def penalty(trajectory: Trajectory) -> Penalty:
     return Penalty(p_err, p_format)
 
 
-def _weighted_sample(items: list[Trajectory], weights: list[float], k: int,
-                     rng: random.Random) -> list[Trajectory]:  # fmt: skip
+def _weighted_sample(
+    items: list[Trajectory], weights: list[float], k: int, rng: random.Random
+) -> list[Trajectory]:
     """k items without replacement, each draw proportional to weight (exponential keys)."""
     keys = [-math.log(1.0 - rng.random()) / w for w in weights]
     order = sorted(range(len(items)), key=keys.__getitem__)
@@ -86,8 +87,9 @@ def _split_released(n_pos: int, n_neg: int, keep: int, minimum: int = 2) -> tupl
     return pos, min(n_neg, keep - pos)
 
 
-def resample(trajectories: Sequence[Trajectory], keep: int, mode: str,
-             rng: random.Random) -> list[Trajectory]:  # fmt: skip
+def resample(
+    trajectories: Sequence[Trajectory], keep: int, mode: str, rng: random.Random
+) -> list[Trajectory]:
     """The `keep` trajectories that train, in sample order (`mode`: roc, roc_released, none)."""
     if any(t.reward is None for t in trajectories):
         raise ValueError("resample: every trajectory needs a reward first")

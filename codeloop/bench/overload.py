@@ -33,8 +33,9 @@ PHASES = [  # (name, code, calls, in flight, timeout_s)
 ]
 
 
-async def _calls(client: SandboxClient, codes: list[str], conc: int, timeout_s: float,
-                 expected: list[str]) -> dict[str, Any]:  # fmt: skip
+async def _calls(
+    client: SandboxClient, codes: list[str], conc: int, timeout_s: float, expected: list[str]
+) -> dict[str, Any]:
     """Run every code with at most `conc` in flight; count statuses and wrong outputs."""
     results: list[ExecResult | None] = [None] * len(codes)
     durations = [0.0] * len(codes)  # as the sandbox measured each call
@@ -49,15 +50,23 @@ async def _calls(client: SandboxClient, codes: list[str], conc: int, timeout_s: 
     await asyncio.gather(*(lane() for _ in range(conc)))
     seconds = time.perf_counter() - start
     statuses = Counter(str(r.status) for r in results if r is not None)
-    wrong = sum(1 for r, out in zip(results, expected, strict=True)
-                if r is not None and r.ok and r.stdout != out)  # fmt: skip
+    wrong = sum(
+        1
+        for r, out in zip(results, expected, strict=True)
+        if r is not None and r.ok and r.stdout != out
+    )
     ordered = sorted(durations)
-    return {"calls": len(codes), "seconds": round(seconds, 2), "statuses": dict(statuses),
-            "call_p50_s": round(ordered[len(ordered) // 2], 3),
-            "call_p99_s": round(ordered[int(0.99 * (len(ordered) - 1))], 3),
-            "call_max_s": round(ordered[-1], 3),
-            "not_ok": len(codes) - statuses.get("ok", 0),
-            "lost": sum(r is None for r in results), "wrong_output": wrong}  # fmt: skip
+    return {
+        "calls": len(codes),
+        "seconds": round(seconds, 2),
+        "statuses": dict(statuses),
+        "call_p50_s": round(ordered[len(ordered) // 2], 3),
+        "call_p99_s": round(ordered[int(0.99 * (len(ordered) - 1))], 3),
+        "call_max_s": round(ordered[-1], 3),
+        "not_ok": len(codes) - statuses.get("ok", 0),
+        "lost": sum(r is None for r in results),
+        "wrong_output": wrong,
+    }
 
 
 async def four_phases(client: SandboxClient, runs: int) -> list[dict[str, Any]]:
@@ -97,7 +106,9 @@ async def loaded_soak(client: SandboxClient, calls: int, hogs: int) -> dict[str,
 
 def _print(name: str, row: dict[str, Any]) -> None:
     bad = {k: v for k, v in row["statuses"].items() if k != "ok"}
-    print(f"  {name:48} {row['calls'] / row['seconds']:>7.1f} calls/s  not ok {row['not_ok']}"
-          f" {bad or ''}  lost {row['lost']}  wrong {row['wrong_output']}  call p50/p99/max "
-          f"{row['call_p50_s']}/{row['call_p99_s']}/{row['call_max_s']} s",
-          flush=True)  # fmt: skip
+    print(
+        f"  {name:48} {row['calls'] / row['seconds']:>7.1f} calls/s  not ok {row['not_ok']}"
+        f" {bad or ''}  lost {row['lost']}  wrong {row['wrong_output']}  call p50/p99/max "
+        f"{row['call_p50_s']}/{row['call_p99_s']}/{row['call_max_s']} s",
+        flush=True,
+    )

@@ -88,20 +88,32 @@ def _latex_case(rng: random.Random) -> tuple[str, str, bool]:
     a = rng.choice([n for n in range(1, 41) if n % b])  # a/b is never an integer
     c, d = rng.choice([2, 4, 5, 8]), rng.randint(2, 30)
     templates: list[tuple[str, list[tuple[str, bool]]]] = [
-        (f"\\frac{{{a}}}{{{b}}}", [(f"\\dfrac{{{2 * a}}}{{{2 * b}}}", True),
-                                   (f"{a / b:.4f}", False), (f"\\frac{{{a + 1}}}{{{b}}}", False)]),
+        (
+            f"\\frac{{{a}}}{{{b}}}",
+            [
+                (f"\\dfrac{{{2 * a}}}{{{2 * b}}}", True),
+                (f"{a / b:.4f}", False),
+                (f"\\frac{{{a + 1}}}{{{b}}}", False),
+            ],
+        ),
         (f"\\frac{{{a}}}{{{c}}}", [(f"{a / c}", True), (f"\\frac{{{a}}}{{{c + 1}}}", False)]),
         (f"{a}\\sqrt{{{b}}}", [(f"\\sqrt{{{a * a * b}}}", True), (f"{a}\\sqrt{{{b + 1}}}", False)]),
-        (f"\\frac{{{a}\\pi}}{{{b}}}", [(f"\\frac{{{a}}}{{{b}}}\\pi", True),
-                                       (f"{a * 3.14159 / b:.3f}", False)]),
+        (
+            f"\\frac{{{a}\\pi}}{{{b}}}",
+            [(f"\\frac{{{a}}}{{{b}}}\\pi", True), (f"{a * 3.14159 / b:.3f}", False)],
+        ),
         (f"[{a}, {a + d})", [(f"\\left[{a},{a + d}\\right)", True), (f"[{a}, {a + d}]", False)]),
-        (f"\\{{{a}, {a + d}\\}}", [(f"\\{{{a + d}, {a}\\}}", True),
-                                    (f"\\{{{a}, {a + d + 1}\\}}", False)]),
+        (
+            f"\\{{{a}, {a + d}\\}}",
+            [(f"\\{{{a + d}, {a}\\}}", True), (f"\\{{{a}, {a + d + 1}\\}}", False)],
+        ),
         (f"({a}, {a + d})", [(f"({a},{a + d})", True), (f"({a + d}, {a})", False)]),
         (f"x = \\frac{{{a}}}{{{b}}}", [(f"\\frac{{{a}}}{{{b}}}", True), (f"x = {a}", False)]),
-        (f"{a} \\pm \\sqrt{{{b}}}", [(f"{a} + \\sqrt{{{b}}}, {a} - \\sqrt{{{b}}}", True),
-                                     (f"{a} + \\sqrt{{{b}}}", False)]),
-    ]  # fmt: skip
+        (
+            f"{a} \\pm \\sqrt{{{b}}}",
+            [(f"{a} + \\sqrt{{{b}}}, {a} - \\sqrt{{{b}}}", True), (f"{a} + \\sqrt{{{b}}}", False)],
+        ),
+    ]
     gold, preds = rng.choice(templates)
     pred, ok = rng.choice(preds)
     return pred, gold, ok
@@ -138,18 +150,30 @@ def _baseline_one(answer: str, limit_s: float) -> float | None:
     )
     start = time.perf_counter()
     try:
-        subprocess.run([sys.executable, "-c", code, f"\\boxed{{{answer}}}"], timeout=limit_s,
-                       capture_output=True, check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", code, f"\\boxed{{{answer}}}"],
+            timeout=limit_s,
+            capture_output=True,
+            check=True,
+        )
     except subprocess.TimeoutExpired:
         return None
     return time.perf_counter() - start
 
 
 def _row(name: str, ours: tuple[float, float], base: tuple[float, float]) -> dict[str, Any]:
-    row = {"set": name, "ours_per_s": ours[0], "ours_agree": ours[1], "ratio": ours[0] / base[0],
-           "math_verify_per_s": base[0], "math_verify_agree": base[1]}  # fmt: skip
-    print(f"{name:22} {ours[0]:>10.0f} {base[0]:>10.1f} {row['ratio']:>8.1f}x "
-          f"{100 * ours[1]:>7.1f}% {100 * base[1]:>7.1f}%")  # fmt: skip
+    row = {
+        "set": name,
+        "ours_per_s": ours[0],
+        "ours_agree": ours[1],
+        "ratio": ours[0] / base[0],
+        "math_verify_per_s": base[0],
+        "math_verify_agree": base[1],
+    }
+    print(
+        f"{name:22} {ours[0]:>10.0f} {base[0]:>10.1f} {row['ratio']:>8.1f}x "
+        f"{100 * ours[1]:>7.1f}% {100 * base[1]:>7.1f}%"
+    )
     return row
 
 
@@ -175,8 +199,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         patho = _pathological(many, args.deadline_s, args.baseline_limit_s, args.pathological)
         collection = _labelled(many)
         generated = _differential(many, args.seed, args.differential_values)
-    return {"sets": rows, "pathological": patho, "labelled": collection,
-            "differential": generated, "workers": workers, "seed": args.seed}  # fmt: skip
+    return {
+        "sets": rows,
+        "pathological": patho,
+        "labelled": collection,
+        "differential": generated,
+        "workers": workers,
+        "seed": args.seed,
+    }
 
 
 def _labelled(verifier: Verifier) -> dict[str, Any]:
@@ -184,8 +214,10 @@ def _labelled(verifier: Verifier) -> dict[str, Any]:
     ours = agreement.our_verdicts(verifier, cases)
     theirs = agreement.math_verify_verdicts(cases)
     report = agreement.summary(cases, ours, theirs)
-    print(f"\nlabelled collection: {report['cases']} cases, {report['judgement_calls']} judgement "
-          f"calls\n{'family':22} {'cases':>6} {'ours ok':>8} {'m-v ok':>8}")  # fmt: skip
+    print(
+        f"\nlabelled collection: {report['cases']} cases, {report['judgement_calls']} judgement "
+        f"calls\n{'family':22} {'cases':>6} {'ours ok':>8} {'m-v ok':>8}"
+    )
     families: dict[str, list[int]] = {}
     for case, o, t in zip(cases, ours, theirs, strict=True):
         counts = families.setdefault(case.family, [0, 0, 0])
@@ -194,13 +226,15 @@ def _labelled(verifier: Verifier) -> dict[str, Any]:
         counts[2] += t == case.label
     for family, (n, o_ok, t_ok) in families.items():
         print(f"{family:22} {n:>6} {100 * o_ok / n:>7.1f}% {100 * t_ok / n:>7.1f}%")
-    print(f"{'all':22} {len(cases):>6} {100 * report['ours_agree']:>7.1f}% "
-          f"{100 * report['math_verify_agree']:>7.1f}%\n"
-          f"{'no judgement calls':22} {len(cases) - report['judgement_calls']:>6} "
-          f"{100 * report['ours_agree_plain']:>7.1f}% "
-          f"{100 * report['math_verify_agree_plain']:>7.1f}%\n"
-          f"wrong answers accepted on integer golds: ours {report['ours_accepted_wrong_integer']}, "
-          f"math-verify {report['math_verify_accepted_wrong_integer']}")  # fmt: skip
+    print(
+        f"{'all':22} {len(cases):>6} {100 * report['ours_agree']:>7.1f}% "
+        f"{100 * report['math_verify_agree']:>7.1f}%\n"
+        f"{'no judgement calls':22} {len(cases) - report['judgement_calls']:>6} "
+        f"{100 * report['ours_agree_plain']:>7.1f}% "
+        f"{100 * report['math_verify_agree_plain']:>7.1f}%\n"
+        f"wrong answers accepted on integer golds: ours {report['ours_accepted_wrong_integer']}, "
+        f"math-verify {report['math_verify_accepted_wrong_integer']}"
+    )
     for row in report["ours_wrong"]:
         print(f"  ours wrong: {row}")
     return report
@@ -212,9 +246,11 @@ def _differential(verifier: Verifier, seed: int, values: int) -> dict[str, Any]:
         cases, agreement.our_verdicts(verifier, cases), agreement.math_verify_verdicts(cases)
     )
     by_policy = ", ".join(f"{k} {v}" for k, v in report["disagreements_by_policy"].items())
-    print(f"\ndifferential: {len(cases)} generated forms of {values} golds; disagreements with "
-          f"math-verify {report['disagreements']} ({by_policy}); codeloop wrong (bugs) "
-          f"{len(report['ours_wrong'])}")  # fmt: skip
+    print(
+        f"\ndifferential: {len(cases)} generated forms of {values} golds; disagreements with "
+        f"math-verify {report['disagreements']} ({by_policy}); codeloop wrong (bugs) "
+        f"{len(report['ours_wrong'])}"
+    )
     for row in report["ours_wrong"][:20]:
         print(f"  bug: {row}")
     return report
@@ -234,8 +270,14 @@ def _pathological(
         base_s = _baseline_one(answer, limit_s)
         shown = f"{base_s:.2f} s" if base_s is not None else f"> {limit_s:.0f} s (killed)"
         print(f"  {answer:45} ours {ours_s:.2f} s ({result.reason})   math-verify {shown}")
-        rows.append({"answer": answer, "ours_s": ours_s, "ours_reason": str(result.reason),
-                     "math_verify_s": base_s})  # fmt: skip
+        rows.append(
+            {
+                "answer": answer,
+                "ours_s": ours_s,
+                "ours_reason": str(result.reason),
+                "math_verify_s": base_s,
+            }
+        )
     return rows
 
 
@@ -259,8 +301,12 @@ def main(argv: list[str]) -> int:
         help="math-verify's limit per pathological item, seconds",
     )
     parser.add_argument("--pathological", type=int, default=len(PATHOLOGICAL), help="how many")
-    parser.add_argument("--differential-values", type=int, default=440,
-                        help="golds the differential harness generates forms of")  # fmt: skip
+    parser.add_argument(
+        "--differential-values",
+        type=int,
+        default=440,
+        help="golds the differential harness generates forms of",
+    )
     parser.add_argument("--seed", type=int, default=0, help="case generator seed")
     parser.add_argument("--out", default="bench-results/reward.json", help="JSON report")
     args = parser.parse_args(argv)

@@ -101,10 +101,16 @@ class _Gate:
 class _ToolCalling:
     """The model samples each turn; every turn but the last ends in a fixed tool call."""
 
-    def __init__(self, engine: Engine, fmt: PromptFormat, tool_turns: int, tool_s: float,
-                 gate: _Gate) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Engine, fmt: PromptFormat, tool_turns: int, tool_s: float, gate: _Gate
+    ) -> None:
         self.engine, self.fmt, self.tool_turns, self.tool_s, self.gate = (
-            engine, fmt, tool_turns, tool_s, gate)  # fmt: skip
+            engine,
+            fmt,
+            tool_turns,
+            tool_s,
+            gate,
+        )
         self.tag_ids = set(fmt.encode(CALL_OPEN) + fmt.encode(CALL_CLOSE))
 
     def call_ids(self, seed: int) -> list[int]:
@@ -125,8 +131,11 @@ class _ToolCalling:
             return generation
         ids, logprobs, call = generation.token_ids, generation.logprobs, self.call_ids(seed)
         cut = next((i for i, t in enumerate(ids) if t in self.tag_ids), len(ids))  # a random
-        return Generation(ids[:cut] + call,  # model can sample a tag: keep the call whole
-                          logprobs[:cut] + [0.0] * len(call), "stop")  # fmt: skip
+        return Generation(
+            ids[:cut] + call,  # model can sample a tag: keep the call whole
+            logprobs[:cut] + [0.0] * len(call),
+            "stop",
+        )
 
 
 class _GatedTools:
@@ -138,34 +147,46 @@ class _GatedTools:
         return result
 
 
-async def _measure_tools(engine: Engine, fmt: PromptFormat, args: argparse.Namespace,
-                         serialised: bool) -> dict[str, float]:  # fmt: skip
+async def _measure_tools(
+    engine: Engine, fmt: PromptFormat, args: argparse.Namespace, serialised: bool
+) -> dict[str, float]:
     from codeloop.sandbox.pool import LocalSandbox
 
     gate = _Gate(serialised)
     wrapped = _ToolCalling(engine, fmt, args.tool_turns, args.tool_s, gate)
-    cfg = RolloutConfig(max_response_tokens=100_000, max_turns=args.tool_turns + 1,
-                        max_tokens_per_turn=args.tokens)  # fmt: skip
+    cfg = RolloutConfig(
+        max_response_tokens=100_000, max_turns=args.tool_turns + 1, max_tokens_per_turn=args.tokens
+    )
     prompt = fmt.prompt_ids("What is 123 + 456?")
-    sandbox_cfg = SandboxConfig(workers=args.trajectories, timeout_s=2 * args.tool_s + 10,
-                                preload=[])  # fmt: skip
+    sandbox_cfg = SandboxConfig(
+        workers=args.trajectories, timeout_s=2 * args.tool_s + 10, preload=[]
+    )
     async with LocalSandbox(sandbox_cfg) as sandbox:
         tools = _GatedTools(sandbox, gate)
         start = time.perf_counter()
-        runs = [run_trajectory(wrapped, tools, fmt, cfg, "p", i, prompt, seed=i * TURN_SEED)
-                for i in range(args.trajectories)]  # fmt: skip
+        runs = [
+            run_trajectory(wrapped, tools, fmt, cfg, "p", i, prompt, seed=i * TURN_SEED)
+            for i in range(args.trajectories)
+        ]
         trajectories = await asyncio.gather(*runs)
         seconds = time.perf_counter() - start
     calls = [r for t in trajectories for r in t.tool_calls]
     expected, ok = args.trajectories * args.tool_turns, sum(not r.failed for r in calls)
     if len(calls) != expected or ok != expected:
         failed = next((r.result for r in calls if r.failed), None)
-        raise RuntimeError(f"{ok} of {len(calls)} tool calls succeeded; expected {expected}; "
-                           f"a failure: {failed}")  # fmt: skip
-    sampled = sum(sum(m and lp != 0.0 for m, lp in zip(t.loss_mask, t.logprobs, strict=True))
-                  for t in trajectories)  # fmt: skip
-    return {"seconds": seconds, "trajectories_per_s": args.trajectories / seconds,
-            "tokens_per_s": sampled / seconds, "tool_calls": len(calls)}  # fmt: skip
+        raise RuntimeError(
+            f"{ok} of {len(calls)} tool calls succeeded; expected {expected}; a failure: {failed}"
+        )
+    sampled = sum(
+        sum(m and lp != 0.0 for m, lp in zip(t.loss_mask, t.logprobs, strict=True))
+        for t in trajectories
+    )
+    return {
+        "seconds": seconds,
+        "trajectories_per_s": args.trajectories / seconds,
+        "tokens_per_s": sampled / seconds,
+        "tool_calls": len(calls),
+    }
 
 
 TEMPERATURE, TOP_P = 0.6, 0.95  # of plain generation
@@ -174,8 +195,10 @@ TEMPERATURE, TOP_P = 0.6, 0.95  # of plain generation
 async def _measure(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
     """Plain generation's speed, and the generations (`generations`)."""
     start = time.perf_counter()
-    calls = [engine.generate(p, SamplingParams(tokens, TEMPERATURE, TOP_P, [], i))
-             for i, p in enumerate(prompts)]  # fmt: skip
+    calls = [
+        engine.generate(p, SamplingParams(tokens, TEMPERATURE, TOP_P, [], i))
+        for i, p in enumerate(prompts)
+    ]
     done = await asyncio.gather(*calls)
     seconds = time.perf_counter() - start
     sampled = sum(len(g.token_ids) for g in done)
@@ -183,8 +206,9 @@ async def _measure(engine: Engine, prompts: list[list[int]], tokens: int) -> dic
 
 
 @torch.no_grad()
-def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Generation],
-                temperature: float) -> dict[str, float]:  # fmt: skip
+def logprob_gap(
+    reference: Any, prompts: list[list[int]], generations: list[Generation], temperature: float
+) -> dict[str, float]:
     """How far the logprobs an engine returned are from `reference`'s on the same tokens
     (each prompt + its generation scored alone, under logits / temperature): the mean and the
     largest absolute difference, and the share of tokens whose ratio exp(difference) leaves
@@ -198,8 +222,12 @@ def logprob_gap(reference: Any, prompts: list[list[int]], generations: list[Gene
         gaps.append(torch.tensor(generation.logprobs) - scored.cpu())
     gap = torch.cat(gaps)
     clipped = (gap.exp() < 0.8) | (gap.exp() > 1.28)
-    return {"mean_abs": float(gap.abs().mean()), "max_abs": float(gap.abs().max()),
-            "outside_clip": float(clipped.float().mean()), "tokens": gap.numel()}  # fmt: skip
+    return {
+        "mean_abs": float(gap.abs().mean()),
+        "max_abs": float(gap.abs().max()),
+        "outside_clip": float(clipped.float().mean()),
+        "tokens": gap.numel(),
+    }
 
 
 def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
@@ -210,8 +238,9 @@ def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
     written as tool calls (the packaged training split, cycled)."""
     solutions = [p.solution for p in load_problems(str(GSM8K_TRAIN))]
     texts = [solutions[i % len(solutions)] for i in range(rows)]
-    ids = [tokenizer.encode(t.replace("<<", CALL_OPEN).replace(">>", CALL_CLOSE)) * 4
-           for t in texts]  # fmt: skip
+    ids = [
+        tokenizer.encode(t.replace("<<", CALL_OPEN).replace(">>", CALL_CLOSE)) * 4 for t in texts
+    ]
     params = SamplingParams(1 << 20, stop=[CALL_CLOSE])
     completers = stop_completers(tokenizer, params.stop)
     ends = [STOP_TAIL_TOKENS + step for step in range(steps)]
@@ -230,10 +259,10 @@ def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
             lambda end: [
                 finish_reason(tokenizer, set(), row[:end], params, completers) for row in ids
             ]
-        ),  # fmt: skip
+        ),
         "every_tail_ms": per_step(
             lambda end: [finish_reason(tokenizer, set(), row[:end], params) for row in ids]
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -260,8 +289,9 @@ def engine_host_ms(tokenizer: Any, rows: int = 256, tokens: int = 128) -> dict[s
     """The in-process engine's host time per decoding step at `rows` rows (ms), over `tokens`
     steps of a `FreeModel`: `rows` requests of 32 prompt tokens that each sample `tokens`
     tokens with the agent's stop strings, joined in one prefill."""
-    engine = TransformersEngine(FreeModel(), tokenizer, set(), max_batch=rows,
-                                max_kv_tokens=rows * (32 + tokens))  # fmt: skip
+    engine = TransformersEngine(
+        FreeModel(), tokenizer, set(), max_batch=rows, max_kv_tokens=rows * (32 + tokens)
+    )
     params = [SamplingParams(tokens, TEMPERATURE, TOP_P, STOP_STRINGS, seed=i) for i in range(rows)]
     prompts = [[3 + (i + j) % 61 for j in range(32)] for i in range(rows)]
 
@@ -273,14 +303,20 @@ def engine_host_ms(tokenizer: Any, rows: int = 256, tokens: int = 128) -> dict[s
     wall = time.perf_counter() - began
     found = engine.stats().metrics()
     steps = max(found["steps"], 1)
-    return {"rows": rows, "steps": steps, "rows_per_step": found["rows_per_step"],
-            "step_ms": 1000 * (found["decode_s"] + found["host_s"]) / steps,
-            "between_steps_ms": 1000 * found["host_s"] / steps,
-            "prefill_ms": 1000 * found["prefill_s"], "wall_s": wall}  # fmt: skip
+    return {
+        "rows": rows,
+        "steps": steps,
+        "rows_per_step": found["rows_per_step"],
+        "step_ms": 1000 * (found["decode_s"] + found["host_s"]) / steps,
+        "between_steps_ms": 1000 * found["host_s"] / steps,
+        "prefill_ms": 1000 * found["prefill_s"],
+        "wall_s": wall,
+    }
 
 
-def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
-                       device: torch.device) -> str:  # fmt: skip
+def profile_generation(
+    engine: Engine, prompts: list[list[int]], tokens: int, device: torch.device
+) -> str:
     """Plain generation under torch.profiler: a summary line (wall time, and on a GPU the time
     its kernels ran: when that is a small share, the host sets the pace), then the ops that
     took the most of it (the kernels on a GPU; on a CPU the CPU ops, each with the ops it
@@ -295,13 +331,16 @@ def profile_generation(engine: Engine, prompts: list[list[int]], tokens: int,
     )
     if cuda:
         kernels = device_seconds(times)
-        summary += (f"; GPU kernels {kernels:.1f} s "
-                    f"({100 * kernels / measured['seconds']:.0f}% of the wall time)")  # fmt: skip
+        summary += (
+            f"; GPU kernels {kernels:.1f} s "
+            f"({100 * kernels / measured['seconds']:.0f}% of the wall time)"
+        )
     return summary + "\n\n" + op_table(times, measured["seconds"])
 
 
-def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id: int,
-                      **options: Any) -> dict[str, float]:  # fmt: skip
+def _measure_generate(
+    model: Any, prompts: list[list[int]], tokens: int, pad_id: int, **options: Any
+) -> dict[str, float]:
     """transformers' `generate` on the whole batch, left-padded; `options` go to it (the
     static cache: `cache_implementation="static"`)."""
     width = max(len(p) for p in prompts)
@@ -309,24 +348,32 @@ def _measure_generate(model: Any, prompts: list[list[int]], tokens: int, pad_id:
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [B, T] left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
-                         temperature=TEMPERATURE, top_p=TOP_P, top_k=0, pad_token_id=pad_id,
-                         **options)  # fmt: skip
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        do_sample=True,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        top_k=0,
+        pad_token_id=pad_id,
+        **options,
+    )
     _sync(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens_per_s": (out.shape[1] - width) * len(prompts) / seconds}
 
 
-def _measure_generate_batch(model: Any, prompts: list[list[int]], tokens: int
-                            ) -> dict[str, float]:  # fmt: skip
+def _measure_generate_batch(model: Any, prompts: list[list[int]], tokens: int) -> dict[str, float]:
     """transformers' continuous-batching manager (`generate_batch`), sampling as the others;
     its own paged cache and, on a GPU, its captured steps. It may stop a row at the model's
     end-of-sequence token: the tokens it returned are counted."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=tokens, do_sample=True, temperature=TEMPERATURE,
-                              top_p=TOP_P, top_k=0)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=tokens, do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=0
+    )
     device = next(model.parameters()).device
     start = time.perf_counter()
     outputs = model.generate_batch(inputs=prompts, generation_config=config)
@@ -379,25 +426,31 @@ def _read_gbps(device: torch.device) -> float:
     return tensor.numel() * 4 / _best_of_5(tensor.sum, device) / 1e9
 
 
-def bandwidth_bound(model: Any, prompts: list[list[int]], tokens: int, read_gbps: float
-                    ) -> dict[str, float]:  # fmt: skip
+def bandwidth_bound(
+    model: Any, prompts: list[list[int]], tokens: int, read_gbps: float
+) -> dict[str, float]:
     """The fastest plain generation of `tokens` per prompt could run if every decoding step
     only read what it must from memory at `read_gbps`: the weights of the linear layers (the
     output layer included) once a step, and each row's keys and values over the batch's
     width (the longest prompt plus the tokens so far); prefill and attention FLOPs left out."""
     config = model.config
     size = next(model.parameters()).element_size()
-    weight_bytes = sum(m.weight.numel() * size for m in model.modules()
-                       if isinstance(m, torch.nn.Linear))  # fmt: skip
+    weight_bytes = sum(
+        m.weight.numel() * size for m in model.modules() if isinstance(m, torch.nn.Linear)
+    )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     kv_bytes = 2 * config.num_hidden_layers * kv_heads * head_dim * size  # a token of a row
     width = max(len(p) for p in prompts)
     read = sum(weight_bytes + len(prompts) * (width + step) * kv_bytes for step in range(tokens))
     seconds = read / (read_gbps * 1e9)
-    return {"weight_mb": weight_bytes / 1e6, "kv_kb_per_token": kv_bytes / 1e3,
-            "read_gbps": read_gbps, "seconds": seconds,
-            "tokens_per_s": len(prompts) * tokens / seconds}  # fmt: skip
+    return {
+        "weight_mb": weight_bytes / 1e6,
+        "kv_kb_per_token": kv_bytes / 1e3,
+        "read_gbps": read_gbps,
+        "seconds": seconds,
+        "tokens_per_s": len(prompts) * tokens / seconds,
+    }
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
@@ -426,17 +479,25 @@ def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
 
     fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=args.hidden,
-                         intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=4, num_key_value_heads=4)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(fmt.tokenizer),
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     model = AutoModelForCausalLM.from_config(config)  # random weights: speed, not quality
     return model.eval(), fmt, f"random {args.layers} x {args.hidden}"
 
 
 def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
     share = 100 * row["gflops"] / peak_gflops
-    print(f"  {name:17} {row['tokens_per_s']:8.1f} tokens/s  {row['gflops']:6.1f} GFLOP/s "
-          f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s", flush=True)  # fmt: skip
+    print(
+        f"  {name:17} {row['tokens_per_s']:8.1f} tokens/s  {row['gflops']:6.1f} GFLOP/s "
+        f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s",
+        flush=True,
+    )
 
 
 def _print_stats(engine: Engine) -> dict[str, float]:
@@ -445,19 +506,28 @@ def _print_stats(engine: Engine) -> dict[str, float]:
         return {}
     found = engine.stats().metrics()
     busy = found["prefill_s"] + found["decode_s"] + found["host_s"]
-    print(f"    {found['steps']:.0f} decoding steps of {found['rows_per_step']:.1f} rows; "
-          f"{found['prefills']:.0f} prefills of {found['prefill_tokens']:.0f} tokens, "
-          f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache; "
-          f"time in prefill {found['prefill_s']:.2f} s, decoding {found['decode_s']:.2f} s, "
-          f"between steps {found['host_s']:.2f} s ({100 * found['host_s'] / max(busy, 1e-9):.0f}"
-          f"%); {found['graphs']:.0f} graphs captured", flush=True)  # fmt: skip
+    print(
+        f"    {found['steps']:.0f} decoding steps of {found['rows_per_step']:.1f} rows; "
+        f"{found['prefills']:.0f} prefills of {found['prefill_tokens']:.0f} tokens, "
+        f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache; "
+        f"time in prefill {found['prefill_s']:.2f} s, decoding {found['decode_s']:.2f} s, "
+        f"between steps {found['host_s']:.2f} s ({100 * found['host_s'] / max(busy, 1e-9):.0f}"
+        f"%); {found['graphs']:.0f} graphs captured",
+        flush=True,
+    )
     return found
 
 
-def _plain_rows(model: Any, fmt: PromptFormat, prompts: list[list[int]],
-                args: argparse.Namespace, cpu: bool, record: Callable[[str, Any], None],
-                record_stats: Callable[[str, Any], None], sampled: list[Generation]
-                ) -> None:  # fmt: skip
+def _plain_rows(
+    model: Any,
+    fmt: PromptFormat,
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    cpu: bool,
+    record: Callable[[str, Any], None],
+    record_stats: Callable[[str, Any], None],
+    sampled: list[Generation],
+) -> None:
     """Plain generation by transformers' baselines and the engines, each run `--repeat` times
     (the last one recorded: the first pays compilation and graph capture)."""
     pad_id = fmt.tokenizer.pad_token_id or 0
@@ -465,10 +535,11 @@ def _plain_rows(model: Any, fmt: PromptFormat, prompts: list[list[int]],
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)  # its notices
     baselines: dict[str, Callable[[], dict[str, float]]] = {
         "generate": lambda: _measure_generate(model, prompts, tokens, pad_id),
-        "generate_static": lambda: _measure_generate(model, prompts, tokens, pad_id,
-                                                     cache_implementation="static"),
+        "generate_static": lambda: _measure_generate(
+            model, prompts, tokens, pad_id, cache_implementation="static"
+        ),
         "generate_batch": lambda: _measure_generate_batch(model, prompts, tokens),
-    }  # fmt: skip
+    }
     for name, measure in baselines.items():
         if name != "generate" and name not in args.baselines.split(","):
             continue
@@ -501,8 +572,9 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
     def speed(name: str) -> float:
         return float(rows[name]["tokens_per_s"])
 
-    best = max((r for r in ("generate", "generate_static", "generate_batch") if r in rows),
-               key=speed)  # fmt: skip
+    best = max(
+        (r for r in ("generate", "generate_static", "generate_batch") if r in rows), key=speed
+    )
     ratios = {
         "continuous / generate": speed("continuous") / speed("generate"),
         f"continuous / best of transformers ({best})": speed("continuous") / speed(best),
@@ -525,19 +597,31 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--model", default="smollm2", help="a model directory, smollm2 (if "
-                        "installed) or random (--hidden x --layers)")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="a model directory, smollm2 (if installed) or random (--hidden x --layers)",
+    )
     parser.add_argument(
         "--random-weights",
         action="store_true",
         help="with a model directory: its config and tokenizer, random weights",
     )
-    parser.add_argument("--baselines", default="generate_static,generate_batch",
-                        help="transformers' baselines beside generate, comma-separated "
-                             "(generate_batch runs on a GPU only)")  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=1, choices=range(1, 10), metavar="N",
-                        help="plain generation: runs of each row, the last one timed (2 on a "
-                             "GPU leaves compilation and graph capture out)")  # fmt: skip
+    parser.add_argument(
+        "--baselines",
+        default="generate_static,generate_batch",
+        help="transformers' baselines beside generate, comma-separated "
+        "(generate_batch runs on a GPU only)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="N",
+        help="plain generation: runs of each row, the last one timed (2 on a "
+        "GPU leaves compilation and graph capture out)",
+    )
     parser.add_argument("--hidden", type=int, default=256, help="random model: width")
     parser.add_argument("--layers", type=int, default=4, help="random model: layers")
     parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
@@ -547,24 +631,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-batch", type=int, default=32, help="the engines' rows")
     parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
     parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="the model's dtype in every row (bfloat16 pays on CPUs with "
-                             "AMX-BF16 or AVX512-BF16)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the model's dtype in every row (bfloat16 pays on CPUs with AMX-BF16 or AVX512-BF16)",
+    )
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
         default="auto",
         help="where the model runs (auto: the GPU when there is one)",
     )
-    parser.add_argument("--profile", action="store_true",
-                        help="also run plain generation once more under torch.profiler: the "
-                             "kernels that take the GPU's time and the GPU's busy share (on a "
-                             "CPU, the ops), written beside --out")  # fmt: skip
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run plain generation once more under torch.profiler: the "
+        "kernels that take the GPU's time and the GPU's busy share (on a "
+        "CPU, the ops), written beside --out",
+    )
     parser.add_argument("--out", default="bench-results/rollout.json", help="JSON report")
     args = parser.parse_args(argv)
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     if device.type == "cuda":
         require_cuda("--device cuda", ", or measure on the CPU (--device cpu)")
     reference, fmt, name = _load(args)
@@ -574,8 +669,11 @@ def main(argv: list[str]) -> int:
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     flops_per_token = 2 * weights
     peak = _matmul_gflops(dtype, device)
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"{torch.get_num_threads()} CPU threads")  # fmt: skip
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
+    )
     print(
         f"model: {name} in {args.dtype}; {flops_per_token / 1e6:.0f} MFLOP per token; "
         f"{args.dtype} matmul rate {peak:.0f} GFLOP/s on {where}"
@@ -609,21 +707,28 @@ def main(argv: list[str]) -> int:
         text.write_text(profiled)
         print(profiled.split("\n\n")[0] + f" (the ops: {text})", flush=True)
     bound = bandwidth_bound(model, prompts, args.gen_tokens, _read_gbps(device))
-    print(f"  memory-bound limit {bound['tokens_per_s']:8.1f} tokens/s: each step reads the "
-          f"weights ({bound['weight_mb']:.0f} MB) and every row's KV "
-          f"({bound['kv_kb_per_token']:.0f} KB a token) at {bound['read_gbps']:.0f} GB/s; "
-          f"continuous at {100 * rows['continuous']['tokens_per_s'] / bound['tokens_per_s']:.0f}%"
-          f", generate at {100 * rows['generate']['tokens_per_s'] / bound['tokens_per_s']:.0f}%",
-          flush=True)  # fmt: skip
+    print(
+        f"  memory-bound limit {bound['tokens_per_s']:8.1f} tokens/s: each step reads the "
+        f"weights ({bound['weight_mb']:.0f} MB) and every row's KV "
+        f"({bound['kv_kb_per_token']:.0f} KB a token) at {bound['read_gbps']:.0f} GB/s; "
+        f"continuous at {100 * rows['continuous']['tokens_per_s'] / bound['tokens_per_s']:.0f}%"
+        f", generate at {100 * rows['generate']['tokens_per_s'] / bound['tokens_per_s']:.0f}%",
+        flush=True,
+    )
     gap = logprob_gap(reference, prompts, sampled, TEMPERATURE)
-    print(f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
-          f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
-          f"{100 * gap['outside_clip']:.2f}% outside the clip range", flush=True)  # fmt: skip
+    print(
+        f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
+        f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
+        f"{100 * gap['outside_clip']:.2f}% outside the clip range",
+        flush=True,
+    )
     host = host_work(fmt.tokenizer, args.max_batch)
-    print(f"  the engine's host work a step at {host['rows']} rows: draws {host['draws_ms']:.2f} "
-          f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
-          f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
-          flush=True)  # fmt: skip
+    print(
+        f"  the engine's host work a step at {host['rows']} rows: draws {host['draws_ms']:.2f} "
+        f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
+        f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
+        flush=True,
+    )
     free = engine_host_ms(fmt.tokenizer)
     print(
         f"  the engine's host time a decoding step at {free['rows']} rows of a model that "
@@ -631,12 +736,16 @@ def main(argv: list[str]) -> int:
         f"steps; {free['steps']:.0f} steps of {free['rows_per_step']:.0f} rows)",
         flush=True,
     )
-    print(f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
-          f"of {args.tool_s} s on average", flush=True)  # fmt: skip
+    print(
+        f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
+        f"of {args.tool_s} s on average",
+        flush=True,
+    )
 
     def agent_row(row: str, serialised: bool, join_wait: int | None = None) -> TransformersEngine:
-        engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch,
-                                    join_wait_steps=join_wait)  # fmt: skip
+        engine = TransformersEngine(
+            model, fmt.tokenizer, set(), args.max_batch, join_wait_steps=join_wait
+        )
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
         record_stats(row, _print_stats(engine))
@@ -654,9 +763,18 @@ def main(argv: list[str]) -> int:
     for ratio_name, ratio in ratios.items():
         print(f"  {ratio_name:52} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"args": vars(args), "model": name, "device": where,
-              "flops_per_token": flops_per_token, "matmul_gflops": peak, "memory_bound": bound,
-              "rows": rows, "ratios": ratios, "logprob_gap": gap,
-              "host_work": host, "host_time": free}  # fmt: skip
+    report = {
+        "args": vars(args),
+        "model": name,
+        "device": where,
+        "flops_per_token": flops_per_token,
+        "matmul_gflops": peak,
+        "memory_bound": bound,
+        "rows": rows,
+        "ratios": ratios,
+        "logprob_gap": gap,
+        "host_work": host,
+        "host_time": free,
+    }
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -306,8 +306,7 @@ def main(argv: list[str]) -> int:
         metavar="URL",
         help="drive these running servers with the soak alone (a fleet)",
     )
-    parser.add_argument("--concurrency", type=int, default=256,
-                        help="the soak's calls in flight")  # fmt: skip
+    parser.add_argument("--concurrency", type=int, default=256, help="the soak's calls in flight")
     parser.add_argument(
         "--overload",
         action="store_true",

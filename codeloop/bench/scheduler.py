@@ -120,8 +120,14 @@ class _Request:
 class SimEngine:
     """A toy paged-KV engine: see the module docstring."""
 
-    def __init__(self, capacity: int, step_ms: float, saturation: int, prefill_ms: float,
-                 max_running: int = 256) -> None:  # fmt: skip
+    def __init__(
+        self,
+        capacity: int,
+        step_ms: float,
+        saturation: int,
+        prefill_ms: float,
+        max_running: int = 256,
+    ) -> None:
         self.capacity, self.step_s, self.saturation = capacity, step_ms / 1000, saturation
         self.prefill_s, self.max_running = prefill_ms / 1000, max_running
         self.running: list[_Request] = []
@@ -191,8 +197,9 @@ class SimEngine:
 MIXES = {"heavy": (0.8, 1.0), "light": (0.2, 0.4)}  # sigma of difficulty, of turn length
 
 
-def workload(mix: str, prompts: int, group: int, budget: int, turn_cap: int, seed: int
-             ) -> list[Trajectory]:  # fmt: skip
+def workload(
+    mix: str, prompts: int, group: int, budget: int, turn_cap: int, seed: int
+) -> list[Trajectory]:
     """See the module docstring."""
     rng = random.Random(seed)
     difficulty_sigma, turn_sigma = MIXES[mix]
@@ -246,17 +253,24 @@ def lower_bound(trajectories: list[Trajectory], args: argparse.Namespace) -> dic
         longest = max(longest, alone)
     work = (decode * step_s / args.saturation + prefill * prefill_s) / args.engines
     memory = kv_token_s / (args.engines * args.capacity)
-    return {"work_s": work, "memory_s": memory, "longest_s": longest,
-            "bound_s": max(work, memory, longest), "decode_tokens": decode}  # fmt: skip
+    return {
+        "work_s": work,
+        "memory_s": memory,
+        "longest_s": longest,
+        "bound_s": max(work, memory, longest),
+        "decode_tokens": decode,
+    }
 
 
-def _trajectory_runner(scheduler: Scheduler, args: argparse.Namespace
-                       ) -> Callable[..., Coroutine[Any, Any, None]]:  # fmt: skip
+def _trajectory_runner(
+    scheduler: Scheduler, args: argparse.Namespace
+) -> Callable[..., Coroutine[Any, Any, None]]:
     """A coroutine function that runs one simulated trajectory through `scheduler`;
     `on_start` is called when an engine starts decoding its first turn."""
 
-    async def trajectory(key: int, t: Trajectory, on_start: Callable[[], None] | None = None
-                         ) -> None:  # fmt: skip
+    async def trajectory(
+        key: int, t: Trajectory, on_start: Callable[[], None] | None = None
+    ) -> None:
         async with scheduler.lease() as engine:
             context, spent = t.prompt, 0
             for i, tokens in enumerate(t.turns):
@@ -273,24 +287,32 @@ def _trajectory_runner(scheduler: Scheduler, args: argparse.Namespace
 
 
 def _engines(args: argparse.Namespace) -> list[SimEngine]:
-    return [SimEngine(args.capacity, args.step_ms, args.saturation, args.prefill_ms)
-            for _ in range(args.engines)]  # fmt: skip
+    return [
+        SimEngine(args.capacity, args.step_ms, args.saturation, args.prefill_ms)
+        for _ in range(args.engines)
+    ]
 
 
-async def _rollout(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
-                   ) -> dict[str, Any]:  # fmt: skip
+async def _rollout(
+    policy: str, trajectories: list[Trajectory], args: argparse.Namespace
+) -> dict[str, Any]:
     engines = _engines(args)
-    scheduler = Scheduler(engines, policy, capacity_tokens=args.capacity,
-                          batch_size=len(trajectories))  # fmt: skip
+    scheduler = Scheduler(
+        engines, policy, capacity_tokens=args.capacity, batch_size=len(trajectories)
+    )
     trajectory = _trajectory_runner(scheduler, args)
     loop = asyncio.get_running_loop()
     start = loop.time()
     await asyncio.gather(*(trajectory(k, t) for k, t in enumerate(trajectories)))
     makespan = loop.time() - start
     busy = sum(e.busy_s for e in engines) / len(engines)
-    return {"policy": policy, "makespan_s": makespan, "idle": 1 - busy / makespan,
-            "preemptions": sum(e.preemptions for e in engines),
-            "prefill_tokens": sum(e.prefill_tokens for e in engines)}  # fmt: skip
+    return {
+        "policy": policy,
+        "makespan_s": makespan,
+        "idle": 1 - busy / makespan,
+        "preemptions": sum(e.preemptions for e in engines),
+        "prefill_tokens": sum(e.prefill_tokens for e in engines),
+    }
 
 
 def _work_s(groups: list[list[Trajectory]], args: argparse.Namespace) -> float:
@@ -302,16 +324,18 @@ def _work_s(groups: list[list[Trajectory]], args: argparse.Namespace) -> float:
     return work
 
 
-async def _training(mode: str, max_staleness: int, groups: list[list[Trajectory]],
-                    args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+async def _training(
+    mode: str, max_staleness: int, groups: list[list[Trajectory]], args: argparse.Namespace
+) -> dict[str, Any]:
     """`args.steps` RL steps of `args.prompts` groups on kv_aware engines, an update taking
     `train_share` x its groups' generation work (a trainer on devices of its own). sync: roll
     out a batch, update, repeat. async: the rule of `trainer/async_rl.py` (groups start while
     taken + outstanding < (version + max_staleness + 1) x batch; the first finished groups
     train; one whose first token is more than max_staleness versions old is run again)."""
     engines, batch = _engines(args), args.prompts
-    scheduler = Scheduler(engines, "kv_aware", capacity_tokens=args.capacity,
-                          batch_size=batch * args.group)  # fmt: skip
+    scheduler = Scheduler(
+        engines, "kv_aware", capacity_tokens=args.capacity, batch_size=batch * args.group
+    )
     trajectory = _trajectory_runner(scheduler, args)
 
     version = 0
@@ -323,8 +347,9 @@ async def _training(mode: str, max_staleness: int, groups: list[list[Trajectory]
         def first_token() -> None:
             started.setdefault(index, version)
 
-        await asyncio.gather(*(trajectory(key + j, t, first_token)
-                               for j, t in enumerate(groups[index])))  # fmt: skip
+        await asyncio.gather(
+            *(trajectory(key + j, t, first_token) for j, t in enumerate(groups[index]))
+        )
         return index
 
     loop = asyncio.get_running_loop()
@@ -384,12 +409,16 @@ async def _training(mode: str, max_staleness: int, groups: list[list[Trajectory]
             ends.append(loop.time())
     tokens = [sum(sum(t.turns) for i in step for t in groups[i]) for step in trained]
     busy = sum(e.busy_s for e in engines) / len(engines)
-    return {"mode": mode if mode == "sync" else f"async, staleness {max_staleness}",
-            "makespan_s": ends[-1] - start, "trained_tokens": sum(tokens),
-            # steady state: from the end of the first step (the pipeline is full) to the last
-            "s_per_token": (ends[-1] - ends[0]) / max(sum(tokens[1:]), 1),
-            "idle": 1 - busy / (ends[-1] - start), "regenerated": regenerated,
-            "preemptions": sum(e.preemptions for e in engines)}  # fmt: skip
+    return {
+        "mode": mode if mode == "sync" else f"async, staleness {max_staleness}",
+        "makespan_s": ends[-1] - start,
+        "trained_tokens": sum(tokens),
+        # steady state: from the end of the first step (the pipeline is full) to the last
+        "s_per_token": (ends[-1] - ends[0]) / max(sum(tokens[1:]), 1),
+        "idle": 1 - busy / (ends[-1] - start),
+        "regenerated": regenerated,
+        "preemptions": sum(e.preemptions for e in engines),
+    }
 
 
 def training_bound(groups: list[list[Trajectory]], args: argparse.Namespace) -> float:
@@ -419,8 +448,9 @@ def run_simulated(coroutine: Coroutine[Any, Any, T]) -> T:
         loop.close()
 
 
-def simulate(policy: str, trajectories: list[Trajectory], args: argparse.Namespace
-             ) -> dict[str, Any]:  # fmt: skip
+def simulate(
+    policy: str, trajectories: list[Trajectory], args: argparse.Namespace
+) -> dict[str, Any]:
     return run_simulated(_rollout(policy, trajectories, args))
 
 
@@ -430,8 +460,9 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"],
-                        help="workload mixes")  # fmt: skip
+    parser.add_argument(
+        "--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"], help="workload mixes"
+    )
     parser.add_argument("--engines", type=int, default=4, help="simulated engines")
     parser.add_argument("--prompts", type=int, default=128, help="prompts per batch")
     parser.add_argument("--group", type=int, default=16, help="samples per prompt")
@@ -461,8 +492,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="bench-results/scheduler.json", help="JSON report")
     args = parser.parse_args(argv)
     rows = []
-    print(f"{'mix':5} {'seed':>4} {'policy':18} {'makespan s':>10} {'vs static':>9} "
-          f"{'vs bound':>8} {'idle':>6} {'overflows':>9} {'prefilled':>10}")  # fmt: skip
+    print(
+        f"{'mix':5} {'seed':>4} {'policy':18} {'makespan s':>10} {'vs static':>9} "
+        f"{'vs bound':>8} {'idle':>6} {'overflows':>9} {'prefilled':>10}"
+    )
     for mix in args.mix:
         for seed in range(args.seeds):
             trajectories = workload(mix, args.prompts, args.group, args.budget, args.turn_cap, seed)
@@ -476,17 +509,22 @@ def main(argv: list[str]) -> int:
                 row["vs_static"] = static_s / row["makespan_s"]
                 row["vs_bound"] = row["makespan_s"] / bound["bound_s"]
                 rows.append(row)
-                print(f"{mix:5} {seed:>4} {policy:18} {row['makespan_s']:>10.1f} "
-                      f"{row['vs_static']:>8.2f}x {row['vs_bound']:>7.2f}x {row['idle']:>6.1%} "
-                      f"{row['preemptions']:>9} {row['prefill_tokens']:>10}")  # fmt: skip
-            print(f"{'':10} bound {bound['bound_s']:.1f} s = max(work {bound['work_s']:.1f}, "
-                  f"memory {bound['memory_s']:.1f}, longest trajectory "
-                  f"{bound['longest_s']:.1f}); {len(trajectories)} trajectories, mean "
-                  f"{bound['decode_tokens'] / len(trajectories):.0f} sampled tokens")  # fmt: skip
+                print(
+                    f"{mix:5} {seed:>4} {policy:18} {row['makespan_s']:>10.1f} "
+                    f"{row['vs_static']:>8.2f}x {row['vs_bound']:>7.2f}x {row['idle']:>6.1%} "
+                    f"{row['preemptions']:>9} {row['prefill_tokens']:>10}"
+                )
+            print(
+                f"{'':10} bound {bound['bound_s']:.1f} s = max(work {bound['work_s']:.1f}, "
+                f"memory {bound['memory_s']:.1f}, longest trajectory "
+                f"{bound['longest_s']:.1f}); {len(trajectories)} trajectories, mean "
+                f"{bound['decode_tokens'] / len(trajectories):.0f} sampled tokens"
+            )
     training = _training_rows(args) if args.steps else []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows,
-                                          "training": training}, indent=2))  # fmt: skip
+    Path(args.out).write_text(
+        json.dumps({"args": vars(args), "rows": rows, "training": training}, indent=2)
+    )
     print(f"wrote {args.out}")
     return 0
 
@@ -495,16 +533,26 @@ def _training_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The training loop, sync against async: seconds per 1,000 trained tokens and its ratio
     to the bound (`training_bound`)."""
     rows = []
-    print(f"\ntraining loop: {args.steps} steps of {args.prompts} prompts x {args.group}, "
-          f"an update = {args.train_share} x its generation work")  # fmt: skip
-    print(f"{'mix':5} {'seed':>4} {'mode':20} {'makespan s':>10} {'s/1K tokens':>11} "
-          f"{'vs sync':>7} {'vs bound':>8} {'idle':>6} {'regenerated':>11} "
-          f"{'overflows':>9}")  # fmt: skip
+    print(
+        f"\ntraining loop: {args.steps} steps of {args.prompts} prompts x {args.group}, "
+        f"an update = {args.train_share} x its generation work"
+    )
+    print(
+        f"{'mix':5} {'seed':>4} {'mode':20} {'makespan s':>10} {'s/1K tokens':>11} "
+        f"{'vs sync':>7} {'vs bound':>8} {'idle':>6} {'regenerated':>11} "
+        f"{'overflows':>9}"
+    )
     for mix in args.mix:
         for seed in range(args.seeds):
             extra = max(args.max_staleness) + 2  # batches the producer may run ahead
-            flat = workload(mix, args.prompts * (args.steps + extra), args.group, args.budget,
-                            args.turn_cap, seed)  # fmt: skip
+            flat = workload(
+                mix,
+                args.prompts * (args.steps + extra),
+                args.group,
+                args.budget,
+                args.turn_cap,
+                seed,
+            )
             groups = [flat[i : i + args.group] for i in range(0, len(flat), args.group)]
             bound = training_bound(groups, args)
             sync_rate = 0.0
@@ -512,12 +560,19 @@ def _training_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row = run_simulated(_training(mode, staleness, groups, args))
                 rate = row["s_per_token"]
                 sync_rate = sync_rate or rate
-                row |= {"mix": mix, "seed": seed, "s_per_token": rate,
-                        "vs_sync": sync_rate / rate, "vs_bound": rate / bound}  # fmt: skip
+                row |= {
+                    "mix": mix,
+                    "seed": seed,
+                    "s_per_token": rate,
+                    "vs_sync": sync_rate / rate,
+                    "vs_bound": rate / bound,
+                }
                 rows.append(row)
-                print(f"{mix:5} {seed:>4} {row['mode']:20} {row['makespan_s']:>10.1f} "
-                      f"{rate * 1000:>11.3f} {row['vs_sync']:>6.2f}x {row['vs_bound']:>7.2f}x "
-                      f"{row['idle']:>6.1%} {row['regenerated']:>11} "
-                      f"{row['preemptions']:>9}")  # fmt: skip
+                print(
+                    f"{mix:5} {seed:>4} {row['mode']:20} {row['makespan_s']:>10.1f} "
+                    f"{rate * 1000:>11.3f} {row['vs_sync']:>6.2f}x {row['vs_bound']:>7.2f}x "
+                    f"{row['idle']:>6.1%} {row['regenerated']:>11} "
+                    f"{row['preemptions']:>9}"
+                )
             print(f"{'':10} bound {bound * 1000:.3f} s per 1K trained tokens")
     return rows

@@ -31,8 +31,14 @@ class _Request:
 class StaticBatchEngine:
     """The static-batch engine; see the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
-                 max_batch: int = 32, batch_window_ms: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        stop_token_ids: Iterable[int],
+        max_batch: int = 32,
+        batch_window_ms: float = 5.0,
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
@@ -89,8 +95,13 @@ class StaticBatchEngine:
         for _ in range(max(r.params.max_tokens for r in batch)):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
             cache_arg = {"cache" if "cache" in self._forward_args else "past_key_values": cache}
-            output = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                use_cache=True, **cache_arg)  # fmt: skip
+            output = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **cache_arg,
+            )
             logits = output.logits[:, -1, :].float()  # [B, V]
             next_ids = torch.full((len(batch),), self.pad_id, dtype=torch.long)
             for row, request in enumerate(batch):
@@ -104,8 +115,10 @@ class StaticBatchEngine:
                 break
             step_ids = next_ids.unsqueeze(-1).to(device)  # [B, 1]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        return [Generation(i, lp, "stop" if f == "stop" else "length")
-                for i, lp, f in zip(out_ids, out_logprobs, finish, strict=True)]  # fmt: skip
+        return [
+            Generation(i, lp, "stop" if f == "stop" else "length")
+            for i, lp, f in zip(out_ids, out_logprobs, finish, strict=True)
+        ]
 
     def _finished(self, generated: list[int], params: SamplingParams) -> str | None:
         return finish_reason(self.tokenizer, self.stop_token_ids, generated, params)

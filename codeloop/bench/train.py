@@ -43,8 +43,14 @@ def _samples(count: int, length: int, vocab: int, seed: int) -> list[Sample]:
     for _ in range(count):
         n = rng.randint(length // 2, length)
         mask = [0] * 16 + [1] * (n - 16)
-        out.append(Sample([rng.randrange(vocab) for _ in range(n)], mask,
-                          [-1.0 if m else 0.0 for m in mask], rng.uniform(-1, 1)))  # fmt: skip
+        out.append(
+            Sample(
+                [rng.randrange(vocab) for _ in range(n)],
+                mask,
+                [-1.0 if m else 0.0 for m in mask],
+                rng.uniform(-1, 1),
+            )
+        )
     return out
 
 
@@ -60,9 +66,14 @@ def _baseline(model: Any, samples: list[Sample], steps: int, world: World) -> fl
         with world.autocast():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         logits = logits.logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), batch["input_ids"][:, 1:].flatten(),
-            reduction="none") @ batch["loss_mask"].flatten().float()  # fmt: skip
+        loss = (
+            torch.nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(),
+                batch["input_ids"][:, 1:].flatten(),
+                reduction="none",
+            )
+            @ batch["loss_mask"].flatten().float()
+        )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -81,8 +92,9 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _sft(model: Any, samples: list[Sample], steps: int, budget: int, packing: str, world: World
-         ) -> float:  # fmt: skip
+def _sft(
+    model: Any, samples: list[Sample], steps: int, budget: int, packing: str, world: World
+) -> float:
     """Seconds per SFT step (forward, backward, AdamW) over the samples."""
     from codeloop.trainer.sft import sft_step
 
@@ -137,43 +149,69 @@ def main(argv: list[str] | None = None) -> int:
         return policy.to(world.device)
 
     base_s = _baseline(model(), samples, args.steps, world)
-    sft_s = {packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing, world)
-             for packing in ("off", "on")}  # fmt: skip
+    sft_s = {
+        packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing, world)
+        for packing in ("off", "on")
+    }
     with tempfile.TemporaryDirectory() as tmp:
         problems = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
         split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp, world))
     update_s = split.pop("update_only_s")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: {args.layers} layers x {args.hidden} wide on {world.device} "
-          f"({str(world.compute_dtype).removeprefix('torch.')}); {args.sequences} "
-          f"sequences, {tokens} tokens per update")  # fmt: skip
+    print(
+        f"model: {args.layers} layers x {args.hidden} wide on {world.device} "
+        f"({str(world.compute_dtype).removeprefix('torch.')}); {args.sequences} "
+        f"sequences, {tokens} tokens per update"
+    )
     print(f"{'':28}{'s/update':>10}{'tokens/s':>10}{'vs plain':>10}")
     print(f"{'plain forward/backward':28}{base_s:10.3f}{tokens / base_s:10.0f}{1.0:10.2f}")
-    print(f"{'RL update (trainer)':28}{update_s:10.3f}{tokens / update_s:10.0f}"
-          f"{base_s / update_s:10.2f}")  # fmt: skip
+    print(
+        f"{'RL update (trainer)':28}{update_s:10.3f}{tokens / update_s:10.0f}"
+        f"{base_s / update_s:10.2f}"
+    )
     for packing, name in (("off", "SFT step, padded"), ("on", "SFT step, packed")):
-        print(f"{name:28}{sft_s[packing]:10.3f}{tokens / sft_s[packing]:10.0f}"
-              f"{base_s / sft_s[packing]:10.2f}")  # fmt: skip
+        print(
+            f"{name:28}{sft_s[packing]:10.3f}{tokens / sft_s[packing]:10.0f}"
+            f"{base_s / sft_s[packing]:10.2f}"
+        )
     print(f"peak resident memory: {peak_mb:.0f} MiB", end="")
     if torch.cuda.is_available():
         print(f"; CUDA peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", end="")
     total = sum(split.values())
-    print(f"\nRL step ({total:.2f} s): " + ", ".join(
-        f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in split.items()))  # fmt: skip
-    seconds = {"plain": base_s, "rl_update": update_s, "sft_padded": sft_s["off"],
-               "sft_packed": sft_s["on"]}  # fmt: skip
-    report = {"arguments": vars(args), "device": str(world.device),
-              "tokens_per_update": tokens, "seconds_per_update": seconds,
-              "peak_rss_mib": peak_mb, "rl_step_s": split}  # fmt: skip
+    print(
+        f"\nRL step ({total:.2f} s): "
+        + ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in split.items())
+    )
+    seconds = {
+        "plain": base_s,
+        "rl_update": update_s,
+        "sft_padded": sft_s["off"],
+        "sft_packed": sft_s["on"],
+    }
+    report = {
+        "arguments": vars(args),
+        "device": str(world.device),
+        "tokens_per_update": tokens,
+        "seconds_per_update": seconds,
+        "peak_rss_mib": peak_mb,
+        "rl_step_s": split,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
     return 0
 
 
-async def _rl(cfg: Config, model: Any, fmt: PromptFormat, problems: list[Problem],
-              samples: list[Sample], steps: int, run_dir: str, world: World
-              ) -> dict[str, float]:  # fmt: skip
+async def _rl(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    problems: list[Problem],
+    samples: list[Sample],
+    steps: int,
+    run_dir: str,
+    world: World,
+) -> dict[str, float]:
     cfg.trainer.output_dir = run_dir
     async with LocalSandbox(cfg.sandbox) as tools:
         logger = RunLogger(run_dir, tensorboard=False)

@@ -72,8 +72,9 @@ def dedupe(problems: Sequence[Problem]) -> tuple[list[Problem], list[Removal]]:
     return kept, removed
 
 
-def decontaminate(problems: Sequence[Problem], benchmarks: Iterable[Problem], n: int = 8
-                  ) -> tuple[list[Problem], list[Removal]]:  # fmt: skip
+def decontaminate(
+    problems: Sequence[Problem], benchmarks: Iterable[Problem], n: int = 8
+) -> tuple[list[Problem], list[Removal]]:
     """Remove problems that share any word n-gram with a benchmark problem (report: n = 8)."""
     owner: dict[tuple[str, ...], str] = {}
     for b in benchmarks:
@@ -100,9 +101,13 @@ def write_removals(path: str | Path, removals: Sequence[Removal]) -> None:
     Path(path).write_text("".join(json.dumps(asdict(r)) + "\n" for r in removals))
 
 
-def curate(problems: Sequence[Problem], integer_answers: bool = True, unique: bool = True,
-           benchmarks: Sequence[Problem] = (), n: int = 8
-           ) -> tuple[list[Problem], list[Removal]]:  # fmt: skip
+def curate(
+    problems: Sequence[Problem],
+    integer_answers: bool = True,
+    unique: bool = True,
+    benchmarks: Sequence[Problem] = (),
+    n: int = 8,
+) -> tuple[list[Problem], list[Removal]]:
     """The report's filters in order: integer answers, duplicates, benchmark n-gram overlap."""
     kept, removed = list(problems), []
     if integer_answers:

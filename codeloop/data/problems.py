@@ -39,8 +39,9 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
     """(where, record) pairs; `where` is `file:line` or `file:row`."""
     path = Path(source)
     if not source:
-        raise DataError("no problem file given: set data.train (a JSONL or Parquet file, or a "
-                        "hub dataset name)")  # fmt: skip
+        raise DataError(
+            "no problem file given: set data.train (a JSONL or Parquet file, or a hub dataset name)"
+        )
     if not path.exists() and _looks_like_a_path(source):  # never a minute of hub retries
         raise DataError(f"{source}: no such file")
     if path.suffix == ".jsonl":
@@ -57,8 +58,10 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
         try:
             import pyarrow.parquet as pq  # optional: the `hub` extra
         except ImportError:
-            raise DataError(f"{source}: reading Parquet needs pyarrow: pip install "
-                            "'codeloop[hub]' (or pip install pyarrow)") from None  # fmt: skip
+            raise DataError(
+                f"{source}: reading Parquet needs pyarrow: pip install "
+                "'codeloop[hub]' (or pip install pyarrow)"
+            ) from None
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as err:  # noqa: BLE001 - pyarrow's errors on a bad file are many
@@ -69,16 +72,20 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
     try:
         import datasets  # a hub name: needs the `datasets` package and network access
     except ImportError:
-        raise DataError(f"{source}: no such file; read as a hub dataset name, it needs the "
-                        "`datasets` package: pip install 'codeloop[hub]'") from None  # fmt: skip
+        raise DataError(
+            f"{source}: no such file; read as a hub dataset name, it needs the "
+            "`datasets` package: pip install 'codeloop[hub]'"
+        ) from None
     try:
         if source in GSM8K_HUB_NAMES:
             split = datasets.load_dataset("openai/gsm8k", "main", split="train")
         else:
             split = datasets.load_dataset(source, split="train")
     except Exception as err:  # noqa: BLE001 - the hub's errors are many; all mean "not here"
-        raise DataError(f"{source}: no such file, and not loadable as a hub dataset "
-                        f"({type(err).__name__}: {err})") from err  # fmt: skip
+        raise DataError(
+            f"{source}: no such file, and not loadable as a hub dataset "
+            f"({type(err).__name__}: {err})"
+        ) from err
     return [(f"{source}:row {i}", dict(row)) for i, row in enumerate(split, 1)]
 
 
@@ -93,12 +100,20 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
             continue
         for field in filter(None, (cfg.problem_field, cfg.answer_field, cfg.id_field)):
             if field not in record:
-                key = {cfg.problem_field: "problem_field", cfg.answer_field: "answer_field",
-                       cfg.id_field: "id_field"}[field]  # fmt: skip
-                hint = (" or data.id_field = \"\" to number the problems by line"
-                        if key == "id_field" else "")  # fmt: skip
-                raise DataError(f"{where}: missing field {field!r} (have {sorted(record)}; "
-                                f"set data.{key} to the field that holds it{hint})")  # fmt: skip
+                key = {
+                    cfg.problem_field: "problem_field",
+                    cfg.answer_field: "answer_field",
+                    cfg.id_field: "id_field",
+                }[field]
+                hint = (
+                    ' or data.id_field = "" to number the problems by line'
+                    if key == "id_field"
+                    else ""
+                )
+                raise DataError(
+                    f"{where}: missing field {field!r} (have {sorted(record)}; "
+                    f"set data.{key} to the field that holds it{hint})"
+                )
         problem_id = str(record[cfg.id_field]) if cfg.id_field else str(index)
         problems.append(
             Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
@@ -111,8 +126,7 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
 def _looks_like_a_path(source: str) -> bool:
     """A file path rather than a hub name (`owner/name`): absolute or relative to `.`/`~`, with
     a file suffix, or more than one folder deep."""
-    return (source.startswith(("/", ".", "~")) or bool(Path(source).suffix)
-            or source.count("/") > 1)  # fmt: skip
+    return source.startswith(("/", ".", "~")) or bool(Path(source).suffix) or source.count("/") > 1
 
 
 GSM8K_HUB_NAMES = ("gsm8k", "openai/gsm8k")
@@ -135,13 +149,15 @@ def _gsm8k(record: dict[str, Any], problem_id: str, where: str) -> Problem:
     return Problem(problem_id, str(record["question"]), answer, solution.strip())
 
 
-def split_dev(problems: list[Problem], size: int, seed: int = 0
-              ) -> tuple[list[Problem], list[Problem]]:  # fmt: skip
+def split_dev(
+    problems: list[Problem], size: int, seed: int = 0
+) -> tuple[list[Problem], list[Problem]]:
     """(train, dev): `size` problems drawn by a seeded shuffle are held out, the rest kept in
     their order; the same problems and seed always give the same split."""
     if size >= len(problems):
-        raise DataError(f"a development split of {size} leaves no training problems "
-                        f"(there are {len(problems)})")  # fmt: skip
+        raise DataError(
+            f"a development split of {size} leaves no training problems (there are {len(problems)})"
+        )
     order = list(range(len(problems)))
     random.Random(seed).shuffle(order)
     held = set(order[:size])

@@ -75,8 +75,9 @@ def problems(seed: int, split: Split, counts: dict[int, int]) -> list[Problem]:
 
 def _call(code: str) -> str:
     # The tool name is the rollout's default tool (kept as text: data sits below rollout).
-    arguments = json.dumps({"name": "execute_python_code_with_standard_io",
-                            "arguments": {"code": code}})  # fmt: skip
+    arguments = json.dumps(
+        {"name": "execute_python_code_with_standard_io", "arguments": {"code": code}}
+    )
     return f"<tool_call>\n{arguments}\n</tool_call>"
 
 

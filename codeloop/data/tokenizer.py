@@ -12,8 +12,17 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TAG_TOKENS = ["<reason>", "</reason>", "<answer>", "</answer>", "<tool_call>", "</tool_call>",
-              "<tool_response>", "</tool_response>", "\\boxed"]  # fmt: skip
+TAG_TOKENS = [
+    "<reason>",
+    "</reason>",
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "\\boxed",
+]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:

@@ -29,16 +29,27 @@ NAME = "codeloop_decode"
 _UNHANDLED = ("softcap", "sliding_window", "position_bias", "s_aux")  # options left to SDPA
 
 
-def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                     scaling: float | None = None, **kwargs: Any
-                     ) -> tuple[torch.Tensor, None]:  # fmt: skip
+def decode_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: query [B, H, Q, D], key/value [B, KVH, T, D], mask
     broadcastable to [B, 1, Q, T] (True or 0 where attended); returns [B, Q, H, D]."""
-    if (query.shape[2] != 1 or module.training or dropout
-            or any(kwargs.get(name) is not None for name in _UNHANDLED)):  # fmt: skip
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)  # fmt: skip
+    if (
+        query.shape[2] != 1
+        or module.training
+        or dropout
+        or any(kwargs.get(name) is not None for name in _UNHANDLED)
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     packed = query.view(rows, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]

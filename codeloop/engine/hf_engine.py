@@ -102,13 +102,17 @@ class EngineStats:
         share of prompt tokens served from the cache."""
         prompt = self.prefill_tokens + self.reused_tokens
         return {
-            "steps": self.steps, "prefills": self.prefills,
-            "prefill_tokens": self.prefill_tokens, "reused_tokens": self.reused_tokens,
+            "steps": self.steps,
+            "prefills": self.prefills,
+            "prefill_tokens": self.prefill_tokens,
+            "reused_tokens": self.reused_tokens,
             "rows_per_step": self.rows_decoded / max(self.steps, 1),
             "prefix_reuse": self.reused_tokens / prompt if prompt else 0.0,
-            "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_s": self.host_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "host_s": self.host_s,
             "graphs": self.graphs,
-        }  # fmt: skip
+        }
 
 
 TRIM_EVERY_STEPS = 32  # decoding steps between checks that freed memory goes back (memory.py)
@@ -143,16 +147,21 @@ def default_kv_tokens(model: Any) -> int:
     return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
 
 
-def engine_from_config(model: Any, tokenizer: Any, rollout: RolloutConfig, *,
-                       longest_response: int = 0) -> TransformersEngine:  # fmt: skip
+def engine_from_config(
+    model: Any, tokenizer: Any, rollout: RolloutConfig, *, longest_response: int = 0
+) -> TransformersEngine:
     """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`)
     over `model` as it is (device, dtype), stopping at the tokenizer's turn ends
     (`end_of_turn_ids`); its KV slots planned for `longest_response` tokens now (`plan`: one
     that cannot fit is refused here; 0: planned by the first requests). `codeloop serve`,
     training and evaluation all build their engine here."""
-    engine = TransformersEngine(model, tokenizer, end_of_turn_ids(tokenizer),
-                                max_batch=rollout.engine_max_batch,
-                                max_kv_tokens=rollout.kv_capacity_tokens)  # fmt: skip
+    engine = TransformersEngine(
+        model,
+        tokenizer,
+        end_of_turn_ids(tokenizer),
+        max_batch=rollout.engine_max_batch,
+        max_kv_tokens=rollout.kv_capacity_tokens,
+    )
     if longest_response:
         engine.plan(longest_response)
     return engine
@@ -161,11 +170,19 @@ def engine_from_config(model: Any, tokenizer: Any, rollout: RolloutConfig, *,
 class TransformersEngine:
     """`Engine` over a `transformers` model; see the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Iterable[int],
-                 max_batch: int = 64, max_kv_tokens: int = 0,
-                 prefix_cache_tokens: int | None = None, batch_window_ms: float = 5.0,
-                 step_in_thread: bool | None = None, slot_cache: bool | None = None,
-                 join_wait_steps: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        stop_token_ids: Iterable[int],
+        max_batch: int = 64,
+        max_kv_tokens: int = 0,
+        prefix_cache_tokens: int | None = None,
+        batch_window_ms: float = 5.0,
+        step_in_thread: bool | None = None,
+        slot_cache: bool | None = None,
+        join_wait_steps: int | None = None,
+    ) -> None:
         self.model = model.eval()
         # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
         # or transformers' DynamicCache (kv_batch.py). None: slots on a GPU where the model's
@@ -183,8 +200,11 @@ class TransformersEngine:
         # threads than cores on the machine, so libgomp sleeps between parallel regions
         # instead of spinning: a SmolLM2 decoding step of 16 rows took 55 ms on the main thread
         # and 83 ms on a worker thread (2-core AMD EPYC, bfloat16; 86 and 111 ms in float32).
-        self.step_in_thread = (next(model.parameters()).device.type != "cpu"
-                               if step_in_thread is None else step_in_thread)  # fmt: skip
+        self.step_in_thread = (
+            next(model.parameters()).device.type != "cpu"
+            if step_in_thread is None
+            else step_in_thread
+        )
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
         self.max_batch = max_batch
@@ -271,11 +291,15 @@ class TransformersEngine:
         if not prompt_ids:
             raise ValueError("generate: empty prompt")
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        seed = (int(torch.randint(SEEDS, (), generator=self._seeds)) if params.seed is None
-                else params.seed % SEEDS)  # fmt: skip
+        seed = (
+            int(torch.randint(SEEDS, (), generator=self._seeds))
+            if params.seed is None
+            else params.seed % SEEDS
+        )
         completers = stop_completers(self.tokenizer, params.stop) if params.stop else None
-        self._queue.append(_Request(list(prompt_ids), params, future, seed, completers,
-                                    self._stats.steps))  # fmt: skip
+        self._queue.append(
+            _Request(list(prompt_ids), params, future, seed, completers, self._stats.steps)
+        )
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
         return await future
@@ -340,8 +364,9 @@ class TransformersEngine:
             reserved += tokens
         return joining
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
-                       ) -> None:  # fmt: skip
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
+    ) -> None:
         """Copy new weights into the model in place (between steps) and set `version` (by
         default the next one); cached prefixes are dropped (their KV came from the old
         weights)."""
@@ -373,8 +398,9 @@ class TransformersEngine:
                     self._batch = batch if self._batch is None else self._batch.merge(batch)  # type: ignore[arg-type]
                     self._running += joined
                 unique = {tuple(r.prompt_ids) for r in joining}  # prefilled once each
-                stats.prefill_tokens += (sum(map(len, unique))
-                                         - (self.prefixes.reused_tokens - reused))  # fmt: skip
+                stats.prefill_tokens += sum(map(len, unique)) - (
+                    self.prefixes.reused_tokens - reused
+                )
                 stats.prefill_s += time.perf_counter() - began
             if self._running:
                 assert self._batch is not None
@@ -392,16 +418,18 @@ class TransformersEngine:
                 self._batch = None
             return finished
 
-    def _prefill(self, joining: list[_Request], device: torch.device
-                 ) -> tuple[KVBatch | SlotBatch, torch.Tensor]:  # fmt: skip
+    def _prefill(
+        self, joining: list[_Request], device: torch.device
+    ) -> tuple[KVBatch | SlotBatch, torch.Tensor]:
         """The joining requests' batch (in the slots after the running rows, or a KVBatch to
         merge) and their next-token logits [n, V]."""
         prompts = [r.prompt_ids for r in joining]
         if self.slots is None:
             return KVBatch.prefill(self._forward, prompts, self.prefixes, self.pad_id, device)
         columns = max(r.reserved_tokens for r in [*self._running, *joining])
-        return SlotBatch.prefill(self.slots, prompts, self.prefixes, self.pad_id,
-                                 len(self._running), columns)  # fmt: skip
+        return SlotBatch.prefill(
+            self.slots, prompts, self.prefixes, self.pad_id, len(self._running), columns
+        )
 
     def _forward(self, cache: DynamicCache, **inputs: torch.Tensor) -> torch.Tensor:
         """The model's last-position logits [B, V] (float32), extending `cache`."""
@@ -409,24 +437,32 @@ class TransformersEngine:
         logits: torch.Tensor = output.logits[:, -1, :].float()
         return logits
 
-    def _sample_and_retire(self, rows: list[_Request], batch: KVBatch | SlotBatch,
-                           logits: torch.Tensor
-                           ) -> tuple[list[_Request], list[_Request]]:  # fmt: skip
+    def _sample_and_retire(
+        self, rows: list[_Request], batch: KVBatch | SlotBatch, logits: torch.Tensor
+    ) -> tuple[list[_Request], list[_Request]]:
         """Sample a token for each row of `batch`, record it, and cut finished rows out (their
         KV goes to the prefix cache: the prompt and every sampled token but the last); returns
         the finished requests and the others in the batch's new row order."""
-        draws = uniforms(torch.tensor([r.seed for r in rows]),
-                         torch.tensor([len(r.out_ids) for r in rows]))  # fmt: skip
+        draws = uniforms(
+            torch.tensor([r.seed for r in rows]), torch.tensor([len(r.out_ids) for r in rows])
+        )
         tokens, logprobs = sample(logits, [r.params for r in rows], draws)
         picked = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer
         for request, token, logprob in zip(rows, map(int, picked[0]), picked[1], strict=True):
             request.out_ids.append(token)
             request.out_logprobs.append(logprob)
             request.out_versions.append(self.version)
-            request.finish = ("stop" if request.future.cancelled()  # its caller is gone
-                              else finish_reason(self.tokenizer, self.stop_token_ids,
-                                                 request.out_ids, request.params,
-                                                 request.completers))  # fmt: skip
+            request.finish = (
+                "stop"
+                if request.future.cancelled()  # its caller is gone
+                else finish_reason(
+                    self.tokenizer,
+                    self.stop_token_ids,
+                    request.out_ids,
+                    request.params,
+                    request.completers,
+                )
+            )
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) == len(rows):
             return [], rows

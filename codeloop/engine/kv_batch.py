@@ -72,8 +72,10 @@ class PrefixCache:
 
     def peek(self, ids: tuple[int, ...]) -> int:
         """How many of `ids` an entry holds (a lookup that changes nothing)."""
-        return max((_common_prefix(e, ids, min(len(ids), len(e))) for e in self._candidates(ids)),
-                   default=0)  # fmt: skip
+        return max(
+            (_common_prefix(e, ids, min(len(ids), len(e))) for e in self._candidates(ids)),
+            default=0,
+        )
 
     def _candidates(self, ids: tuple[int, ...]) -> set[tuple[int, ...]]:
         """Entries among which the longest common prefix with `ids` is: those holding the
@@ -107,8 +109,12 @@ class PrefixCache:
     def _prefixes_of(self, ids: tuple[int, ...], chains: list[int]) -> list[tuple[int, ...]]:
         """The entries that are prefixes of `ids` (a new entry supersedes them)."""
         ends = [None, *chains]
-        return [key for end in ends for key in self._ending.get(end, ())
-                if len(key) <= len(ids) and ids[: len(key)] == key]  # fmt: skip
+        return [
+            key
+            for end in ends
+            for key in self._ending.get(end, ())
+            if len(key) <= len(ids) and ids[: len(key)] == key
+        ]
 
     def _remove(self, ids: tuple[int, ...]) -> None:
         self.tokens -= len(self._entries.pop(ids).ids)
@@ -163,8 +169,14 @@ class KVBatch:
         self.cache, self.mask, self.lengths = cache, mask, lengths
 
     @classmethod
-    def prefill(cls, forward: Forward, prompts: list[list[int]], prefixes: PrefixCache,
-                pad_id: int, device: torch.device) -> tuple[KVBatch, torch.Tensor]:  # fmt: skip
+    def prefill(
+        cls,
+        forward: Forward,
+        prompts: list[list[int]],
+        prefixes: PrefixCache,
+        pad_id: int,
+        device: torch.device,
+    ) -> tuple[KVBatch, torch.Tensor]:
         """A batch of the prompts, each prefilled past its cached prefix (identical prompts
         once), and the next-token logits [B, V]."""
         unique = list(dict.fromkeys(tuple(p) for p in prompts))
@@ -183,8 +195,9 @@ class KVBatch:
             positions[row, width - new :] = torch.arange(n, len(prompt))
         cache = _cache_of(found, reused, device)
         mask = mask.to(device)
-        logits = forward(cache, input_ids=ids.to(device), attention_mask=mask,
-                         position_ids=positions.to(device))  # fmt: skip
+        logits = forward(
+            cache, input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device)
+        )
         batch = cls(cache, mask, mask.sum(-1))
         if len(unique) < len(prompts):
             row_of = {p: i for i, p in enumerate(unique)}
@@ -196,8 +209,12 @@ class KVBatch:
     def decode(self, forward: Forward, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([B]); the next-token logits [B, V]."""
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
-        logits = forward(self.cache, input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                         position_ids=self.lengths.unsqueeze(-1))  # fmt: skip
+        logits = forward(
+            self.cache,
+            input_ids=tokens.unsqueeze(-1),
+            attention_mask=self.mask,
+            position_ids=self.lengths.unsqueeze(-1),
+        )
         self.lengths = self.lengths + 1
         return logits
 
@@ -205,8 +222,10 @@ class KVBatch:
         """A copy of one row's KV, its real tokens only: per layer [heads, len, head_dim]."""
         # the columns found once: a boolean index per layer stopped a GPU 2 x layers times
         real = self.mask[row].nonzero().squeeze(-1)
-        return [(layer.keys[row].index_select(1, real), layer.values[row].index_select(1, real))
-                for layer in _layers(self.cache)]  # fmt: skip
+        return [
+            (layer.keys[row].index_select(1, real), layer.values[row].index_select(1, real))
+            for layer in _layers(self.cache)
+        ]
 
     def select(self, rows: list[int]) -> list[int]:
         """Keep these rows (in this order; one may repeat), and drop the columns none uses;
@@ -241,8 +260,9 @@ class KVBatch:
 SHARED_PREFIX_MIN = 32  # tokens: a shorter common prefix is not worth a forward pass of its own
 
 
-def _share_common_prefix(forward: Forward, prompts: list[tuple[int, ...]],
-                         prefixes: PrefixCache, device: torch.device) -> None:  # fmt: skip
+def _share_common_prefix(
+    forward: Forward, prompts: list[tuple[int, ...]], prefixes: PrefixCache, device: torch.device
+) -> None:
     """Prefill the prompts' common prefix (a system prompt, say) once and cache it, when
     several prompts share at least `SHARED_PREFIX_MIN` tokens that are not cached yet."""
     if len(prompts) < 2 or not prefixes.max_tokens:
@@ -256,8 +276,9 @@ def _share_common_prefix(forward: Forward, prompts: list[tuple[int, ...]],
     prefixes.store(tuple(head), [(k[:, :common], v[:, :common]) for k, v in batch.row_kv(0)])
 
 
-def _cache_of(found: list[tuple[int, CachedPrefix | None]], width: int, device: torch.device
-              ) -> DynamicCache:  # fmt: skip
+def _cache_of(
+    found: list[tuple[int, CachedPrefix | None]], width: int, device: torch.device
+) -> DynamicCache:
     """A cache of the reused prefixes, each left-padded to `width` columns ([U, heads, width,
     head_dim] per layer); empty when nothing is reused."""
     cache = new_cache()
@@ -270,8 +291,11 @@ def _cache_of(found: list[tuple[int, CachedPrefix | None]], width: int, device: 
         for tensor_index in (0, 1):
             rows = []
             for n, entry in found:
-                part = (entry.kv[layer][tensor_index][:, :n] if entry is not None and n
-                        else keys.new_zeros((heads, 0, dim)))  # fmt: skip
+                part = (
+                    entry.kv[layer][tensor_index][:, :n]
+                    if entry is not None and n
+                    else keys.new_zeros((heads, 0, dim))
+                )
                 rows.append(_pad_left(part, width))
             stacked.append(torch.stack(rows).to(device))
         cache.update(stacked[0], stacked[1], layer)
@@ -305,8 +329,9 @@ class _GrowingLayer(DynamicLayer):
         self.keys, self.values, self._start, self._view = keys, values, start, keys
         return keys, values
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         old_keys, old_values = self.keys, self.values
@@ -323,13 +348,18 @@ class _GrowingLayer(DynamicLayer):
         buffers[1][:rows, :, start + length : start + end] = value_states
         return self._set_view(rows, start, start + end)
 
-    def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, columns: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _rebuffer(
+        self, keys: torch.Tensor, values: torch.Tensor, columns: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """New buffers holding `keys` / `values` from column 0, with room for `columns` and
         more."""
         rows, length = keys.shape[0], keys.shape[-2]
-        shape = (rows + max(4, rows // 4), keys.shape[1], columns + max(64, columns // 4),
-                 keys.shape[-1])  # fmt: skip
+        shape = (
+            rows + max(4, rows // 4),
+            keys.shape[1],
+            columns + max(64, columns // 4),
+            keys.shape[-1],
+        )
         buffers = keys.new_empty(shape), values.new_empty(shape)
         buffers[0][:rows, :, :length] = keys
         buffers[1][:rows, :, :length] = values

@@ -21,8 +21,11 @@ def require_cuda(what: str, otherwise: str = "") -> None:
     says what to do without one."""
     if torch.cuda.is_available():
         return
-    build = ("a CPU build" if torch.version.cuda is None
-             else f"a CUDA {torch.version.cuda} build that finds no GPU")  # fmt: skip
+    build = (
+        "a CPU build"
+        if torch.version.cuda is None
+        else f"a CUDA {torch.version.cuda} build that finds no GPU"
+    )
     raise ModelError(
         f"{what} needs a GPU, and torch {torch.__version__} is {build}: install a "
         f"CUDA build of torch (docs/installation.md){otherwise}"
@@ -57,8 +60,10 @@ def check_source(name_or_path: str, what: str = "model") -> None:
         if what == "model" and not (path / "config.json").is_file():
             raise ModelError(f"{what} {name_or_path!r}: no model there (no config.json)")
         if what == "tokenizer" and not any((path / f).is_file() for f in TOKENIZER_FILES):
-            raise ModelError(f"{what} {name_or_path!r}: no tokenizer there (none of "
-                             f"{', '.join(TOKENIZER_FILES)})")  # fmt: skip
+            raise ModelError(
+                f"{what} {name_or_path!r}: no tokenizer there (none of "
+                f"{', '.join(TOKENIZER_FILES)})"
+            )
     elif name_or_path.startswith(("/", ".", "~")) or path.exists():
         raise ModelError(f"{what} {name_or_path!r}: no such directory")
 
@@ -98,13 +103,24 @@ def load_policy(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def tiny_model(vocab_size: int, hidden_size: int = 64, layers: int = 2, heads: int = 4,
-               max_positions: int = 4096, seed: int = 0) -> Any:  # fmt: skip
+def tiny_model(
+    vocab_size: int,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Any:
     """A randomly initialised Llama-style model, small enough for CPU tests and the demo."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 4,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+    )
     return AutoModelForCausalLM.from_config(config)

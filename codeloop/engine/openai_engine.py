@@ -65,8 +65,14 @@ class ServerUnavailable(EngineError, EngineUnavailable):
 
 
 class OpenAIEngine:
-    def __init__(self, base_url: str, model: str = "", backend: Backend = "codeloop",
-                 timeout_s: float = 3600.0, kv_capacity_tokens: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "",
+        backend: Backend = "codeloop",
+        timeout_s: float = 3600.0,
+        kv_capacity_tokens: int = 0,
+    ) -> None:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
@@ -88,11 +94,17 @@ class OpenAIEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         body: dict[str, Any] = {
-            "model": self.model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "stop": params.stop,
-            "logprobs": 0, "return_tokens_as_token_ids": True,
-            "include_stop_str_in_output": True, "skip_special_tokens": False,
-        }  # fmt: skip
+            "model": self.model,
+            "prompt": prompt_ids,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stop": params.stop,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         if self.backend == "codeloop" and self.weights_version is not None:
@@ -124,8 +136,10 @@ class OpenAIEngine:
         if self.backend == "vllm":
             served = await self._served_roots()
             if served and not any(_same_dir(root, path) for root in served):
-                raise EngineError(f"{self.base_url}: vLLM reloads the directory it serves "
-                                  f"({', '.join(served)}), not {path}: serve {path}")  # fmt: skip
+                raise EngineError(
+                    f"{self.base_url}: vLLM reloads the directory it serves "
+                    f"({', '.join(served)}), not {path}: serve {path}"
+                )
             await self._post(*_VLLM_RELOAD)
             return
         route, key = _RELOAD_ROUTES[self.backend]
@@ -184,8 +198,10 @@ async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
 
 def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIEngine]:
     """One engine per server URL, of the kind `rollout.server` names, serving `model`."""
-    return [OpenAIEngine(url, model, cfg.server, kv_capacity_tokens=cfg.kv_capacity_tokens)
-            for url in urls]  # fmt: skip
+    return [
+        OpenAIEngine(url, model, cfg.server, kv_capacity_tokens=cfg.kv_capacity_tokens)
+        for url in urls
+    ]
 
 
 def _generation(choice: dict[str, Any]) -> Generation:

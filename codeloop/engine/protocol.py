@@ -78,5 +78,4 @@ class KVPolled(Protocol):
 class WeightUpdatable(Protocol):
     """Takes trained weights in place (`trainer/weights.py`'s `EngineSink`)."""
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None
-                       ) -> None: ...  # fmt: skip
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None: ...

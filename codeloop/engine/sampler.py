@@ -15,8 +15,9 @@ import torch
 from codeloop.engine.protocol import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of [B, V] logits and its logprob, each row with its own temperature,
     top-p and uniform draw in [0, 1) ([B], `uniforms`; see the module docstring); returns ([B]
     tokens, [B] logprobs). A batch whose rows share their temperature and top-p (an RL run's,
@@ -27,8 +28,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tens
     return _sample_rows(logits, params, draws)
 
 
-def _sample_alike(logits: torch.Tensor, temperature: float, top_p: float, draws: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _sample_alike(
+    logits: torch.Tensor, temperature: float, top_p: float, draws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample` with one temperature and top-p for every row: what `_sample_rows` computes."""
     device = logits.device
     divisor = torch.tensor([[temperature if temperature > 0 else 1.0]], device=device)  # [1, 1]
@@ -47,8 +49,9 @@ def _sample_alike(logits: torch.Tensor, temperature: float, top_p: float, draws:
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _sample_rows(
+    logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample` for rows of different temperatures and top-p."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)  # [B]

@@ -100,16 +100,25 @@ class _Leased:
 
 
 class Scheduler:
-    def __init__(self, engines: Sequence[Engine], policy: str = "kv_aware",
-                 capacity_tokens: int | Sequence[int] = 1 << 20, batch_size: int = 0,
-                 move_share: float = 0.25, poll_s: float = 0.05, retry_s: float = 120.0
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        policy: str = "kv_aware",
+        capacity_tokens: int | Sequence[int] = 1 << 20,
+        batch_size: int = 0,
+        move_share: float = 0.25,
+        poll_s: float = 0.05,
+        retry_s: float = 120.0,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"rollout.scheduler: unknown policy {policy!r}; expected {POLICIES}")
         if not engines:
             raise ValueError("Scheduler needs at least one engine")
-        capacities = ([capacity_tokens] * len(engines) if isinstance(capacity_tokens, int)
-                      else list(capacity_tokens))  # fmt: skip
+        capacities = (
+            [capacity_tokens] * len(engines)
+            if isinstance(capacity_tokens, int)
+            else list(capacity_tokens)
+        )
         self.slots = [EngineSlot(e, c) for e, c in zip(engines, capacities, strict=True)]
         self.policy, self.batch_size, self.poll_s = policy, batch_size, poll_s
         self.move_share, self.retry_s = move_share, retry_s
@@ -118,14 +127,16 @@ class Scheduler:
         self._poller: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_rollout(cls, engines: Sequence[Engine], cfg: RolloutConfig, batch_size: int = 0,
-                    sharing: int = 1) -> Scheduler:  # fmt: skip
+    def for_rollout(
+        cls, engines: Sequence[Engine], cfg: RolloutConfig, batch_size: int = 0, sharing: int = 1
+    ) -> Scheduler:
         """The scheduler `cfg` names (`rollout.scheduler`, `rollout.kv_capacity_tokens`; a
         capacity of 0 is each engine's own `kv_capacity_tokens`, no limit where it has none),
         with 1/`sharing` of each engine's capacity (schedulers that share engines)."""
         own = [e.kv_capacity_tokens if isinstance(e, KVReporting) else 0 for e in engines]
-        capacities = [(cfg.kv_capacity_tokens or capacity) // sharing or 1 << 40
-                      for capacity in own]  # fmt: skip
+        capacities = [
+            (cfg.kv_capacity_tokens or capacity) // sharing or 1 << 40 for capacity in own
+        ]
         return cls(engines, cfg.scheduler, capacities, batch_size, retry_s=cfg.server_retry_s)
 
     @asynccontextmanager
@@ -139,8 +150,9 @@ class Scheduler:
             home = self.slots[index]
         yield _Leased(self, home, k)
 
-    async def _take(self, leased: _Leased, prompt_ids: list[int], max_tokens: int
-                    ) -> tuple[EngineSlot, int]:  # fmt: skip
+    async def _take(
+        self, leased: _Leased, prompt_ids: list[int], max_tokens: int
+    ) -> tuple[EngineSlot, int]:
         """The slot a call goes to, and the KV tokens it reserved there (kv_aware)."""
         if self.policy == "kv_aware":
             reserve = len(prompt_ids) + max_tokens
@@ -170,8 +182,12 @@ class Scheduler:
         """Fail a call at once while every engine cools down after failing for `retry_s`: a
         server gone for good costs each later call nothing (one try a cool-down still probes)."""
         now = self._now()
-        if all(s.failing_since is not None and s.failing_since + self.retry_s <= now
-               and not self._up(s) for s in self.slots):  # fmt: skip
+        if all(
+            s.failing_since is not None
+            and s.failing_since + self.retry_s <= now
+            and not self._up(s)
+            for s in self.slots
+        ):
             faults = "; ".join(dict.fromkeys(s.fault for s in self.slots))
             raise EngineUnavailable(f"no engine could serve for {self.retry_s:.0f} s: {faults}")
 

@@ -82,9 +82,16 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
             "finish_reason": generation.finish_reason,
         }
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(generation.token_ids)}
-        return web.json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                                  "created": int(time.time()), "model": model_name,
-                                  "choices": [choice], "usage": usage})  # fmt: skip
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def weights(request: web.Request) -> web.Response:
         from safetensors import SafetensorError
@@ -133,14 +140,26 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
         return web.json_response({"ok": True, "model": model_name, "version": version})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.add_routes([web.post("/v1/completions", completions), web.post("/v1/weights", weights),
-                    web.post("/v1/reload", reload), web.get("/metrics", metrics),
-                    web.get("/health", health)])  # fmt: skip
+    app.add_routes(
+        [
+            web.post("/v1/completions", completions),
+            web.post("/v1/weights", weights),
+            web.post("/v1/reload", reload),
+            web.get("/metrics", metrics),
+            web.get("/health", health),
+        ]
+    )
     return app
 
 
-def serve(model_path: str, host: str, port: int, max_batch: int, kv_capacity_tokens: int,
-          dtype: str = "float32") -> None:  # fmt: skip
+def serve(
+    model_path: str,
+    host: str,
+    port: int,
+    max_batch: int,
+    kv_capacity_tokens: int,
+    dtype: str = "float32",
+) -> None:
     """Serve `model_path` with its weights in `dtype` (`trainer.dtype`'s values)."""
     model, tokenizer = load_policy(model_path, dtype)  # a ModelError names what is missing
     device = default_device()

@@ -166,8 +166,14 @@ class SlotDecoder:
         return min(width, self.columns)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None,
-                width: int, last: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor | None,
+        width: int,
+        last: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Feed `tokens` [n, T] at `positions` [n, T] into `slots` [n] (None: the first n,
         read in place rather than gathered) and return the logits [n, V] (float32) at each
         row's query `last` [n] (default the last one). Each row's KV is written to its slot;
@@ -195,8 +201,11 @@ class SlotDecoder:
             keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
             keys[where, :, positions] = k
             values[where, :, positions] = v
-            packed = (q.view(n, t, self.kv_heads, group, self.head_dim)
-                      .permute(0, 2, 3, 1, 4).reshape(n, self.kv_heads, group * t, -1))  # fmt: skip
+            packed = (
+                q.view(n, t, self.kv_heads, group, self.head_dim)
+                .permute(0, 2, 3, 1, 4)
+                .reshape(n, self.kv_heads, group * t, -1)
+            )
             out = torch.nn.functional.scaled_dot_product_attention(
                 packed,
                 keys[read, :, :width],
@@ -252,8 +261,9 @@ class SlotDecoder:
     def graphs_captured(self) -> int:
         return len(self._graphs)
 
-    def prefill(self, prompts: Sequence[Sequence[int]], slots: list[int],
-                cached: list[int], pad_id: int) -> torch.Tensor:  # fmt: skip
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], slots: list[int], cached: list[int], pad_id: int
+    ) -> torch.Tensor:
         """Feed each prompt past its first `cached` tokens (already in its slot) into its slot;
         the logits [n, V] after each prompt's last token. Chunked so that a chunk's attention
         scores stay under `PREFILL_SCORES` elements."""
@@ -263,8 +273,9 @@ class SlotDecoder:
             end = start + 1
             while end < len(prompts) and self._scores(prompts[start : end + 1]) <= PREFILL_SCORES:
                 end += 1
-            logits.append(self._prefill_chunk(prompts[start:end], slots[start:end],
-                                              cached[start:end], pad_id))  # fmt: skip
+            logits.append(
+                self._prefill_chunk(prompts[start:end], slots[start:end], cached[start:end], pad_id)
+            )
             start = end
         return torch.cat(logits)
 
@@ -272,8 +283,9 @@ class SlotDecoder:
         longest = max(len(p) for p in prompts)
         return len(prompts) * self.heads * longest * self.width(longest)
 
-    def _prefill_chunk(self, prompts: Sequence[Sequence[int]], slots: list[int],
-                       cached: list[int], pad_id: int) -> torch.Tensor:  # fmt: skip
+    def _prefill_chunk(
+        self, prompts: Sequence[Sequence[int]], slots: list[int], cached: list[int], pad_id: int
+    ) -> torch.Tensor:
         new = [len(p) - c for p, c in zip(prompts, cached, strict=True)]
         t = max(new)
         tokens = torch.full((len(prompts), t), pad_id, dtype=torch.long)  # [n, T] right-padded
@@ -284,9 +296,13 @@ class SlotDecoder:
         positions.clamp_(max=self.columns - 1)
         width = self.width(int(positions.max()) + 1)
         last = torch.tensor(new) - 1
-        return self.forward(tokens.to(self.device), positions.to(self.device),
-                            torch.tensor(slots, device=self.device), width,
-                            last.to(self.device))  # fmt: skip
+        return self.forward(
+            tokens.to(self.device),
+            positions.to(self.device),
+            torch.tensor(slots, device=self.device),
+            width,
+            last.to(self.device),
+        )
 
     def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A copy of a slot's first `length` columns: per layer (keys, values), each [KV
@@ -294,8 +310,7 @@ class SlotDecoder:
         copy = self.kv[:, :, slot, :, :length].clone()  # [layers, 2, KVH, length, D]
         return [(copy[i, 0], copy[i, 1]) for i in range(copy.shape[0])]
 
-    def load_kv(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
-                ) -> None:  # fmt: skip
+    def load_kv(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
         """Write the first `length` columns of a prefix-cache entry into a slot: one copy when
         the entry is `slot_kv`'s (views of one tensor), else one per layer and tensor."""
         whole = kv[0][0]._base
@@ -319,9 +334,15 @@ class SlotBatch:
         self.decoder, self.offset, self.lengths = decoder, offset, lengths
 
     @classmethod
-    def prefill(cls, decoder: SlotDecoder, prompts: list[list[int]], prefixes: PrefixCache,
-                pad_id: int, offset: int, columns: int
-                ) -> tuple[SlotBatch, torch.Tensor]:  # fmt: skip
+    def prefill(
+        cls,
+        decoder: SlotDecoder,
+        prompts: list[list[int]],
+        prefixes: PrefixCache,
+        pad_id: int,
+        offset: int,
+        columns: int,
+    ) -> tuple[SlotBatch, torch.Tensor]:
         """The prompts in slots `offset`.., each prefilled past its cached prefix (identical
         prompts once, then copied), and the next-token logits [n, V]; every slot has room for
         `columns` tokens."""
@@ -381,8 +402,13 @@ class SlotBatch:
         return self
 
 
-def _share_common_prefix(decoder: SlotDecoder, prompts: list[tuple[int, ...]],
-                         prefixes: PrefixCache, pad_id: int, slot: int) -> None:  # fmt: skip
+def _share_common_prefix(
+    decoder: SlotDecoder,
+    prompts: list[tuple[int, ...]],
+    prefixes: PrefixCache,
+    pad_id: int,
+    slot: int,
+) -> None:
     """Prefill the prompts' common prefix (a system prompt, say) once, in `slot`, and cache
     it, when several prompts share at least `SHARED_PREFIX_MIN` tokens not cached yet."""
     if len(prompts) < 2 or not prefixes.max_tokens:

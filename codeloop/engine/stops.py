@@ -16,9 +16,13 @@ from codeloop.engine.protocol import SamplingParams
 STOP_TAIL_TOKENS = 16  # a stop string must fit in the decoded last tokens
 
 
-def finish_reason(tokenizer: Any, stop_token_ids: set[int], generated: list[int],
-                  params: SamplingParams, completers: Completers | None = None
-                  ) -> Literal["stop", "length"] | None:  # fmt: skip
+def finish_reason(
+    tokenizer: Any,
+    stop_token_ids: set[int],
+    generated: list[int],
+    params: SamplingParams,
+    completers: Completers | None = None,
+) -> Literal["stop", "length"] | None:
     """Why a row that sampled `generated` stops now, or None: an end-of-turn token, a stop
     string in the decoded tail (it may end across token boundaries), or `max_tokens`.
     `completers` (`stop_completers` of `params.stop`): the tail is decoded only after a token
@@ -50,8 +54,9 @@ class Completers:
 def completing_ids(texts: Sequence[str], stops: Sequence[str]) -> frozenset[int]:
     """The ids (positions in `texts`, each token's own text) that can complete a stop string."""
     ends = {stop[-1] for stop in stops if stop}
-    return frozenset(i for i, text in enumerate(texts)
-                     if "\ufffd" in text or any(end in text for end in ends))  # fmt: skip
+    return frozenset(
+        i for i, text in enumerate(texts) if "\ufffd" in text or any(end in text for end in ends)
+    )
 
 
 _COMPLETERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Completers]] = (

@@ -38,8 +38,9 @@ class EntropyReport:
 
 
 @torch.no_grad()
-def response_entropies(model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int],
-                       loss_mask: Sequence[int]) -> list[float | None]:  # fmt: skip
+def response_entropies(
+    model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int]
+) -> list[float | None]:
     """Entropy of the distribution each sampled response token was drawn from; None if inserted."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=device)  # [1, P + R]
@@ -61,23 +62,42 @@ def after_tool_flags(loss_mask: Sequence[int], window: int) -> list[bool]:
     return flags
 
 
-def analyse(trajectories: Sequence[tuple[list[str], list[float | None], list[bool]]],
-            top_fraction: float = 0.2, most_common: int = 20) -> EntropyReport:  # fmt: skip
+def analyse(
+    trajectories: Sequence[tuple[list[str], list[float | None], list[bool]]],
+    top_fraction: float = 0.2,
+    most_common: int = 20,
+) -> EntropyReport:
     """Top-entropy tokens split by position; input: (token texts, entropies, after-tool flags)."""
-    policy = [(h, tok, after) for toks, hs, flags in trajectories
-              for tok, h, after in zip(toks, hs, flags, strict=True) if h is not None]  # fmt: skip
+    policy = [
+        (h, tok, after)
+        for toks, hs, flags in trajectories
+        for tok, h, after in zip(toks, hs, flags, strict=True)
+        if h is not None
+    ]
     if not policy:
         raise DataError("entropy analysis: no policy tokens in the trajectories")
     top = sorted(policy, key=lambda item: -item[0])[: max(1, math.ceil(top_fraction * len(policy)))]
     after = Counter(tok for _, tok, is_after in top if is_after)
     other = Counter(tok for _, tok, is_after in top if not is_after)
-    return EntropyReport(top_fraction, top[-1][0], len(policy), sum(after.values()),
-                         sum(other.values()), after.most_common(most_common),
-                         other.most_common(most_common))  # fmt: skip
+    return EntropyReport(
+        top_fraction,
+        top[-1][0],
+        len(policy),
+        sum(after.values()),
+        sum(other.values()),
+        after.most_common(most_common),
+        other.most_common(most_common),
+    )
 
 
-def analyse_file(model: Any, tokenizer: Any, path: str | Path, top_fraction: float = 0.2,
-                 window: int = 8, limit: int = 0) -> dict[str, Any]:  # fmt: skip
+def analyse_file(
+    model: Any,
+    tokenizer: Any,
+    path: str | Path,
+    top_fraction: float = 0.2,
+    window: int = 8,
+    limit: int = 0,
+) -> dict[str, Any]:
     """Entropies and the report for the trajectories in a JSONL file (`limit` > 0: the first)."""
     from codeloop.progress import progress_bar
 
@@ -90,8 +110,9 @@ def analyse_file(model: Any, tokenizer: Any, path: str | Path, top_fraction: flo
         missing = [k for k in ("prompt_ids", "response_ids", "loss_mask") if k not in record]
         if missing:
             raise DataError(f"{path}:{number}: no {', '.join(missing)} (use codeloop eval output)")
-        hs = response_entropies(model, record["prompt_ids"], record["response_ids"],
-                                record["loss_mask"])  # fmt: skip
+        hs = response_entropies(
+            model, record["prompt_ids"], record["response_ids"], record["loss_mask"]
+        )
         texts = [tokenizer.decode([i]) for i in record["response_ids"]]
         items.append((texts, hs, after_tool_flags(record["loss_mask"], window)))
         tokens = [[t, h] for t, h in zip(texts, hs, strict=True)]

@@ -49,8 +49,9 @@ from codeloop.rollout.tools import ToolExecutor
 from codeloop.types import Trajectory
 
 
-def open_policy(cfg: Config, model: str = "", endpoint: str | Sequence[str] = "",
-                tokenizer: str = "") -> tuple[Engine | Scheduler, PromptFormat]:  # fmt: skip
+def open_policy(
+    cfg: Config, model: str = "", endpoint: str | Sequence[str] = "", tokenizer: str = ""
+) -> tuple[Engine | Scheduler, PromptFormat]:
     """An engine and prompt format: a model run in this process, or a served one.
 
     `endpoint` is an OpenAI-compatible server (vLLM, SGLang, `codeloop serve`), or several,
@@ -116,8 +117,10 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "problems": len(results),
         "k": k,
-        **{("avg@" + str(k) if key == "avg" else key): value
-           for key, value in summarise([r["correct"] for r in results], k_values).items()},
+        **{
+            ("avg@" + str(k) if key == "avg" else key): value
+            for key, value in summarise([r["correct"] for r in results], k_values).items()
+        },
         f"avg@{k}_interval95": list(interval(list(problem_scores(results).values()))),
         "interval_method": METHOD,
         f"maj@{k}": sum(majority_correct(r["answers"], r["correct"]) for r in results)
@@ -131,7 +134,7 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tool_use": found["tool_use"],
         "cut_off_in_call": found["cut_off_in_call"],
         "malformed_calls": found["malformed_calls"],
-    }  # fmt: skip
+    }
 
 
 def _complete_lines(path: Path) -> list[str]:
@@ -158,8 +161,10 @@ def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
     for number, line in enumerate(_complete_lines(path), 1):
         record = json.loads(line)
         if "samples" not in record:
-            raise DataError(f"{path}:{number}: a line without per-sample records (written by an "
-                            "older codeloop): evaluate into a new directory")  # fmt: skip
+            raise DataError(
+                f"{path}:{number}: a line without per-sample records (written by an "
+                "older codeloop): evaluate into a new directory"
+            )
         done[record["id"]] = record
     return done
 
@@ -170,9 +175,16 @@ def _keep_finished_trajectories(path: Path, done: set[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines if json.loads(line)["prompt_id"] in done))
 
 
-async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptFormat,
-                   problems: Sequence[Problem], cfg: Config, out_dir: str | Path,
-                   concurrency: int = 32, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+async def evaluate(
+    engine: Engine | Scheduler,
+    tools: ToolExecutor,
+    fmt: PromptFormat,
+    problems: Sequence[Problem],
+    cfg: Config,
+    out_dir: str | Path,
+    concurrency: int = 32,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Evaluate `problems` with `cfg.eval.k` samples each into `out_dir`; returns the summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,8 +193,10 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
         raise DataError("evaluate: problem ids must be unique (set data.id_field)")
     done = read_done(out)
     if any(len(r["correct"]) != cfg.eval.k for r in done.values()):
-        raise DataError(f"{out}/results.jsonl: holds results with another k than eval.k = "
-                         f"{cfg.eval.k}; use a new output directory")  # fmt: skip
+        raise DataError(
+            f"{out}/results.jsonl: holds results with another k than eval.k = "
+            f"{cfg.eval.k}; use a new output directory"
+        )
     _keep_finished_trajectories(out / "trajectories.jsonl", set(done))
     verifier = Verifier(cfg.reward)
     agent = Agent(engine, tools, fmt, eval_rollout_config(cfg))
@@ -196,10 +210,13 @@ async def evaluate(engine: Engine | Scheduler, tools: ToolExecutor, fmt: PromptF
     todo = [p for p in problems if p.id not in done]
     failed = Counter[str]()
     try:
-        with (out / "trajectories.jsonl").open("a") as traj_file, \
-                (out / "results.jsonl").open("a") as results_file, \
-                progress_bar(total=len(problems), initial=len(problems) - len(todo), desc="eval",
-                     unit="problem") as bar:  # fmt: skip
+        with (
+            (out / "trajectories.jsonl").open("a") as traj_file,
+            (out / "results.jsonl").open("a") as results_file,
+            progress_bar(
+                total=len(problems), initial=len(problems) - len(todo), desc="eval", unit="problem"
+            ) as bar,
+        ):
             for finished in asyncio.as_completed([one(p) for p in todo]):
                 problem, samples = await finished
                 bar.update()

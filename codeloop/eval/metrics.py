@@ -35,8 +35,9 @@ def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> 
     return any(ok for a, ok in zip(answers, correct, strict=True) if a == winner)
 
 
-def summarise(per_problem: Sequence[Sequence[bool]], k_values: Sequence[int] = (1,)
-              ) -> dict[str, float]:  # fmt: skip
+def summarise(
+    per_problem: Sequence[Sequence[bool]], k_values: Sequence[int] = (1,)
+) -> dict[str, float]:
     """avg@n and pass@k over problems, each given as the correctness of its n samples."""
     if not per_problem:
         raise ValueError("summarise: no problems")

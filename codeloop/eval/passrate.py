@@ -25,12 +25,19 @@ if TYPE_CHECKING:
     from codeloop.engine.hf_engine import TransformersEngine
 
 
-async def score_policy(engine: TransformersEngine, fmt: PromptFormat,
-                       problems: Sequence[Problem], tools: ToolExecutor, rollout: RolloutConfig,
-                       reward: RewardConfig, k: int, seed: int, progress: str = "",
-                       max_kv_tokens: int = 0,
-                       engine_stats: dict[str, float] | None = None
-                       ) -> list[list[Trajectory]]:  # fmt: skip
+async def score_policy(
+    engine: TransformersEngine,
+    fmt: PromptFormat,
+    problems: Sequence[Problem],
+    tools: ToolExecutor,
+    rollout: RolloutConfig,
+    reward: RewardConfig,
+    k: int,
+    seed: int,
+    progress: str = "",
+    max_kv_tokens: int = 0,
+    engine_stats: dict[str, float] | None = None,
+) -> list[list[Trajectory]]:
     """`collect` of the policy in `engine` (the run's own, with its current weights) with its
     own verifier, admitting at most `max_kv_tokens` reserved tokens (0: what the engine
     admits). `engine_stats`, when given, receives what the engine did meanwhile
@@ -51,8 +58,9 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
     trajectories that infrastructure did not fail (`infrastructure_failures` counts those)."""
     shares, failed = problem_shares(groups)
     if not shares:
-        raise RunError(f"all {failed} trajectories failed in the engine or the sandbox: "
-                       "nothing to score")  # fmt: skip
+        raise RunError(
+            f"all {failed} trajectories failed in the engine or the sandbox: nothing to score"
+        )
     found = trajectory_stats([t for g in groups for t in g if not t.unscorable])
     keys = ("response_tokens", "policy_tokens", "tool_error_ratio_correct", "tool_calls")
     return {
@@ -67,12 +75,21 @@ def policy_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
     }
 
 
-async def pass_band(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                    low: float, high: float, seed: int = 0
-                    ) -> tuple[list[Problem], list[Removal]]:  # fmt: skip
+async def pass_band(
+    agent: Agent,
+    problems: Sequence[Problem],
+    k: int,
+    verifier: Verifier,
+    low: float,
+    high: float,
+    seed: int = 0,
+) -> tuple[list[Problem], list[Removal]]:
     """Keep problems whose pass rate over k samples lies in [low, high]."""
     rates = await pass_rates(agent, problems, k, verifier, seed)
     kept = [p for p in problems if low <= rates[p.id] <= high]
-    removed = [Removal(p.id, "pass_rate", f"{rates[p.id]:.3f} outside [{low}, {high}]")
-               for p in problems if not low <= rates[p.id] <= high]  # fmt: skip
+    removed = [
+        Removal(p.id, "pass_rate", f"{rates[p.id]:.3f} outside [{low}, {high}]")
+        for p in problems
+        if not low <= rates[p.id] <= high
+    ]
     return kept, removed

@@ -58,8 +58,9 @@ def _entropies(path: Path) -> tuple[dict[tuple[str, int], Any], dict[str, Any] |
     return tokens, data["report"]
 
 
-def collect_trajectories(run_dir: Path, max_trajectories: int
-                         ) -> tuple[list[dict[str, Any]], int, dict[str, Any] | None]:  # fmt: skip
+def collect_trajectories(
+    run_dir: Path, max_trajectories: int
+) -> tuple[list[dict[str, Any]], int, dict[str, Any] | None]:
     """The newest `max_trajectories` records (oldest first), how many in all, entropy report."""
     kept: list[dict[str, Any]] = []
     total, report = 0, None
@@ -98,15 +99,17 @@ def metric_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def svg_plot(name: str, points: Sequence[tuple[int, float]], width: int = 260,
-             height: int = 110) -> str:  # fmt: skip
+def svg_plot(
+    name: str, points: Sequence[tuple[int, float]], width: int = 260, height: int = 110
+) -> str:
     """A small line chart with its name, range and last value."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     sx = (width - 10) / (x1 - x0 or 1)
     sy = (height - 30) / (y1 - y0 or 1)
-    coords = " ".join(f"{5 + (x - x0) * sx:.1f},{height - 5 - (y - y0) * sy:.1f}"
-                      for x, y in points)  # fmt: skip
+    coords = " ".join(
+        f"{5 + (x - x0) * sx:.1f},{height - 5 - (y - y0) * sy:.1f}" for x, y in points
+    )
     colour = _COLOURS[zlib.crc32(name.split("/")[0].encode()) % len(_COLOURS)]
     return (
         f'<div class="plot" data-metric="{html.escape(name)}"><div class="name">'
@@ -129,10 +132,15 @@ def render(run_dir: str | Path, max_trajectories: int = 2000) -> tuple[str, int,
         )
     series = metric_series(root)
     plots = "".join(svg_plot(k, v) for k, v in sorted(series.items()))
-    scale = max((h for t in trajectories for _, h in t.get("entropy", []) if h is not None),
-                default=1.0)  # fmt: skip
-    data = {"trajectories": trajectories, "max_shown": 500, "entropy_report": report,
-            "entropy_scale": scale or 1.0}  # fmt: skip
+    scale = max(
+        (h for t in trajectories for _, h in t.get("entropy", []) if h is not None), default=1.0
+    )
+    data = {
+        "trajectories": trajectories,
+        "max_shown": 500,
+        "entropy_report": report,
+        "entropy_scale": scale or 1.0,
+    }
     payload = json.dumps(data).replace("</", "<\\/")  # no `</script>` inside the script tag
     page = (
         TEMPLATE.read_text()

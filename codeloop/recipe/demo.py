@@ -82,8 +82,12 @@ def build_format(seed: int) -> PromptFormat:
     for difficulty in (1, 2, 3):
         stream = tasks(seed, "train", difficulty)
         corpus += [f"{task.text} {task.code}" for task in (next(stream) for _ in range(300))]
-    corpus += [SYSTEM, "<reason>Compute it.</reason> Fix the code. I estimate it.",
-               "SyntaxError: '(' was never closed", "system user assistant"] * 20  # fmt: skip
+    corpus += [
+        SYSTEM,
+        "<reason>Compute it.</reason> Fix the code. I estimate it.",
+        "SyntaxError: '(' was never closed",
+        "system user assistant",
+    ] * 20
     rng.shuffle(corpus)
     tokenizer = train_tokenizer(corpus, vocab_size=400)
     tokenizer.add_tokens([CALL_HEAD, '"}}'])
@@ -97,17 +101,24 @@ def demo_format(tokenizer: Any, template: Path) -> PromptFormat:
     )
 
 
-def sft_conversations(fmt: PromptFormat, seed: int, count: int, error_share: float,
-                      no_tool_share: float, skip: int = 0, split: Split = "train"
-                      ) -> list[list[dict[str, str]]]:  # fmt: skip
+def sft_conversations(
+    fmt: PromptFormat,
+    seed: int,
+    count: int,
+    error_share: float,
+    no_tool_share: float,
+    skip: int = 0,
+    split: Split = "train",
+) -> list[list[dict[str, str]]]:
     """`count` demonstrations, a third per difficulty, after the first `skip` tasks of each."""
     rng = random.Random(seed * 7919 + skip)
     conversations = []
     for difficulty in (1, 2, 3):
         chosen = itertools.islice(tasks(seed, split, difficulty), skip, skip + count // 3)
-        conversations += [fmt.messages(task.text)
-                          + demonstration(task, rng, error_share, no_tool_share)
-                          for task in chosen]  # fmt: skip
+        conversations += [
+            fmt.messages(task.text) + demonstration(task, rng, error_share, no_tool_share)
+            for task in chosen
+        ]
     rng.shuffle(conversations)
     return conversations
 
@@ -125,23 +136,35 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
     return float(exact.float().mean())
 
 
-async def evaluate(engine: TransformersEngine, fmt: PromptFormat, held_out: list[Problem],
-                   tools: Any, cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
+async def evaluate(
+    engine: TransformersEngine,
+    fmt: PromptFormat,
+    held_out: list[Problem],
+    tools: Any,
+    cfg: Config,
+    samples: int,
+) -> dict[str, Any]:
     """Held-out metrics of the policy in `engine` (the run's own): `samples` trajectories per
     problem at the rollout settings, seeded by `trainer.seed`."""
-    groups = await score_policy(engine, fmt, held_out, tools, cfg.rollout, cfg.reward, samples,
-                                cfg.trainer.seed)  # fmt: skip
+    groups = await score_policy(
+        engine, fmt, held_out, tools, cfg.rollout, cfg.reward, samples, cfg.trainer.seed
+    )
     return policy_metrics(groups)
 
 
-async def run_demo(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] | None = None,
-                   config_path: Path = DEMO_CONFIG) -> dict[str, Any]:  # fmt: skip
+async def run_demo(
+    run_dir: Path,
+    sizes: Sizes = Sizes(),
+    overrides: list[str] | None = None,
+    config_path: Path = DEMO_CONFIG,
+) -> dict[str, Any]:
     """The whole demo; returns (and writes) the summary. Its one seed is the config's
     `trainer.seed` (`overrides` may set it): the tokenizer, the problems, the SFT policy's
     initial weights and data, and RL all follow from it."""
     start = time.perf_counter()
-    cfg = load_config(str(config_path), [f"--trainer.output_dir={run_dir / 'rl'}",
-                                         *(overrides or [])])  # fmt: skip
+    cfg = load_config(
+        str(config_path), [f"--trainer.output_dir={run_dir / 'rl'}", *(overrides or [])]
+    )
     seed = cfg.trainer.seed
     torch.manual_seed(seed)
     held_out = problems(seed, "heldout", dict.fromkeys((1, 2, 3), sizes.heldout_per_difficulty))
@@ -159,8 +182,12 @@ async def run_demo(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] |
 
         await measure("sft")
         await run_recipe(cfg, model, fmt, train, tools, world, engine=engine, after_stage=measure)
-    summary = {"seed": seed, "resample": cfg.algo.resample, "points": points,
-               "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+    summary = {
+        "seed": seed,
+        "resample": cfg.algo.resample,
+        "points": points,
+        "minutes": (time.perf_counter() - start) / 60,
+    }
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
@@ -176,11 +203,16 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
         fmt = demo_format(AutoTokenizer.from_pretrained(saved), saved / POLICY_TEMPLATE)
         return AutoModelForCausalLM.from_pretrained(saved), fmt
     fmt = build_format(seed)
-    model = tiny_model(len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024,
-                       seed=seed)  # fmt: skip
+    model = tiny_model(
+        len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024, seed=seed
+    )
     # Held-out demonstrations past the problems `run_demo` evaluates on (the same stream).
-    check = [encode_conversation(fmt, c) for c in sft_conversations(
-        fmt, seed, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout")]  # fmt: skip
+    check = [
+        encode_conversation(fmt, c)
+        for c in sft_conversations(
+            fmt, seed, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout"
+        )
+    ]
     logger = RunLogger(run_dir / "sft")
 
     def mastered(steps: int) -> bool:
@@ -193,17 +225,39 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
         return share >= sizes.sft_mastery or learned
 
     clean = sizes.sft_clean_steps * sizes.sft_batch  # the mixed phase's tasks come after these
-    phases = [(sizes.sft_clean_max_steps * sizes.sft_batch, 0.0, 0.0, 0, mastered),
-              (sizes.sft_mixed_steps * sizes.sft_batch, sizes.error_share, sizes.no_tool_share,
-               clean // 3, None)]  # fmt: skip
-    cfg = SFTConfig(epochs=1, lr=sizes.sft_lr, min_lr_ratio=1.0, warmup_steps=10,
-                    conversations_per_step=sizes.sft_batch)  # fmt: skip
+    phases = [
+        (sizes.sft_clean_max_steps * sizes.sft_batch, 0.0, 0.0, 0, mastered),
+        (
+            sizes.sft_mixed_steps * sizes.sft_batch,
+            sizes.error_share,
+            sizes.no_tool_share,
+            clean // 3,
+            None,
+        ),
+    ]
+    cfg = SFTConfig(
+        epochs=1,
+        lr=sizes.sft_lr,
+        min_lr_ratio=1.0,
+        warmup_steps=10,
+        conversations_per_step=sizes.sft_batch,
+    )
     try:
         done = 0
         for count, error_share, no_tool_share, skip, stop_when in phases:
             conversations = sft_conversations(fmt, seed, count, error_share, no_tool_share, skip)
-            done += len(train_sft(model, fmt, conversations, cfg, logger, seed, first_step=done,
-                                  stop_when=stop_when))  # fmt: skip
+            done += len(
+                train_sft(
+                    model,
+                    fmt,
+                    conversations,
+                    cfg,
+                    logger,
+                    seed,
+                    first_step=done,
+                    stop_when=stop_when,
+                )
+            )
     finally:
         logger.close()
     with directory_atomic(saved) as partial:
@@ -214,9 +268,12 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
 
 def _print_point(point: dict[str, Any]) -> None:
     errors = 100 * point["tool_error_ratio_correct"]
-    print(f"[{point['stage']}] held-out accuracy {accuracy_text(point)}, "
-          f"response {point['response_tokens']:.0f} tokens, "
-          f"tool errors among correct {errors:.1f}%", flush=True)  # fmt: skip
+    print(
+        f"[{point['stage']}] held-out accuracy {accuracy_text(point)}, "
+        f"response {point['response_tokens']:.0f} tokens, "
+        f"tool errors among correct {errors:.1f}%",
+        flush=True,
+    )
 
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
@@ -227,9 +284,12 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
     stages = [p["stage"] for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for ax, key, title in zip(axes, ("accuracy", "response_tokens", "tool_error_ratio_correct"),
-                              ("held-out accuracy", "mean response tokens",
-                               "tool-error ratio among correct"), strict=True):  # fmt: skip
+    for ax, key, title in zip(
+        axes,
+        ("accuracy", "response_tokens", "tool_error_ratio_correct"),
+        ("held-out accuracy", "mean response tokens", "tool-error ratio among correct"),
+        strict=True,
+    ):
         values = [p[key] for p in points]
         bounds = [p.get(key + "_interval95") for p in points]
         if all(bounds):  # the 95% interval as error bars
@@ -252,8 +312,9 @@ VARIANTS = {
 }
 
 
-async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
-                       overrides: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+async def run_ablation(
+    run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(), overrides: list[str] | None = None
+) -> dict[str, Any]:
     """Plain GRPO (G samples, no resampling), GRPO on a random G of 2G samples, and GRPO-RoC
     (2G -> G) from one SFT policy, with the same steps, prompts and seeds; returns the final
     metrics of each run. The middle arm separates RoC's selection from its extra samples."""
@@ -276,22 +337,27 @@ async def run_ablation(run_dir: Path, seeds: list[int], sizes: Sizes = Sizes(),
 
 
 def _print_ablation(results: dict[str, Any], seeds: list[int]) -> None:
-    print(f"\n{'variant':15} {'accuracy':>9} {'response tokens':>16} {'policy tokens':>14} "
-          f"{'tool errors | correct':>22}")  # fmt: skip
+    print(
+        f"\n{'variant':15} {'accuracy':>9} {'response tokens':>16} {'policy tokens':>14} "
+        f"{'tool errors | correct':>22}"
+    )
     keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct")
     for variant in VARIANTS:
         rows = [results[f"{variant}-seed{s}"] for s in seeds]
         mean = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
         errors = 100 * mean["tool_error_ratio_correct"]
-        print(f"{variant:15} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
-              f"{mean['policy_tokens']:>14.1f} {errors:>21.1f}%  (seeds {seeds})")  # fmt: skip
+        print(
+            f"{variant:15} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
+            f"{mean['policy_tokens']:>14.1f} {errors:>21.1f}%  (seeds {seeds})"
+        )
 
 
 MODES = {"sync": [], "async": ["--trainer.mode=async"]}
 
 
-async def run_modes(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] | None = None
-                    ) -> dict[str, Any]:  # fmt: skip
+async def run_modes(
+    run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] | None = None
+) -> dict[str, Any]:
     """The demo's RL synchronous and asynchronous (`trainer.mode`) from one SFT policy, with the
     same seed and stages: after each stage the held-out point, the tokens trained so far and the
     seconds the RL steps took (evaluation and refiltering left out); returns them per mode."""
@@ -320,8 +386,10 @@ async def run_modes(run_dir: Path, sizes: Sizes = Sizes(), overrides: list[str] 
 
 def _print_modes(results: dict[str, Any]) -> None:
     base = 0.0
-    print(f"\n{'mode':6} {'RL s':>7} {'trained tokens':>15} {'tokens/s':>9} {'vs sync':>8}  "
-          "held-out accuracy after SFT, then each stage (trained tokens)")  # fmt: skip
+    print(
+        f"\n{'mode':6} {'RL s':>7} {'trained tokens':>15} {'tokens/s':>9} {'vs sync':>8}  "
+        "held-out accuracy after SFT, then each stage (trained tokens)"
+    )
     for mode, summary in results.items():
         last = summary["points"][-1]
         rate = last["trained_tokens"] / max(last["rl_seconds"], 1e-9)
@@ -330,8 +398,10 @@ def _print_modes(results: dict[str, Any]) -> None:
             f"{100 * p['accuracy']:.1f}%" + (f" ({p['trained_tokens']:.0f})" if i else "")
             for i, p in enumerate(summary["points"])
         )
-        print(f"{mode:6} {last['rl_seconds']:>7.0f} {last['trained_tokens']:>15.0f} "
-              f"{rate:>9.1f} {rate / base if base else 0.0:>7.2f}x  {curve}")  # fmt: skip
+        print(
+            f"{mode:6} {last['rl_seconds']:>7.0f} {last['trained_tokens']:>15.0f} "
+            f"{rate:>9.1f} {rate / base if base else 0.0:>7.2f}x  {curve}"
+        )
 
 
 def _plot_modes(results: dict[str, Any], path: Path) -> None:
@@ -366,7 +436,9 @@ def _seed(overrides: list[str] | None) -> int:
 def main(run_dir: str, overrides: list[str]) -> int:
     summary = asyncio.run(run_demo(Path(run_dir), overrides=overrides))
     first, last = summary["points"][0], summary["points"][-1]
-    print(f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {accuracy_text(first)} after "
-          f"SFT -> {accuracy_text(last)} after RL; plot {run_dir}/curves.png")  # fmt: skip
+    print(
+        f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {accuracy_text(first)} after "
+        f"SFT -> {accuracy_text(last)} after RL; plot {run_dir}/curves.png"
+    )
     print(first_vs_last(summary["points"], "held-out accuracy"))
     return 0

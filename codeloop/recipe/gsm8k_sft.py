@@ -103,14 +103,22 @@ def _call(code: str) -> str:
     return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
 
-async def build(problems: Sequence[Problem], tools: ToolExecutor, fmt: PromptFormat,
-                error_share: float = 0.15, seed: int = 0, max_tool_chars: int = 2048,
-                concurrency: int = 32) -> Built:  # fmt: skip
+async def build(
+    problems: Sequence[Problem],
+    tools: ToolExecutor,
+    fmt: PromptFormat,
+    error_share: float = 0.15,
+    seed: int = 0,
+    max_tool_chars: int = 2048,
+    concurrency: int = 32,
+) -> Built:
     """One conversation per problem whose solution reproduces its answer in the sandbox."""
     rng = random.Random(seed)
     dropped: Counter[str] = Counter()
-    cells = [(p, code_cell(p.solution, p.answer, p.problem), rng.random() < error_share)
-             for p in problems]  # fmt: skip
+    cells = [
+        (p, code_cell(p.solution, p.answer, p.problem), rng.random() < error_share)
+        for p in problems
+    ]
     gate = asyncio.Semaphore(concurrency)
 
     async def run(code: str) -> ExecResult:
@@ -139,7 +147,7 @@ async def build(problems: Sequence[Problem], tools: ToolExecutor, fmt: PromptFor
                     "role": "assistant",
                     "content": f"<reason>Print the variable that holds the result.</reason>\n"
                     f"{_call(cell)}",
-                },  # fmt: skip
+                },
             ]
         else:
             turns.append(

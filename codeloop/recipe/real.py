@@ -74,15 +74,19 @@ def disk_warning(run_dir: Path, needed: int) -> str | None:
     free = shutil.disk_usage(existing).free
     if free >= needed:
         return None
-    return (f"codeloop real: {free / 1e9:.1f} GB free under {existing}, and a run takes up to "
-            f"{needed / 1e9:.1f} GB (checkpoints with the optimiser's state, the two policies): "
-            f"it may stop with 'No space left on device'")  # fmt: skip
+    return (
+        f"codeloop real: {free / 1e9:.1f} GB free under {existing}, and a run takes up to "
+        f"{needed / 1e9:.1f} GB (checkpoints with the optimiser's state, the two policies): "
+        f"it may stop with 'No space left on device'"
+    )
 
 
 def write_problems(path: Path, problems: list[Problem]) -> None:
     """GSM8K's own format, so `codeloop eval --data` reads the file back."""
-    lines = [json.dumps({"question": p.problem, "answer": f"{p.solution}\n#### {p.answer}"})
-             for p in problems]  # fmt: skip
+    lines = [
+        json.dumps({"question": p.problem, "answer": f"{p.solution}\n#### {p.answer}"})
+        for p in problems
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -95,8 +99,14 @@ def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     return {key: found[key] for key in ("tool_use", "cut_off_in_call", "malformed_calls")}
 
 
-async def evaluate(engine: TransformersEngine, fmt: PromptFormat, problems: list[Problem],
-                   tools: Any, cfg: Config, samples: int) -> dict[str, Any]:  # fmt: skip
+async def evaluate(
+    engine: TransformersEngine,
+    fmt: PromptFormat,
+    problems: list[Problem],
+    tools: Any,
+    cfg: Config,
+    samples: int,
+) -> dict[str, Any]:
     """Development-split metrics of the policy in `engine` (the run's own) at the `[eval]`
     sampling settings, with what the engine did (`engine`)."""
     # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
@@ -105,10 +115,19 @@ async def evaluate(engine: TransformersEngine, fmt: PromptFormat, problems: list
     # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
     on_gpu = next(engine.model.parameters()).device.type == "cuda"
     found: dict[str, float] = {}
-    groups = await score_policy(engine, fmt, problems, tools, eval_rollout_config(cfg),
-                                cfg.reward, samples, cfg.trainer.seed, "eval",
-                                cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
-                                found)  # fmt: skip
+    groups = await score_policy(
+        engine,
+        fmt,
+        problems,
+        tools,
+        eval_rollout_config(cfg),
+        cfg.reward,
+        samples,
+        cfg.trainer.seed,
+        "eval",
+        cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
+        found,
+    )
     return {**policy_metrics(groups), **tool_metrics(groups), "engine": found}
 
 
@@ -124,8 +143,16 @@ def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], li
     return load_problems(str(train_file)), load_problems(str(dev_file))
 
 
-async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem], tools: Any,
-               run_dir: Path, sizes: Sizes, world: World) -> Any:  # fmt: skip
+async def _sft(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    train: list[Problem],
+    tools: Any,
+    run_dir: Path,
+    sizes: Sizes,
+    world: World,
+) -> Any:
     """Stage 0; the SFT policy, loaded when `sft_model/` exists."""
     saved = run_dir / "sft_model"
     if (saved / "config.json").is_file():
@@ -134,16 +161,28 @@ async def _sft(cfg: Config, model: Any, fmt: PromptFormat, train: list[Problem],
     if data.is_file():
         conversations = [json.loads(line)["messages"] for line in data.read_text().splitlines()]
     else:
-        built = await gsm8k_sft.build(train[: sizes.sft_problems], tools, fmt, sizes.error_share,
-                                      cfg.trainer.seed)  # fmt: skip
+        built = await gsm8k_sft.build(
+            train[: sizes.sft_problems], tools, fmt, sizes.error_share, cfg.trainer.seed
+        )
         conversations = built.conversations
-        print(f"sft data: {len(conversations)} conversations from {sizes.sft_problems} "
-              f"solutions; dropped {dict(built.dropped)}", flush=True)  # fmt: skip
+        print(
+            f"sft data: {len(conversations)} conversations from {sizes.sft_problems} "
+            f"solutions; dropped {dict(built.dropped)}",
+            flush=True,
+        )
         write_atomic(data, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
     logger = RunLogger(run_dir / "sft")
     try:
-        train_sft(model.to(world.device), fmt, conversations, cfg.sft, logger, cfg.trainer.seed,
-                  cfg.trainer.grad_clip, world)  # fmt: skip
+        train_sft(
+            model.to(world.device),
+            fmt,
+            conversations,
+            cfg.sft,
+            logger,
+            cfg.trainer.seed,
+            cfg.trainer.grad_clip,
+            world,
+        )
     finally:
         logger.close()
     with directory_atomic(saved) as partial:
@@ -157,8 +196,7 @@ FINISH_S = 15.0  # saving the final policy, the summary and the plot, with room 
 EVAL_MARGIN = 1.25  # the last evaluation, against the longest one so far
 
 
-async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
-                   ) -> dict[str, Any]:  # fmt: skip
+async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0) -> dict[str, Any]:
     """The whole recipe (see the module docstring) within `minutes` (0: no limit); returns
     (and writes) the summary."""
     sizes = sizes or Sizes()
@@ -213,8 +251,11 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if sizes.eval_every_stage:
                 await measure(name)
 
-        last = (await run_recipe(cfg, model, fmt, rl_problems, tools, world, rl_deadline,
-                                 engine, after_stage))[-1]  # fmt: skip
+        last = (
+            await run_recipe(
+                cfg, model, fmt, rl_problems, tools, world, rl_deadline, engine, after_stage
+            )
+        )[-1]
         stopped: dict[str, Any] | None = None
         if "stopped_at" in last:
             stopped = {"stage": last["stage"], "step": last["stopped_at"], "of": last["steps"]}
@@ -222,14 +263,22 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
                 policy = f"{last['stage']}@{last['stopped_at']}"
         await measure(policy)
         if stopped is not None:
-            print(f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
-                  f"of {stopped['stage']}; rerun to go on", flush=True)  # fmt: skip
+            print(
+                f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
+                f"of {stopped['stage']}; rerun to go on",
+                flush=True,
+            )
     final = run_dir / "final_model"
     with directory_atomic(final) as partial:
         model.save_pretrained(partial)
         fmt.save_pretrained(partial)
-    summary = {"model": cfg.trainer.model, "sizes": asdict(sizes), "points": points,
-               "minutes": (time.perf_counter() - start) / 60, "stopped": stopped}  # fmt: skip
+    summary = {
+        "model": cfg.trainer.model,
+        "sizes": asdict(sizes),
+        "points": points,
+        "minutes": (time.perf_counter() - start) / 60,
+        "stopped": stopped,
+    }
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
@@ -237,12 +286,15 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
 
 def _print_point(point: dict[str, Any]) -> None:
     cut_off = point.get("cut_off_in_call")  # not in the points of runs of older versions
-    print(f"[{point['stage']}] dev pass@1 {accuracy_text(point)}, "
-          f"tool use {100 * point['tool_use']:.0f}%, "
-          + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")
-          + f"malformed calls {100 * point['malformed_calls']:.1f}%, "
-          f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
-          f"response {point['response_tokens']:.0f} tokens", flush=True)  # fmt: skip
+    print(
+        f"[{point['stage']}] dev pass@1 {accuracy_text(point)}, "
+        f"tool use {100 * point['tool_use']:.0f}%, "
+        + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")
+        + f"malformed calls {100 * point['malformed_calls']:.1f}%, "
+        f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
+        f"response {point['response_tokens']:.0f} tokens",
+        flush=True,
+    )
 
 
 def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) -> int:
@@ -250,8 +302,10 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
     torch.manual_seed(cfg.trainer.seed)
     summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
-    print(f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {accuracy_text(first)} after SFT -> "
-          f"{accuracy_text(last)} after RL ({last['stage']}); "
-          f"{cfg.trainer.output_dir}/summary.json")  # fmt: skip
+    print(
+        f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {accuracy_text(first)} after SFT -> "
+        f"{accuracy_text(last)} after RL ({last['stage']}); "
+        f"{cfg.trainer.output_dir}/summary.json"
+    )
     print(first_vs_last(summary["points"], "dev pass@1"))
     return 0

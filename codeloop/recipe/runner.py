@@ -44,11 +44,17 @@ from codeloop.trainer.state import RunState
 Deadline = float | Callable[[], float | None] | None  # a time.perf_counter() value, or asked
 
 
-async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                     tools: ToolExecutor, world: World | None = None, deadline: Deadline = None,
-                     engine: TransformersEngine | None = None,
-                     after_stage: Callable[[str], Awaitable[None]] | None = None
-                     ) -> list[dict[str, Any]]:  # fmt: skip
+async def run_recipe(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    problems: Sequence[Problem],
+    tools: ToolExecutor,
+    world: World | None = None,
+    deadline: Deadline = None,
+    engine: TransformersEngine | None = None,
+    after_stage: Callable[[str], Awaitable[None]] | None = None,
+) -> list[dict[str, Any]]:
     """Run every stage; return one summary per stage (also written to its `stage.json`).
     Without a `world`: one process on the default device, computing in `trainer.dtype`.
     `deadline` (a `time.perf_counter()` value, or a function asked before each stage): no RL
@@ -80,8 +86,15 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
             continue
         until = deadline() if callable(deadline) else deadline
         if until is not None and time.perf_counter() >= until:  # not even its refilter
-            summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
-                              "problems": len(current), "stopped_at": 0})  # fmt: skip
+            summaries.append(
+                {
+                    "stage": stage.name,
+                    "index": index,
+                    "steps": stage.steps,
+                    "problems": len(current),
+                    "stopped_at": 0,
+                }
+            )
             break
         async with opened_run(scfg, model, fmt, current, tools, stage_dir, world, engine) as run:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
@@ -95,18 +108,29 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
                 run.carry_on_from(carried, stage.reset_optimizer)
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
-            history = await run.train(stage.steps - run.step_index, stage_dir.name,
-                                      deadline=until)  # fmt: skip
+            history = await run.train(stage.steps - run.step_index, stage_dir.name, deadline=until)
         if run.step_index < stage.steps:  # out of time
-            summaries.append({"stage": stage.name, "index": index, "steps": stage.steps,
-                              "problems": len(kept), "stopped_at": run.step_index})  # fmt: skip
+            summaries.append(
+                {
+                    "stage": stage.name,
+                    "index": index,
+                    "steps": stage.steps,
+                    "problems": len(kept),
+                    "stopped_at": run.step_index,
+                }
+            )
             break
         logged = read_metrics(stage_dir)[-1:]  # killed after the stage's last step: no history
         final = (
             history[-1] if history else {k: v for r in logged for k, v in r.items() if k != "step"}
         )
-        summary = {"stage": stage.name, "index": index, "steps": stage.steps,
-                   "problems": len(kept), "final": final}  # fmt: skip
+        summary = {
+            "stage": stage.name,
+            "index": index,
+            "steps": stage.steps,
+            "problems": len(kept),
+            "final": final,
+        }
         if world.is_main:
             write_atomic(done, json.dumps(summary, indent=2))
         barrier(world)
@@ -120,8 +144,7 @@ async def run_recipe(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
     return summaries
 
 
-async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]
-                          ) -> Sequence[Problem]:  # fmt: skip
+async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -> Sequence[Problem]:
     if not stage.refilter:
         return problems
     samples = stage.refilter_samples
@@ -130,14 +153,18 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]
     kept = [p for p in problems if low <= rates[p.id] <= high]
     band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"
     if run.world.is_main:
-        print(f"refilter: kept {len(kept)} of {len(problems)} problems "
-              f"(pass rate {band} over {samples} samples)")  # fmt: skip
+        print(
+            f"refilter: kept {len(kept)} of {len(problems)} problems "
+            f"(pass rate {band} over {samples} samples)"
+        )
     if not kept:
         too_easy = sum(rates[p.id] > high for p in problems)
-        raise RunError(f"refilter kept no problems ({too_easy} of {len(problems)} solved "
-                           f"more often than {high}, the rest less often than {low}): widen "
-                           "refilter_min_pass_rate and refilter_max_pass_rate, or add "
-                           "problems")  # fmt: skip
+        raise RunError(
+            f"refilter kept no problems ({too_easy} of {len(problems)} solved "
+            f"more often than {high}, the rest less often than {low}): widen "
+            "refilter_min_pass_rate and refilter_max_pass_rate, or add "
+            "problems"
+        )
     return kept
 
 
@@ -153,9 +180,11 @@ def _refiltered(stage_dir: Path, problems: Sequence[Problem]) -> list[Problem] |
     ids = json.loads(path.read_text())
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise DataError(f"{path}: problems {missing[:3]} are not in the recipe's problems "
-                         "(the data changed since the refilter: remove the file to "
-                         "refilter)")  # fmt: skip
+        raise DataError(
+            f"{path}: problems {missing[:3]} are not in the recipe's problems "
+            "(the data changed since the refilter: remove the file to "
+            "refilter)"
+        )
     return [by_id[i] for i in ids]
 
 

@@ -59,8 +59,16 @@ def labelled() -> list[Case]:
             continue
         row = json.loads(line)
         try:
-            cases.append(Case(row["answer"], row["gold"], row["label"], row["family"],
-                              row.get("judgement", False), row.get("source", "hand")))  # fmt: skip
+            cases.append(
+                Case(
+                    row["answer"],
+                    row["gold"],
+                    row["label"],
+                    row["family"],
+                    row.get("judgement", False),
+                    row.get("source", "hand"),
+                )
+            )
         except KeyError as missing:
             raise ValueError(f"labelled.jsonl line {line_number}: no field {missing}") from None
     return cases
@@ -243,17 +251,28 @@ def _decimal(rng: random.Random) -> tuple[str, Forms]:
 def _polynomial(rng: random.Random) -> tuple[str, Forms]:
     r = rng.randint(1, 9)
     return f"x^2+{2 * r}x+{r * r}", [
-        (f"(x+{r})^2", True, "same"), (f"f(x) = (x+{r})^2", True, "function names"),
+        (f"(x+{r})^2", True, "same"),
+        (f"f(x) = (x+{r})^2", True, "function names"),
         (f"y = x^2 + {2 * r}x + {r * r}", True, "equations"),
         (f"x**2 + {2 * r}*x + {r * r}", True, "plain-text math"),
-        (f"(x-{r})^2", False, "same"), (f"f(x) = x^2+{2 * r}x", False, "function names"),
-    ]  # fmt: skip
+        (f"(x-{r})^2", False, "same"),
+        (f"f(x) = x^2+{2 * r}x", False, "function names"),
+    ]
 
 
 GENERATORS: list[Callable[[random.Random], tuple[str, Forms]]] = [
-    _integer, _fraction, _radical, _pi, _interval, _pair, _roots, _matrix, _percent, _decimal,
+    _integer,
+    _fraction,
+    _radical,
+    _pi,
+    _interval,
+    _pair,
+    _roots,
+    _matrix,
+    _percent,
+    _decimal,
     _polynomial,
-]  # fmt: skip
+]
 
 
 def differential(seed: int, values: int) -> list[Case]:
@@ -262,8 +281,9 @@ def differential(seed: int, values: int) -> list[Case]:
     cases = []
     for i in range(values):
         gold, forms = GENERATORS[i % len(GENERATORS)](rng)
-        cases += [Case(answer, gold, equal, policy, source="generated")
-                  for answer, equal, policy in forms]  # fmt: skip
+        cases += [
+            Case(answer, gold, equal, policy, source="generated") for answer, equal, policy in forms
+        ]
     return cases
 
 
@@ -297,13 +317,17 @@ def summary(cases: Sequence[Case], ours: Sequence[bool], theirs: Sequence[bool])
     policy = Counter(c.family for c, o, t in rows if o != t and o == c.label)
     bugs = [c for c, o, t in rows if o != c.label]
     return {
-        "cases": len(rows), "judgement_calls": len(rows) - len(plain),
-        "ours_agree": rate(rows, 1), "math_verify_agree": rate(rows, 2),
-        "ours_agree_plain": rate(plain, 1), "math_verify_agree_plain": rate(plain, 2),
+        "cases": len(rows),
+        "judgement_calls": len(rows) - len(plain),
+        "ours_agree": rate(rows, 1),
+        "math_verify_agree": rate(rows, 2),
+        "ours_agree_plain": rate(plain, 1),
+        "math_verify_agree_plain": rate(plain, 2),
         "ours_accepted_wrong_integer": accepted_wrong(1),
         "math_verify_accepted_wrong_integer": accepted_wrong(2),
         "disagreements": sum(o != t for _, o, t in rows),
         "disagreements_by_policy": dict(policy.most_common()),
-        "ours_wrong": [{"answer": c.answer, "gold": c.gold, "label": c.label, "family": c.family}
-                       for c in bugs],
-    }  # fmt: skip
+        "ours_wrong": [
+            {"answer": c.answer, "gold": c.gold, "label": c.label, "family": c.family} for c in bugs
+        ],
+    }

@@ -40,8 +40,9 @@ class _Response:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
 
-    def add(self, ids: list[int], logprobs: list[float] | None,
-            versions: list[int] | None = None) -> None:  # fmt: skip
+    def add(
+        self, ids: list[int], logprobs: list[float] | None, versions: list[int] | None = None
+    ) -> None:
         self.ids += ids
         self.mask += [1 if logprobs is not None else 0] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
@@ -69,8 +70,13 @@ async def run_trajectory(
             status = RolloutStatus.TRUNCATED_LENGTH
             break
         max_tokens = min(budget, cfg.max_tokens_per_turn or budget)
-        params = SamplingParams(max_tokens, cfg.temperature, cfg.top_p, STOP_STRINGS,
-                                None if seed is None else seed + turns)  # fmt: skip
+        params = SamplingParams(
+            max_tokens,
+            cfg.temperature,
+            cfg.top_p,
+            STOP_STRINGS,
+            None if seed is None else seed + turns,
+        )
         try:
             generation = await engine.generate(prompt_ids + response.ids, params)
         except Exception as err:
@@ -99,9 +105,19 @@ async def run_trajectory(
             break
         response.add(observation, None)
     text = fmt.tokenizer.decode(response.ids)
-    return Trajectory(prompt_id, sample_index, list(prompt_ids), response.ids, response.mask,
-                      response.logprobs, status, records, turns, text=text,
-                      versions=response.versions)  # fmt: skip
+    return Trajectory(
+        prompt_id,
+        sample_index,
+        list(prompt_ids),
+        response.ids,
+        response.mask,
+        response.logprobs,
+        status,
+        records,
+        turns,
+        text=text,
+        versions=response.versions,
+    )
 
 
 _failures = 0
@@ -114,8 +130,12 @@ def _engine_failed(who: str, err: Exception) -> None:
     global _failures
     _failures += 1
     if _failures == 1:
-        log.warning("engine failed on %s: %s: %s (later failures are counted in the statuses, "
-                    "not logged)", who, type(err).__name__, err)  # fmt: skip
+        log.warning(
+            "engine failed on %s: %s: %s (later failures are counted in the statuses, not logged)",
+            who,
+            type(err).__name__,
+            err,
+        )
     log.debug("engine failed on %s", who, exc_info=err)
 
 

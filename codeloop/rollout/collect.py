@@ -45,8 +45,10 @@ class Agent:
         tools = toolbox(self.tools, self.rollout.tools)
         listed = [schema.get("function", schema).get("name") for schema in self.fmt.tools]
         if sorted(map(str, listed)) != sorted(tools):
-            raise ValueError(f"the prompt lists the tools {listed}, the agent has {list(tools)}: "
-                             "give PromptFormat(tools=...) the agent's tools' schemas")  # fmt: skip
+            raise ValueError(
+                f"the prompt lists the tools {listed}, the agent has {list(tools)}: "
+                "give PromptFormat(tools=...) the agent's tools' schemas"
+            )
         object.__setattr__(self, "tools", tools)
 
 
@@ -67,10 +69,17 @@ def seed_of(*parts: str | int) -> int:
     return zlib.crc32(" ".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
-async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                  seed: int = 0, keys: Sequence[str | int] | None = None,
-                  progress: str = "", on_trajectory: Callable[[Trajectory], None] | None = None,
-                  concurrency: int | None = None) -> list[list[Trajectory]]:  # fmt: skip
+async def collect(
+    agent: Agent,
+    problems: Sequence[Problem],
+    k: int,
+    verifier: Verifier,
+    seed: int = 0,
+    keys: Sequence[str | int] | None = None,
+    progress: str = "",
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+    concurrency: int | None = None,
+) -> list[list[Trajectory]]:
     """k scored trajectories per problem (`reward` and `final_answer` set), in problem order.
     With a `Scheduler`, each trajectory leases one of its engines. `progress`: the label of a
     progress bar over the trajectories (none when empty); `on_trajectory` is called with each
@@ -78,8 +87,9 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
     `in_flight_limit` of the engines)."""
     engine = agent.engine
     retry_s = agent.rollout.server_retry_s
-    scheduler = (engine if isinstance(engine, Scheduler)
-                 else Scheduler([engine], "static", retry_s=retry_s))  # fmt: skip
+    scheduler = (
+        engine if isinstance(engine, Scheduler) else Scheduler([engine], "static", retry_s=retry_s)
+    )
     keys = list(keys) if keys is not None else [p.id for p in problems]
     if len(keys) != len(problems):
         raise ValueError(f"collect: {len(keys)} keys for {len(problems)} problems")
@@ -89,9 +99,16 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
         prompt = agent.fmt.prompt_ids(problem.problem)
         async with gate, scheduler.lease() as leased:
-            trajectory = await run_trajectory(leased, agent.tools, agent.fmt, agent.rollout,
-                                              problem.id, index, prompt,
-                                              seed_of(seed, key, index))  # fmt: skip
+            trajectory = await run_trajectory(
+                leased,
+                agent.tools,
+                agent.fmt,
+                agent.rollout,
+                problem.id,
+                index,
+                prompt,
+                seed_of(seed, key, index),
+            )
         result = await verifier.score_async(trajectory, problem.answer)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
         bar.update()
@@ -99,16 +116,23 @@ async def collect(agent: Agent, problems: Sequence[Problem], k: int, verifier: V
             on_trajectory(trajectory)
         return trajectory
 
-    with progress_bar(total=len(problems) * k, desc=progress, unit="traj", leave=False,
-              disable=not progress) as bar:  # fmt: skip
+    with progress_bar(
+        total=len(problems) * k, desc=progress, unit="traj", leave=False, disable=not progress
+    ) as bar:
         flat = await asyncio.gather(
             *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))
         )
     return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]
 
 
-async def pass_rates(agent: Agent, problems: Sequence[Problem], k: int, verifier: Verifier,
-                     seed: int = 0, progress: str = "") -> dict[str, float]:  # fmt: skip
+async def pass_rates(
+    agent: Agent,
+    problems: Sequence[Problem],
+    k: int,
+    verifier: Verifier,
+    seed: int = 0,
+    progress: str = "",
+) -> dict[str, float]:
     """{problem id: fraction of its k samples that are correct}; a progress bar labelled
     `progress` when given."""
     groups = await collect(agent, problems, k, verifier, seed, progress=progress)

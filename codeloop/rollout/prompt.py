@@ -49,9 +49,14 @@ _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 class PromptFormat:
     """Renders prompts and tool responses with one tokenizer and one chat template."""
 
-    def __init__(self, tokenizer: Any, template_path: str = "", system_prompt: str = SYSTEM_PROMPT,
-                 user_instruction: str = USER_INSTRUCTION,
-                 tools: Sequence[dict[str, Any]] = (PYTHON_SCHEMA,)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_path: str = "",
+        system_prompt: str = SYSTEM_PROMPT,
+        user_instruction: str = USER_INSTRUCTION,
+        tools: Sequence[dict[str, Any]] = (PYTHON_SCHEMA,),
+    ) -> None:
         """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`)."""
         self.tokenizer = tokenizer
         self.system_prompt, self.user_instruction = system_prompt, user_instruction
@@ -70,8 +75,13 @@ class PromptFormat:
     def from_config(cls, tokenizer: Any, cfg: Any, eval_cfg: Any = None) -> PromptFormat:
         """The format a `RolloutConfig` names: its template, system prompt and instruction;
         `eval_cfg` (an `EvalConfig`), the evaluation settings saved beside a trained policy."""
-        fmt = cls(tokenizer, cfg.chat_template, cfg.system_prompt or SYSTEM_PROMPT,
-                  cfg.user_instruction or USER_INSTRUCTION, tool_schemas(cfg.tools))  # fmt: skip
+        fmt = cls(
+            tokenizer,
+            cfg.chat_template,
+            cfg.system_prompt or SYSTEM_PROMPT,
+            cfg.user_instruction or USER_INSTRUCTION,
+            tool_schemas(cfg.tools),
+        )
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
         fmt.turn_settings = {key: copy.copy(getattr(cfg, key)) for key in TURN_SETTINGS}
         return fmt
@@ -87,10 +97,17 @@ class PromptFormat:
         out = Path(directory)
         self.tokenizer.save_pretrained(out)
         (out / POLICY_TEMPLATE).write_text(self.template)
-        rollout = {"chat_template": POLICY_TEMPLATE, "system_prompt": self.system_prompt,
-                   "user_instruction": self.user_instruction, **self.turn_settings}  # fmt: skip
-        settings = {"rollout": rollout, "eval": self.eval_settings,
-                    "trajectory": {"stop": STOP_STRINGS, "tools": self.tools}}  # fmt: skip
+        rollout = {
+            "chat_template": POLICY_TEMPLATE,
+            "system_prompt": self.system_prompt,
+            "user_instruction": self.user_instruction,
+            **self.turn_settings,
+        }
+        settings = {
+            "rollout": rollout,
+            "eval": self.eval_settings,
+            "trajectory": {"stop": STOP_STRINGS, "tools": self.tools},
+        }
         (out / POLICY_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

@@ -65,7 +65,7 @@ def stats(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
         "tool_error_ratio": sum(s["tool_errors"] for s in samples) / calls if calls else 0.0,
         "tool_error_ratio_correct": (
             sum(s["tool_errors"] for s in correct) / correct_calls if correct_calls else 0.0
-        ),  # fmt: skip
+        ),
         "tool_use": sum(s["calls"] > 0 for s in samples) / n,
         "cut_off_in_call": mean("cut_off_in_call"),
         "malformed_calls": sum(s["malformed_calls"] for s in samples) / calls if calls else 0.0,

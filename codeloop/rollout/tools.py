@@ -97,8 +97,9 @@ Toolbox = Mapping[str, Tool]
 PYTHON_ONLY: Toolbox = {PYTHON_TOOL: PythonTool(None)}  # for checking calls, not running them
 
 
-def toolbox(tools: ToolExecutor | Toolbox | Sequence[Tool], names: Sequence[str] = ("python",)
-            ) -> dict[str, Tool]:  # fmt: skip
+def toolbox(
+    tools: ToolExecutor | Toolbox | Sequence[Tool], names: Sequence[str] = ("python",)
+) -> dict[str, Tool]:
     """The tools by name: a `ToolExecutor` makes the tools `names` (`rollout.tools`, see
     `tool_class`) over it; tools given as a sequence or a mapping are taken as they are."""
     if isinstance(tools, Mapping):
@@ -129,8 +130,10 @@ def tool_class(name: str) -> Any:
         raise ConfigError(f"rollout.tools: {name!r}: {module} has no {attribute}") from None
     missing = [m for m in ("name", "schema", "check", "run") if not hasattr(found, m)]
     if missing or not callable(found):
-        raise ConfigError(f"rollout.tools: {name!r} is not a Tool class (it lacks "
-                          f"{', '.join(missing) or 'a constructor'})")  # fmt: skip
+        raise ConfigError(
+            f"rollout.tools: {name!r} is not a Tool class (it lacks "
+            f"{', '.join(missing) or 'a constructor'})"
+        )
     return found
 
 

@@ -46,8 +46,14 @@ HTTP_SLACK_S = 30.0  # added to the largest per-call timeout of a batch
 class _Infra(Exception):
     """A fault of the transport or the server, worth a retry."""
 
-    def __init__(self, message: str, retry_after_s: float | None = None, *, sent: bool = False,
-                 unreachable: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        retry_after_s: float | None = None,
+        *,
+        sent: bool = False,
+        unreachable: bool = False,
+    ):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.sent = sent  # the server may have run the calls
@@ -98,8 +104,9 @@ class SandboxClient:
         assert self._session is not None, "use `async with SandboxClient(...)`"
         url = self._session_url(session_id)
         try:
-            async with self._session.post(f"{url}/v1/sessions/close",
-                                          json={"session_id": session_id}) as response:  # fmt: skip
+            async with self._session.post(
+                f"{url}/v1/sessions/close", json={"session_id": session_id}
+            ) as response:
                 return bool((await response.json()).get("closed"))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return False
@@ -196,8 +203,9 @@ class SandboxClient:
     async def _post(self, url: str, requests: list[ExecRequest]) -> list[ExecResult]:
         assert self._session is not None, "use `async with SandboxClient(...)`"
         longest = max((r.timeout_s or self.cfg.timeout_s) for r in requests)
-        timeout = aiohttp.ClientTimeout(total=longest + HTTP_SLACK_S,
-                                        sock_connect=self.cfg.client_connect_timeout_s)  # fmt: skip
+        timeout = aiohttp.ClientTimeout(
+            total=longest + HTTP_SLACK_S, sock_connect=self.cfg.client_connect_timeout_s
+        )
         body = [r.to_dict() for r in requests]
         try:
             async with self._session.post(

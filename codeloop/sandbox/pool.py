@@ -85,8 +85,9 @@ class Metrics:
 class _Worker:
     """One zygote process and the calls outstanding on it."""
 
-    def __init__(self, index: int, cfg: SandboxConfig, on_death: Callable[[_Worker], None],
-                 max_running: int):  # fmt: skip
+    def __init__(
+        self, index: int, cfg: SandboxConfig, on_death: Callable[[_Worker], None], max_running: int
+    ):
         self.index = index
         self.cfg = cfg
         self.max_running = max_running
@@ -236,9 +237,13 @@ class WorkerPool:
         if request.session_id is not None:
             worker = self._session_worker(request.session_id)
             if worker is None:
-                return ExecResult(ExecStatus.REJECTED, stderr=(
-                    f"too many live sessions ({self.cfg.max_sessions}): close finished ones "
-                    "(close_session) or raise sandbox.max_sessions"))  # fmt: skip
+                return ExecResult(
+                    ExecStatus.REJECTED,
+                    stderr=(
+                        f"too many live sessions ({self.cfg.max_sessions}): close finished ones "
+                        "(close_session) or raise sandbox.max_sessions"
+                    ),
+                )
             payload["session_id"] = request.session_id
             payload["idle_timeout_s"] = self.cfg.session_idle_timeout_s
         self.in_flight += 1

@@ -163,15 +163,18 @@ class Zygote:
 
     def _reply(self, call: Call, wait_status: int | None, note: str = "") -> None:
         status, error_type, exit_code = _status_from(call, wait_status)
-        self._answer(call.request["id"], {
-            "status": str(status),
-            "stdout": call.out.decode("utf-8", "replace"),
-            "stderr": call.err.decode("utf-8", "replace") + note,
-            "exit_code": exit_code,
-            "error_type": error_type,
-            "duration_s": round(time.monotonic() - call.started, 6),
-            "truncated": call.truncated,
-        })  # fmt: skip
+        self._answer(
+            call.request["id"],
+            {
+                "status": str(status),
+                "stdout": call.out.decode("utf-8", "replace"),
+                "stderr": call.err.decode("utf-8", "replace") + note,
+                "exit_code": exit_code,
+                "error_type": error_type,
+                "duration_s": round(time.monotonic() - call.started, 6),
+                "truncated": call.truncated,
+            },
+        )
 
     # -- dispatching requests -------------------------------------------------------------
     def _running(self) -> int:
@@ -257,14 +260,23 @@ class Zygote:
                 os.close(fd)
             self.free_uids.append(uid)
             shutil.rmtree(workdir, ignore_errors=True)
-            self._answer(request["id"], {"status": "sandbox_error",
-                                         "stderr": f"could not start the call: {err}"})  # fmt: skip
+            self._answer(
+                request["id"],
+                {"status": "sandbox_error", "stderr": f"could not start the call: {err}"},
+            )
             return None
         self.children[child.pidfd] = child
         return child
 
-    def _fork(self, request: dict[str, Any], call: Call, uid: int, workdir: str, fds: list[int],
-              session_id: str | None) -> Child:  # fmt: skip
+    def _fork(
+        self,
+        request: dict[str, Any],
+        call: Call,
+        uid: int,
+        workdir: str,
+        fds: list[int],
+        session_id: str | None,
+    ) -> Child:
         stdin_r, stdin_w = os.pipe()
         fds += [stdin_r, stdin_w]
         stdin = b"" if session_id else request.get("stdin", "").encode()
@@ -303,9 +315,18 @@ class Zygote:
             os.close(fd)
             fds.remove(fd)
         pidfd = os.pidfd_open(pid)
-        child = Child(pid, pidfd, uid, workdir, {}, call, session_id,
-                      pipes[3][1] if session_id else None,
-                      float(request.get("idle_timeout_s", 0)), time.monotonic())  # fmt: skip
+        child = Child(
+            pid,
+            pidfd,
+            uid,
+            workdir,
+            {},
+            call,
+            session_id,
+            pipes[3][1] if session_id else None,
+            float(request.get("idle_timeout_s", 0)),
+            time.monotonic(),
+        )
         for fd, name in ((pipes[0][0], "out"), (pipes[1][0], "err"), (pipes[2][0], "trailer")):
             os.set_blocking(fd, False)
             self.selector.register(fd, selectors.EVENT_READ, (child, name))

@@ -186,9 +186,16 @@ class Producer:
     this rank's share of a step), and queues each finished group. Knows nothing of what the
     learner does with a group, only that it leaves (`retire`)."""
 
-    def __init__(self, cfg: Config, world: World, state: RunState,
-                 order: Callable[[int], Problem], rollout: RolloutSide, version: int,
-                 on_scored: Callable[[Trajectory], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        world: World,
+        state: RunState,
+        order: Callable[[int], Problem],
+        rollout: RolloutSide,
+        version: int,
+        on_scored: Callable[[Trajectory], None],
+    ) -> None:
         self.cfg, self.world, self.state, self.order = cfg, world, state, order
         self.verifier, self.on_scored = rollout.verifier, on_scored
         # this rank's share of a step's groups, and of the data order (positions r, r + size, ..)
@@ -199,12 +206,14 @@ class Producer:
             self.next = draws[world.rank]  # draws made, resumed with the same world
         else:
             self.next = -(-max(state.data_position - world.rank, 0) // world.size)
-        self.redo = [int(p) for p in sorted(saved.get("pending", []))
-                     if int(p) % world.size == world.rank]  # drawn first  # fmt: skip
+        self.redo = [
+            int(p) for p in sorted(saved.get("pending", [])) if int(p) % world.size == world.rank
+        ]  # drawn first
         self.gate = Gate(version)
         n = cfg.algo.group_size * cfg.algo.oversample
-        self.agent = rollout.agent(self.batch * n, [GatedEngine(e, self.gate)
-                                                    for e in rollout.engines])  # fmt: skip
+        self.agent = rollout.agent(
+            self.batch * n, [GatedEngine(e, self.gate) for e in rollout.engines]
+        )
         self.ready: asyncio.Queue[Group | None] = asyncio.Queue()
         self.positions: dict[int, Problem] = {}  # drawn and not yet trained or discarded
         self.taken = version * self.batch  # groups taken for training, all steps
@@ -293,9 +302,15 @@ class Producer:
         algo = self.cfg.algo
         self.activity.start()
         try:
-            sampled = await collect(self.agent, [problem], algo.group_size * algo.oversample,
-                                    self.verifier, self.cfg.trainer.seed,
-                                    keys=[position], on_trajectory=self.on_scored)  # fmt: skip
+            sampled = await collect(
+                self.agent,
+                [problem],
+                algo.group_size * algo.oversample,
+                self.verifier,
+                self.cfg.trainer.seed,
+                keys=[position],
+                on_trajectory=self.on_scored,
+            )
         finally:
             self.activity.stop()
         group = make_group(problem, sampled[0], algo, self.state.roc_rng, position)
@@ -366,8 +381,9 @@ class Intake:
         self.show()
 
     def open_bar(self, total: int) -> None:
-        self.bar = progress_bar(total=total, desc="rollout", unit="group", leave=False,
-                                disable=not self.world.is_main)  # fmt: skip
+        self.bar = progress_bar(
+            total=total, desc="rollout", unit="group", leave=False, disable=not self.world.is_main
+        )
 
     def close_bar(self) -> None:
         if self.bar is not None:
@@ -378,15 +394,21 @@ class Intake:
         if self.bar is not None:
             if taken >= 0:
                 self.bar.n = taken
-            self.bar.set_postfix(sampled=self.sampled, no_signal=self.counts["no_signal"],
-                                 stale=self.counts["stale"], refresh=False)  # fmt: skip
+            self.bar.set_postfix(
+                sampled=self.sampled,
+                no_signal=self.counts["no_signal"],
+                stale=self.counts["stale"],
+                refresh=False,
+            )
             self.bar.refresh()
 
     def step_counts(self) -> dict[str, float]:
         """The groups passed over since the last step (and the bar's figures start again)."""
-        counts = {"async/stale_groups": float(self.counts.pop("stale", 0)),
-                  "async/regenerated_groups": float(self.counts.pop("regenerated", 0)),
-                  "rollout/groups_dropped": float(self.counts.pop("no_signal", 0))}  # fmt: skip
+        counts = {
+            "async/stale_groups": float(self.counts.pop("stale", 0)),
+            "async/regenerated_groups": float(self.counts.pop("regenerated", 0)),
+            "rollout/groups_dropped": float(self.counts.pop("no_signal", 0)),
+        }
         self.sampled = 0
         self.show(0)
         return counts
@@ -402,9 +424,15 @@ class AsyncGroups:
         None  # on a GPU in a worker thread, on a CPU between the engine's steps
     )
 
-    def __init__(self, cfg: Config, world: World, state: RunState,
-                 order: Callable[[int], Problem], rollout: RolloutSide,
-                 version: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        world: World,
+        state: RunState,
+        order: Callable[[int], Problem],
+        rollout: RolloutSide,
+        version: int,
+    ) -> None:
         """`version`: the policy version the engines serve (the step the run starts from)."""
         if rollout.servers and cfg.trainer.partial_rollout == "continue":
             raise ConfigError(
@@ -437,8 +465,11 @@ class AsyncGroups:
         batch = await self.intake.batch(self.producer, version)
         self.producer.take(self.producer.batch)  # this step's share, even if it is short
         samples = samples_of(batch)
-        self._staleness = [version - (tr.oldest_version if tr.oldest_version is not None
-                                      else version) for g in batch for tr in g.kept]  # fmt: skip
+        self._staleness = [
+            version - (tr.oldest_version if tr.oldest_version is not None else version)
+            for g in batch
+            for tr in g.kept
+        ]
         if self.world.distributed and -all_max(-len(samples), self.world) < t.updates_per_step:
             samples = []  # a rank without enough: nobody steps (the update's passes must match)
         finished, trained = self.intake.handed_over()
@@ -455,8 +486,9 @@ class AsyncGroups:
             yield
         self.producer.publish(version)
 
-    def metrics(self, drawn: Drawn, waited: float, updated: float
-                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    def metrics(
+        self, drawn: Drawn, waited: float, updated: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
         staleness = self._staleness
         busy = self.producer.activity.busy_between(waited, updated)
         local = {  # averaged over the ranks (the maximum is the same on every rank)
@@ -464,9 +496,11 @@ class AsyncGroups:
             "async/overlap": busy / max(updated - waited, 1e-9),
             "async/staleness_mean": sum(staleness) / max(len(staleness), 1),
         }
-        counts = {**self.intake.step_counts(),
-                  "async/outstanding_groups": float(self.producer.outstanding),
-                  "rollout/groups_kept": float(len(drawn.train))}  # fmt: skip
+        counts = {
+            **self.intake.step_counts(),
+            "async/outstanding_groups": float(self.producer.outstanding),
+            "rollout/groups_kept": float(len(drawn.train)),
+        }
         return local, counts
 
 

@@ -74,8 +74,9 @@ def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
     return rows
 
 
-def collate_packed(rows: Sequence[Sequence[Sample]], pad_id: int, flash: bool = False
-                   ) -> dict[str, torch.Tensor]:  # fmt: skip
+def collate_packed(
+    rows: Sequence[Sequence[Sample]], pad_id: int, flash: bool = False
+) -> dict[str, torch.Tensor]:
     """Packed rows (see the module docstring) with the fields of `collate` plus
     `position_ids`; the first token of each sample is never a target."""
     width = max(sum(len(s.input_ids) for s in row) for row in rows)
@@ -96,8 +97,12 @@ def collate_packed(rows: Sequence[Sequence[Sample]], pad_id: int, flash: bool = 
             old[r, start:end] = torch.tensor(sample.old_logprobs)
             start = end
         segments[r, start:] = len(row)  # padding: a segment of its own, never trained
-    batch = {"input_ids": ids, "position_ids": positions, "loss_mask": mask[:, 1:],
-             "old_logprobs": old[:, 1:]}  # fmt: skip
+    batch = {
+        "input_ids": ids,
+        "position_ids": positions,
+        "loss_mask": mask[:, 1:],
+        "old_logprobs": old[:, 1:],
+    }
     if not flash:
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         batch["attention_mask"] = (segments[:, :, None] == segments[:, None, :]) & causal
@@ -117,8 +122,13 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     mask = torch.tensor([padded(s.loss_mask, 0) for s in samples])[:, 1:]  # [B, T-1]
     old = torch.tensor([padded(s.old_logprobs, 0.0) for s in samples])[:, 1:]  # [B, T-1]
     advantages = torch.tensor([s.advantage for s in samples])  # [B]
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": mask,
-             "old_logprobs": old, "advantages": advantages}  # fmt: skip
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": mask,
+        "old_logprobs": old,
+        "advantages": advantages,
+    }
     if any(s.weights is not None for s in samples):
         weights = [padded(s.weights or [1.0] * len(s.input_ids), 0.0) for s in samples]
         batch["weights"] = torch.tensor(weights)[:, 1:]  # [B, T-1]
@@ -144,8 +154,9 @@ def keeps_by_mask() -> bool:
     return hasattr(modeling_utils, "slice_logits_to_keep")
 
 
-def token_logprobs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0,
-                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def token_logprobs(
+    model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs of each next token [B, T-1], their entropies [B, T-1] when `entropy`, else
     None) under logits / temperature, where `loss_mask` is set and 0 elsewhere. The output layer
     and the softmax run on those positions alone (`logits_to_keep`): with a 49K vocabulary

@@ -24,8 +24,12 @@ STATE = "state.pt"  # beside model/ in a checkpoint: written by save_checkpoint,
 
 def _rng_state() -> dict[str, Any]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state(), "cuda": cuda}  # fmt: skip
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": cuda,
+    }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -36,10 +40,18 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any,
-                    extra: dict[str, Any], keep: int, model_state: dict[str, Any] | None = None,
-                    optimizer_state: dict[str, Any] | None = None,
-                    tokenizer: Any = None) -> Path:  # fmt: skip
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    extra: dict[str, Any],
+    keep: int,
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+) -> Path:
     """`model_state`/`optimizer_state`: full (unsharded) states gathered by an FSDP run."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
@@ -47,9 +59,13 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
         model.save_pretrained(partial / "model", state_dict=model_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(partial / "model")
-        state = {"step": step, "optimizer": optimizer_state or optimizer.state_dict(),
-                 "lr_schedule": scheduler.state_dict(), "rng": _rng_state(),
-                 "extra": extra}  # fmt: skip
+        state = {
+            "step": step,
+            "optimizer": optimizer_state or optimizer.state_dict(),
+            "lr_schedule": scheduler.state_dict(),
+            "rng": _rng_state(),
+            "extra": extra,
+        }
         torch.save(state, partial / STATE)
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old)
@@ -59,8 +75,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: Any, 
 def read_state(path: str | Path) -> dict[str, Any]:
     """A checkpoint's `state.pt`: `step`, `optimizer`, `lr_schedule`, `rng`, `extra` (the
     schedule of a checkpoint written before it had that name is under `scheduler`)."""
-    state: dict[str, Any] = torch.load(Path(path) / STATE, map_location="cpu",
-                                       weights_only=False)  # fmt: skip
+    state: dict[str, Any] = torch.load(Path(path) / STATE, map_location="cpu", weights_only=False)
     if "scheduler" in state:
         state["lr_schedule"] = state.pop("scheduler")
     return state
@@ -71,8 +86,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any,
-                    sharded: bool = False) -> tuple[int, dict[str, Any]]:  # fmt: skip
+def load_checkpoint(
+    path: str | Path, model: Any, optimizer: Any, scheduler: Any, sharded: bool = False
+) -> tuple[int, dict[str, Any]]:
     """Restore everything into the given objects; return (step, extra). `sharded`: the model
     and optimiser are FSDP2's and take the full states through `torch.distributed.checkpoint`."""
     from transformers import AutoModelForCausalLM

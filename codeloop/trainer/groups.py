@@ -54,8 +54,9 @@ class Drawn:
 
 def samples_of(groups: Sequence[Group]) -> list[Sample]:
     """The training samples of groups: each kept trajectory with its advantage."""
-    return [from_trajectory(t, a) for g in groups
-            for t, a in zip(g.kept, g.advantages, strict=True)]  # fmt: skip
+    return [
+        from_trajectory(t, a) for g in groups for t, a in zip(g.kept, g.advantages, strict=True)
+    ]
 
 
 class GroupSource(Protocol):
@@ -73,8 +74,9 @@ class GroupSource(Protocol):
         """The block in which the weights of policy version `version` are published."""
         ...
 
-    def metrics(self, drawn: Drawn, waited: float, updated: float
-                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    def metrics(
+        self, drawn: Drawn, waited: float, updated: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
         """(metrics averaged over the ranks, counts summed over them) of the step that drew
         `drawn`, waited for it until `waited` and updated until `updated` (perf_counter)."""
         ...
@@ -92,8 +94,14 @@ class SyncGroups:
     wait_metric = "timing/rollout_and_reward_s"
     in_thread: bool | None = False  # nothing samples meanwhile
 
-    def __init__(self, cfg: Config, world: World, state: RunState,
-                 order: Callable[[int], Problem], rollout: RolloutSide | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        world: World,
+        state: RunState,
+        order: Callable[[int], Problem],
+        rollout: RolloutSide | None,
+    ) -> None:
         self.cfg, self.world, self.state, self.order = cfg, world, state, order
         self.rollout = rollout
 
@@ -107,8 +115,9 @@ class SyncGroups:
     def publishing(self, version: int) -> AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    def metrics(self, drawn: Drawn, waited: float, updated: float
-                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    def metrics(
+        self, drawn: Drawn, waited: float, updated: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
         # groups passed over for want of signal, as the asynchronous source counts them
         refill = self.cfg.algo.drop_zero_signal_groups
         dropped = sum(not g.has_signal for g in drawn.finished) if refill else 0
@@ -139,17 +148,20 @@ class SyncGroups:
             if refill:
                 batch = [g for g in batch if g.has_signal]
             if refill and world.distributed:  # everyone's, so that every rank decides alike
-                batch = sorted((g for rank in all_gather(batch, world) for g in rank),
-                               key=lambda g: g.position)  # fmt: skip
+                batch = sorted(
+                    (g for rank in all_gather(batch, world) for g in rank), key=lambda g: g.position
+                )
             groups += batch
             if len(groups) >= count or not refill:
                 break
         if not (refill and world.distributed):
             return groups, sampled
         if 0 < len(groups) < world.size:
-            raise RunError(f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
-                           f"rounds, fewer than the {world.size} ranks: raise "
-                           "trainer.prompts_per_step")  # fmt: skip
+            raise RunError(
+                f"only {len(groups)} groups with signal after {MAX_REFILL_ROUNDS} "
+                f"rounds, fewer than the {world.size} ranks: raise "
+                "trainer.prompts_per_step"
+            )
         return groups[world.rank :: world.size], sampled
 
     def _next_problems(self, count: int) -> list[tuple[int, Problem]]:
@@ -166,8 +178,16 @@ class SyncGroups:
         n = algo.group_size * algo.oversample
         agent = self.rollout.agent(batch_size=len(problems) * n)
         positions = [position for position, _ in problems]  # seeds follow the data order
-        scored = await collect(agent, [p for _, p in problems], n, self.rollout.verifier,
-                               self.cfg.trainer.seed, keys=positions,
-                               progress="rollout" if self.world.is_main else "")  # fmt: skip
-        return [make_group(problem, sampled, algo, self.state.roc_rng, position)
-                for (position, problem), sampled in zip(problems, scored, strict=True)]  # fmt: skip
+        scored = await collect(
+            agent,
+            [p for _, p in problems],
+            n,
+            self.rollout.verifier,
+            self.cfg.trainer.seed,
+            keys=positions,
+            progress="rollout" if self.world.is_main else "",
+        )
+        return [
+            make_group(problem, sampled, algo, self.state.roc_rng, position)
+            for (position, problem), sampled in zip(problems, scored, strict=True)
+        ]

@@ -49,17 +49,23 @@ class HeldOut:
         """The `eval/` metrics of the policy the engines now sample from."""
         mine = self.problems[world.rank :: world.size]
         agent = rollout.agent(rollout=eval_rollout_config(self.cfg))
-        groups = await collect(agent, mine, self.cfg.eval.k, rollout.verifier,
-                               self.cfg.trainer.seed)  # fmt: skip
+        groups = await collect(
+            agent, mine, self.cfg.eval.k, rollout.verifier, self.cfg.trainer.seed
+        )
         shares: dict[str, float] = {}
         failed = 0
         for rank_shares, rank_failed in all_gather(problem_shares(groups), world):
             shares |= rank_shares
             failed += rank_failed
-        metrics = {"eval/problems": float(len(shares)),
-                   "eval/infrastructure_failures": float(failed)}  # fmt: skip
+        metrics = {
+            "eval/problems": float(len(shares)),
+            "eval/infrastructure_failures": float(failed),
+        }
         if shares:
             low, high = interval(list(shares.values()))
-            metrics |= {"eval/pass@1": sum(shares.values()) / len(shares),
-                        "eval/pass@1_low": low, "eval/pass@1_high": high}  # fmt: skip
+            metrics |= {
+                "eval/pass@1": sum(shares.values()) / len(shares),
+                "eval/pass@1_low": low,
+                "eval/pass@1_high": high,
+            }
         return metrics

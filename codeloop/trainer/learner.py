@@ -54,8 +54,9 @@ class Learner:
         t = cfg.trainer
         self.cfg, self.world, self.pad_id = cfg, world, pad_id
         self.model = shard(model, world)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr,
-                                           weight_decay=t.weight_decay)  # fmt: skip
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay
+        )
         warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -68,8 +69,9 @@ class Learner:
             pass
         return metrics
 
-    async def update_async(self, samples: list[Sample], in_thread: bool | None = None
-                           ) -> dict[str, float]:  # fmt: skip
+    async def update_async(
+        self, samples: list[Sample], in_thread: bool | None = None
+    ) -> dict[str, float]:
         """`update` beside other work on the event loop: in a worker thread (`in_thread`;
         default: on a GPU), else on the loop's thread, yielding after every micro-batch."""
         if in_thread is None:
@@ -113,15 +115,25 @@ class Learner:
                 batch = on_device(collate(group, pad_id), self.model)
                 with world.autocast():
                     logprobs, entropies = token_logprobs(self.model, batch, temperature, True)
-                loss, stats = policy.fn(logprobs, batch["old_logprobs"], batch["advantages"],
-                                        batch["loss_mask"], units, algo.clip_low,
-                                        algo.clip_high, algo.dual_clip,
-                                        batch.get("weights"))  # fmt: skip
+                loss, stats = policy.fn(
+                    logprobs,
+                    batch["old_logprobs"],
+                    batch["advantages"],
+                    batch["loss_mask"],
+                    units,
+                    algo.clip_low,
+                    algo.clip_high,
+                    algo.dual_clip,
+                    batch.get("weights"),
+                )
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
-                for key, value in (("loss", float(loss.detach()) * units),
-                                   ("kl", stats.approx_kl), ("clipped", stats.clipped_tokens),
-                                   ("entropy", float(entropy))):  # fmt: skip
+                for key, value in (
+                    ("loss", float(loss.detach()) * units),
+                    ("kl", stats.approx_kl),
+                    ("clipped", stats.clipped_tokens),
+                    ("entropy", float(entropy)),
+                ):
                     sums[key] += value * weight
                 yield
             sums["tokens"] += tokens
@@ -148,9 +160,11 @@ class Learner:
                 ("entropy", "entropy"),
             )
         }
-        return metrics | {"loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
-                          "loss/lr": lr,
-                          "loss/policy_tokens": float(sums["tokens"])}  # fmt: skip
+        return metrics | {
+            "loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
+            "loss/lr": lr,
+            "loss/policy_tokens": float(sums["tokens"]),
+        }
 
     @torch.no_grad()
     def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
@@ -177,31 +191,44 @@ class Learner:
     def optimizer_state(self) -> dict[str, Any]:
         """The optimiser's and the learning-rate schedule's state (what a recipe stage carries
         to the next)."""
-        return {"optimizer": self.optimizer.state_dict(),
-                "lr_schedule": self.lr_schedule.state_dict()}  # fmt: skip
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedule": self.lr_schedule.state_dict(),
+        }
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Go on from `optimizer_state()` (of this policy, in an earlier stage)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_schedule.load_state_dict(state["lr_schedule"])
 
-    def save(self, run_dir: str | Path, step: int, extra: dict[str, Any],
-             tokenizer: Any = None) -> None:  # fmt: skip
+    def save(
+        self, run_dir: str | Path, step: int, extra: dict[str, Any], tokenizer: Any = None
+    ) -> None:
         """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and,
         through `tokenizer.save_pretrained`, the tokenizer beside the weights, so that the
         checkpoint's model loads on its own: a `PromptFormat` adds how it is prompted)."""
         model_state = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:
-            save_checkpoint(run_dir, step, self.model, self.optimizer, self.lr_schedule, extra,
-                            self.cfg.trainer.keep_checkpoints, model_state,
-                            optimizer_state, tokenizer)  # fmt: skip
+            save_checkpoint(
+                run_dir,
+                step,
+                self.model,
+                self.optimizer,
+                self.lr_schedule,
+                extra,
+                self.cfg.trainer.keep_checkpoints,
+                model_state,
+                optimizer_state,
+                tokenizer,
+            )
         barrier(self.world)
 
     def load(self, path: str | Path) -> tuple[int, dict[str, Any]]:
         """Restore a checkpoint; returns (its step, its extra)."""
-        return load_checkpoint(path, self.model, self.optimizer, self.lr_schedule,
-                               sharded=self.world.distributed)  # fmt: skip
+        return load_checkpoint(
+            path, self.model, self.optimizer, self.lr_schedule, sharded=self.world.distributed
+        )
 
 
 def _advance(steps: Generator[None, None, dict[str, float]]) -> dict[str, float] | None:

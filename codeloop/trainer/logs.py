@@ -33,19 +33,28 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise ConfigError("trainer.loggers names wandb, which is not installed: "
-                              "pip install 'codeloop[wandb]'") from None  # fmt: skip
+            raise ConfigError(
+                "trainer.loggers names wandb, which is not installed: pip install 'codeloop[wandb]'"
+            ) from None
         id_file = run_dir / WANDB_ID
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
         write_atomic(id_file, run_id + "\n")
         settings = wandb.Settings(silent=True, console="off")  # the console stays the run's
         try:
-            self.run = wandb.init(project=project, dir=str(run_dir), id=run_id,
-                                  name=run_dir.name, config=config, resume="allow",
-                                  settings=settings)  # fmt: skip
+            self.run = wandb.init(
+                project=project,
+                dir=str(run_dir),
+                id=run_id,
+                name=run_dir.name,
+                config=config,
+                resume="allow",
+                settings=settings,
+            )
         except Exception as err:  # no API key, no network: W&B's own words, in one line
-            raise ConfigError(f"trainer.loggers: wandb could not start a run ({err}); log in "
-                              "with `wandb login` or set WANDB_MODE=offline") from None  # fmt: skip
+            raise ConfigError(
+                f"trainer.loggers: wandb could not start a run ({err}); log in "
+                "with `wandb login` or set WANDB_MODE=offline"
+            ) from None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -55,8 +64,9 @@ class WandbSink:
 
 
 class RunLogger:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True,
-                 wandb: WandbSink | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, run_dir: str | Path, tensorboard: bool = True, wandb: WandbSink | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.run_dir / METRICS).open("a")
@@ -81,9 +91,10 @@ class RunLogger:
         """Forget everything logged after `step`: metrics records, trajectory files and
         TensorBoard events (hidden from its views by a purge marker)."""
         self._jsonl.close()
-        write_atomic(self.run_dir / METRICS,
-                     "".join(json.dumps(r) + "\n" for r in read_metrics(self.run_dir)
-                             if r["step"] <= step))  # fmt: skip
+        write_atomic(
+            self.run_dir / METRICS,
+            "".join(json.dumps(r) + "\n" for r in read_metrics(self.run_dir) if r["step"] <= step),
+        )
         self._jsonl = (self.run_dir / METRICS).open("a")
         for path in (self.run_dir / "trajectories").glob("step_*.jsonl"):
             if int(path.stem.removeprefix("step_")) > step:
@@ -107,8 +118,9 @@ class RunLogger:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                         purge_step=self._purge_step)  # fmt: skip
+            self._writer = SummaryWriter(
+                str(self.run_dir / "tensorboard"), purge_step=self._purge_step
+            )
         return self._writer
 
     def trajectories(self, step: int, records: list[dict[str, Any]]) -> Path:

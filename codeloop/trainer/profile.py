@@ -100,12 +100,16 @@ def op_table(times: list[OpTime], wall: float, rows: int = ROWS) -> str:
     width = max([len("op"), *(len(op.name[:90]) for op in times[:rows])])
     lines = [f"{'op':{width}}  {'calls':>8}  {'seconds':>9}  {'of wall':>7}"]
     for op in times[:rows]:
-        lines.append(f"{op.name[:90]:{width}}  {op.calls:8d}  {op.seconds:9.3f}  "
-                     f"{100 * op.seconds / wall:6.1f}%")  # fmt: skip
+        lines.append(
+            f"{op.name[:90]:{width}}  {op.calls:8d}  {op.seconds:9.3f}  "
+            f"{100 * op.seconds / wall:6.1f}%"
+        )
     if len(times) > rows:
         rest = times[rows:]
-        lines.append(f"{f'({len(rest)} more)':{width}}  {sum(op.calls for op in rest):8d}  "
-                     f"{sum(op.seconds for op in rest):9.3f}")  # fmt: skip
+        lines.append(
+            f"{f'({len(rest)} more)':{width}}  {sum(op.calls for op in rest):8d}  "
+            f"{sum(op.seconds for op in rest):9.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -142,11 +146,16 @@ class StepProfile:
         metrics, summary = {}, f"RL step {step}: {wall:.2f} s wall"
         if self.cuda:
             kernels, span = device_seconds(times), device_span(times)
-            metrics = {"profile/gpu_kernels_s": kernels, "profile/gpu_share": kernels / wall,
-                       "profile/gpu_span_s": span}  # fmt: skip
-            summary += (f"; GPU kernels {kernels:.2f} s ({100 * kernels / wall:.0f}%: the rest "
-                        f"is the GPU waiting on the host, tools and the reward), recorded from "
-                        f"the first to the last over {span:.2f} s")  # fmt: skip
+            metrics = {
+                "profile/gpu_kernels_s": kernels,
+                "profile/gpu_share": kernels / wall,
+                "profile/gpu_span_s": span,
+            }
+            summary += (
+                f"; GPU kernels {kernels:.2f} s ({100 * kernels / wall:.0f}%: the rest "
+                f"is the GPU waiting on the host, tools and the reward), recorded from "
+                f"the first to the last over {span:.2f} s"
+            )
         else:
             summary += "; CPU ops, each with the ops it calls"
         if write:

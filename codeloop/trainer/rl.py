@@ -53,9 +53,17 @@ from codeloop.types import Trajectory
 class RLRun:
     """A run's learner and rollout side, its problems, log and state (`build_run` makes one)."""
 
-    def __init__(self, cfg: Config, learner: Learner, rollout: RolloutSide, fmt: PromptFormat,
-                 problems: Sequence[Problem], logger: RunLogger, world: World,
-                 held_out: HeldOut | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        learner: Learner,
+        rollout: RolloutSide,
+        fmt: PromptFormat,
+        problems: Sequence[Problem],
+        logger: RunLogger,
+        world: World,
+        held_out: HeldOut | None = None,
+    ) -> None:
         self.cfg, self.learner, self.rollout, self.fmt = cfg, learner, rollout, fmt
         self.problems, self.logger, self.world = list(problems), logger, world
         self.held_out = held_out or HeldOut(cfg, [])  # scored every trainer.eval_every steps
@@ -103,8 +111,13 @@ class RLRun:
         profiled.start()
         return profiled
 
-    async def train(self, steps: int, progress: str = "", source: GroupSource | None = None,
-                    deadline: float | None = None) -> list[dict[str, float]]:  # fmt: skip
+    async def train(
+        self,
+        steps: int,
+        progress: str = "",
+        source: GroupSource | None = None,
+        deadline: float | None = None,
+    ) -> list[dict[str, float]]:
         """`steps` RL steps, their groups drawn from `source`, or synchronously or
         asynchronously as `trainer.mode` says. `progress`: the label of a progress bar over the
         steps (rank 0; none when empty), the last reward beside it. `deadline` (a
@@ -116,9 +129,13 @@ class RLRun:
         history: list[dict[str, float]] = []
         last_s = 0.0
         try:
-            with progress_bar(total=self.step_index + steps, initial=self.step_index,
-                              desc=progress, unit="step",
-                              disable=not (progress and self.world.is_main)) as bar:  # fmt: skip
+            with progress_bar(
+                total=self.step_index + steps,
+                initial=self.step_index,
+                desc=progress,
+                unit="step",
+                disable=not (progress and self.world.is_main),
+            ) as bar:
                 for _ in range(steps):
                     if deadline is not None and self._out_of_time(deadline, last_s):
                         break
@@ -137,8 +154,13 @@ class RLRun:
         late = time.perf_counter() + step_s > deadline
         return all_sum(float(late), self.world) > 0
 
-    def finish_step(self, drawn: Drawn, local: dict[str, float], losses: dict[str, float],
-                    counts: dict[str, float]) -> dict[str, float]:  # fmt: skip
+    def finish_step(
+        self,
+        drawn: Drawn,
+        local: dict[str, float],
+        losses: dict[str, float],
+        counts: dict[str, float],
+    ) -> dict[str, float]:
         """Log and checkpoint a step (every rank calls it): the rollout metrics of the groups
         `drawn` finished and `local` averaged over the ranks, `counts` summed, `losses` as
         they are (the learner reduced them), trained tokens per second; the finished groups'
@@ -228,23 +250,32 @@ class RLRun:
             self.learner.load_optimizer_state(carried)
         self.state.carry_on_from(carried["state"], problem_digest(self.problems))
 
-    async def pass_rates(self, problems: Sequence[Problem], k: int, progress: str = ""
-                         ) -> dict[str, float]:  # fmt: skip
+    async def pass_rates(
+        self, problems: Sequence[Problem], k: int, progress: str = ""
+    ) -> dict[str, float]:
         """Each problem's share of `k` samples of the current policy that are correct, this
         rank sampling its share of them (all ranks call it and get all the rates)."""
         await self.sync_weights()
         world = self.world
         mine = list(problems)[world.rank :: world.size]
         label = progress if world.is_main else ""
-        rates = await pass_rates(self.rollout.agent(), mine, k, self.rollout.verifier,
-                                 self.cfg.trainer.seed, label)  # fmt: skip
+        rates = await pass_rates(
+            self.rollout.agent(), mine, k, self.rollout.verifier, self.cfg.trainer.seed, label
+        )
         return {key: v for part in all_gather(rates, world) for key, v in part.items()}
 
 
 @contextlib.asynccontextmanager
-async def opened_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-                     tools: ToolExecutor, run_dir: str | Path, world: World | None = None,
-                     engine: TransformersEngine | None = None) -> AsyncIterator[RLRun]:  # fmt: skip
+async def opened_run(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    problems: Sequence[Problem],
+    tools: ToolExecutor,
+    run_dir: str | Path,
+    world: World | None = None,
+    engine: TransformersEngine | None = None,
+) -> AsyncIterator[RLRun]:
     """The one lifecycle of an RL run (`codeloop train`, each recipe stage): its log in
     `run_dir` and the run built (`build_run`), the block's work (resume, train), a checkpoint
     when the block ends normally, and the log and the rollout side closed however it ends."""
@@ -263,9 +294,16 @@ async def opened_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Seque
         await run.close()
 
 
-def build_run(cfg: Config, model: Any, fmt: PromptFormat, problems: Sequence[Problem],
-              tools: ToolExecutor, logger: RunLogger, engine: TransformersEngine | None = None,
-              world: World | None = None) -> RLRun:  # fmt: skip
+def build_run(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    problems: Sequence[Problem],
+    tools: ToolExecutor,
+    logger: RunLogger,
+    engine: TransformersEngine | None = None,
+    world: World | None = None,
+) -> RLRun:
     """The RL run `cfg` describes on `problems`: the rollout side (`build_rollout`; `engine`:
     an in-process engine to sample with instead of a copy of `model`), then the learner, which
     trains `model` (sharded over the ranks of `world`; one process when None)."""
@@ -335,16 +373,26 @@ def _dump(groups: list[Group], trained: set[int] | None = None) -> list[dict[str
         kept = {id(t) for t in group.kept} if trains else set()
         for t in group.sampled:
             p = penalty(t)
-            records.append({"prompt_id": t.prompt_id, "sample_index": t.sample_index,
-                            "position": group.position,
-                            "problem": group.problem.problem, "gold": group.problem.answer,
-                            "status": str(t.status), "reward": t.reward,
-                            "final_answer": t.final_answer,
-                            "kept": id(t) in kept, "p_err": p.p_err, "p_format": p.p_format,
-                            "num_turns": t.num_turns, "response_tokens": len(t.response_ids),
-                            "tool_calls": [r.to_dict() for r in t.tool_calls],
-                            "versions": _version_span(t),
-                            "text": t.text})  # fmt: skip
+            records.append(
+                {
+                    "prompt_id": t.prompt_id,
+                    "sample_index": t.sample_index,
+                    "position": group.position,
+                    "problem": group.problem.problem,
+                    "gold": group.problem.answer,
+                    "status": str(t.status),
+                    "reward": t.reward,
+                    "final_answer": t.final_answer,
+                    "kept": id(t) in kept,
+                    "p_err": p.p_err,
+                    "p_format": p.p_format,
+                    "num_turns": t.num_turns,
+                    "response_tokens": len(t.response_ids),
+                    "tool_calls": [r.to_dict() for r in t.tool_calls],
+                    "versions": _version_span(t),
+                    "text": t.text,
+                }
+            )
     return records
 
 

@@ -42,14 +42,19 @@ class RolloutSide:
     sink: WeightSink
     servers: list[OpenAIEngine]  # all of them (closed at the end)
 
-    def agent(self, batch_size: int = 0, engines: Sequence[Engine] | None = None,
-              rollout: RolloutConfig | None = None) -> Agent:  # fmt: skip
+    def agent(
+        self,
+        batch_size: int = 0,
+        engines: Sequence[Engine] | None = None,
+        rollout: RolloutConfig | None = None,
+    ) -> Agent:
         """An agent over a scheduler of this rank's engines (or `engines` standing in front of
         them) with its share of each server's KV capacity; `batch_size`: trajectories per
         batch (the static scheduler deals them out by it); `rollout`: settings other than the
         run's (an evaluation's)."""
-        scheduler = Scheduler.for_rollout(list(engines or self.engines), self.cfg.rollout,
-                                          batch_size, self.kv_sharing)  # fmt: skip
+        scheduler = Scheduler.for_rollout(
+            list(engines or self.engines), self.cfg.rollout, batch_size, self.kv_sharing
+        )
         return Agent(scheduler, self.tools, self.fmt, rollout or self.cfg.rollout)
 
     def engine_stats(self) -> EngineStats | None:
@@ -64,9 +69,16 @@ class RolloutSide:
         await asyncio.gather(*(server.close() for server in self.servers))
 
 
-def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecutor, world: World,
-                  run_dir: str | Path, probe: list[int],
-                  engine: TransformersEngine | None = None) -> RolloutSide:  # fmt: skip
+def build_rollout(
+    cfg: Config,
+    model: Any,
+    fmt: PromptFormat,
+    tools: ToolExecutor,
+    world: World,
+    run_dir: str | Path,
+    probe: list[int],
+    engine: TransformersEngine | None = None,
+) -> RolloutSide:
     """The rollout side `cfg` names. `model`: the policy before the learner shards it (the
     in-process engine samples with a copy of it); `probe`: the prompt a server's reload is
     checked on; `engine`: an in-process engine to use instead of a new one."""
@@ -76,9 +88,16 @@ def build_rollout(cfg: Config, model: Any, fmt: PromptFormat, tools: ToolExecuto
     sink: WeightSink
     if every:
         check = ReloadCheck(probe, r.reload_check_tol, fmt.tokenizer.pad_token_id or 0)
-        sink = ServerSink(every, mine, Path(r.weights_dir or Path(run_dir) / "weights"), model,
-                          fmt.tokenizer, world, not r.kv_capacity_tokens,
-                          check if r.reload_check_tol else None)  # fmt: skip
+        sink = ServerSink(
+            every,
+            mine,
+            Path(r.weights_dir or Path(run_dir) / "weights"),
+            model,
+            fmt.tokenizer,
+            world,
+            not r.kv_capacity_tokens,
+            check if r.reload_check_tol else None,
+        )
         engines: list[Engine] = list(mine)
     else:
         local = engine or local_engine(cfg, model, fmt, world)

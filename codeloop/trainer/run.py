@@ -27,8 +27,17 @@ def run_sft(cfg: Config) -> Path:
     fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
     logger = RunLogger.for_run(cfg, cfg.trainer.output_dir) if world.is_main else None
     try:
-        train_sft(model, fmt, [c for _, c in named], cfg.sft, logger, cfg.trainer.seed,
-                  cfg.trainer.grad_clip, world, sources=[where for where, _ in named])  # fmt: skip
+        train_sft(
+            model,
+            fmt,
+            [c for _, c in named],
+            cfg.sft,
+            logger,
+            cfg.trainer.seed,
+            cfg.trainer.grad_clip,
+            world,
+            sources=[where for where, _ in named],
+        )
     finally:
         if logger is not None:
             logger.close()
@@ -46,8 +55,9 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     """The policy, its prompt format and the training problems the config names."""
     problems = load_problems(cfg.data.train, cfg.data)
     benchmarks = [b for path in cfg.data.decontaminate for b in load_problems(path, cfg.data)]
-    kept, removed = curate(problems, cfg.data.integer_answers_only, False, benchmarks,
-                           cfg.data.ngram)  # fmt: skip
+    kept, removed = curate(
+        problems, cfg.data.integer_answers_only, False, benchmarks, cfg.data.ngram
+    )
     reasons = Counter(r.reason for r in removed)
     if distributed.launched_main():
         why = ", ".join(f"{n} {reason}" for reason, n in reasons.items())

@@ -83,8 +83,10 @@ def encode_conversation(fmt: PromptFormat, messages: Conversation) -> Sample:
         after = fmt.render(messages[: i + 1], add_generation_prompt=False)
         if not before.startswith(rendered) or not after.startswith(before):
             opening = before[len(rendered) :][-40:]
-            raise SFTDataError(f"message {i}: not rendered as a continuation of the turns before "
-                               f"it; the template opens the turn with {opening!r}")  # fmt: skip
+            raise SFTDataError(
+                f"message {i}: not rendered as a continuation of the turns before "
+                f"it; the template opens the turn with {opening!r}"
+            )
         turn = _trim(after[len(before) :], message["content"], fmt)
         for text, trained in ((before[len(rendered) :], 0), (turn, 1)):
             piece = fmt.encode(text)
@@ -122,8 +124,14 @@ def _schedule(optimizer: torch.optim.Optimizer, cfg: SFTConfig, total_steps: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: int,
-             world: World | None = None, packing: str = "auto") -> dict[str, float]:  # fmt: skip
+def sft_step(
+    model: Any,
+    samples: Sequence[Sample],
+    pad_id: int,
+    token_budget: int,
+    world: World | None = None,
+    packing: str = "auto",
+) -> dict[str, float]:
     """Forward and backward over this rank's share of a step; the loss is the token mean over
     the whole step (all ranks). Micro-batches: one packed row each under the token budget, or
     padded samples (`packing`: see `SFTConfig.packing`). Returns loss and token count."""
@@ -144,11 +152,19 @@ def sft_step(model: Any, samples: Sequence[Sample], pad_id: int, token_budget: i
     return {"sft/loss": all_sum(total, world), "sft/tokens": float(tokens)}
 
 
-def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversation],
-              cfg: SFTConfig, logger: RunLogger | None = None, seed: int = 0,
-              grad_clip: float = 1.0, world: World | None = None, first_step: int = 0,
-              stop_when: Callable[[int], bool] | None = None, sources: Sequence[str] = ()
-              ) -> list[dict[str, float]]:  # fmt: skip
+def train_sft(
+    model: Any,
+    fmt: PromptFormat,
+    conversations: Sequence[Conversation],
+    cfg: SFTConfig,
+    logger: RunLogger | None = None,
+    seed: int = 0,
+    grad_clip: float = 1.0,
+    world: World | None = None,
+    first_step: int = 0,
+    stop_when: Callable[[int], bool] | None = None,
+    sources: Sequence[str] = (),
+) -> list[dict[str, float]]:
     """Train `model` in place (sharded over the ranks of `world`); returns per-step metrics,
     logged as steps `first_step + 1`, ... (a later phase of one run continues the numbering;
     what the logger holds past `first_step`, from a killed attempt, is dropped first).
@@ -180,8 +196,14 @@ def train_sft(model: Any, fmt: PromptFormat, conversations: Sequence[Conversatio
     with progress_bar(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):
             mine = chosen[world.rank :: world.size]
-            metrics = sft_step(model, [samples[i] for i in mine], pad_id,
-                               cfg.micro_batch_tokens, world, cfg.packing)  # fmt: skip
+            metrics = sft_step(
+                model,
+                [samples[i] for i in mine],
+                pad_id,
+                cfg.micro_batch_tokens,
+                world,
+                cfg.packing,
+            )
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             metrics |= {"sft/grad_norm": float(norm), "sft/lr": scheduler.get_last_lr()[0]}

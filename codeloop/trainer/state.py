@@ -42,8 +42,12 @@ class RunState:
         self.roc_rng = random.Random(self.seed)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data_position": self.data_position, "roc_rng": self.roc_rng.getstate(),
-                "problems": self.problems, "sources": copy.deepcopy(self.sources)}  # fmt: skip
+        return {
+            "data_position": self.data_position,
+            "roc_rng": self.roc_rng.getstate(),
+            "problems": self.problems,
+            "sources": copy.deepcopy(self.sources),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data_position = int(state["data_position"])

@@ -74,14 +74,21 @@ class ReloadCheck:
     async def __call__(self, mine: Sequence[OpenAIEngine], model: Any, world: World) -> None:
         probe = self.probe
         params = SamplingParams(RELOAD_PROBE_TOKENS, temperature=0.0, seed=0)
-        answers = await asyncio.gather(*(server.generate(probe, params) for server in mine),
-                                       return_exceptions=True)  # fmt: skip
+        answers = await asyncio.gather(
+            *(server.generate(probe, params) for server in mine), return_exceptions=True
+        )
         for answer in answers:  # a server that cannot serve now is brought up to date later
             if isinstance(answer, BaseException) and not isinstance(answer, ServerUnavailable):
                 raise answer
         served = [a if isinstance(a, Generation) else Generation([], [], "stop") for a in answers]
-        samples = [Sample(probe + g.token_ids, [0] * len(probe) + [1] * len(g.token_ids),
-                          [0.0] * (len(probe) + len(g.token_ids))) for g in served]  # fmt: skip
+        samples = [
+            Sample(
+                probe + g.token_ids,
+                [0] * len(probe) + [1] * len(g.token_ids),
+                [0.0] * (len(probe) + len(g.token_ids)),
+            )
+            for g in served
+        ]
         batch = on_device(collate(samples, self.pad_id), model)
         with torch.no_grad(), world.autocast():
             trained = token_logprobs(model, batch)[0]
@@ -100,9 +107,17 @@ class ReloadCheck:
 class ServerSink:
     everywhere = False
 
-    def __init__(self, servers: Sequence[OpenAIEngine], mine: Sequence[OpenAIEngine],
-                 path: Path, model: Any, tokenizer: Any, world: World,
-                 read_capacity: bool, check: ReloadCheck | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        servers: Sequence[OpenAIEngine],
+        mine: Sequence[OpenAIEngine],
+        path: Path,
+        model: Any,
+        tokenizer: Any,
+        world: World,
+        read_capacity: bool,
+        check: ReloadCheck | None = None,
+    ) -> None:
         """`servers`: all of them (rank 0 reloads every one); `mine`: this rank's; `model`: the
         policy the learner trains (sharded in place by it), saved with the published weights
         and scoring `check`'s probe."""
@@ -146,8 +161,9 @@ class ServerSink:
                 once[name] = tensor
         async with self._pushing:
             self._sent = (save(once), version)
-            answers = await asyncio.gather(*(s.push_weights(*self._sent) for s in self.servers),
-                                           return_exceptions=True)  # fmt: skip
+            answers = await asyncio.gather(
+                *(s.push_weights(*self._sent) for s in self.servers), return_exceptions=True
+            )
         faults = [a for a in answers if isinstance(a, BaseException)]
         for fault in faults:
             if not isinstance(fault, ServerUnavailable):

@@ -35,8 +35,9 @@ def _loss(ratios: list[float], advantage: float, mask: list[int] | None = None, 
     old = torch.zeros(1, len(ratios))
     new = torch.log(torch.tensor([ratios])).requires_grad_()
     mask_t = torch.tensor([mask or [1] * len(ratios)])
-    loss, sums = policy_loss(new, old, torch.tensor([advantage]), mask_t,
-                             denominator=int(mask_t.sum()), **kw)  # fmt: skip
+    loss, sums = policy_loss(
+        new, old, torch.tensor([advantage]), mask_t, denominator=int(mask_t.sum()), **kw
+    )
     return loss, sums, new
 
 
@@ -78,8 +79,14 @@ def test_dual_clip_caps_at_c_times_the_advantage() -> None:
 def test_token_weights_multiply_each_tokens_loss() -> None:
     # ratios 1, A = +1: per-token -1, weighted 2 and 1: (-2 - 1) / 2
     old = torch.zeros(1, 2)
-    loss, _ = policy_loss(torch.zeros(1, 2), old, torch.tensor([1.0]), torch.ones(1, 2),
-                          denominator=2, weights=torch.tensor([[2.0, 1.0]]))  # fmt: skip
+    loss, _ = policy_loss(
+        torch.zeros(1, 2),
+        old,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        denominator=2,
+        weights=torch.tensor([[2.0, 1.0]]),
+    )
     assert loss.item() == pytest.approx(-1.5)
 
 
@@ -108,8 +115,12 @@ def test_micro_batches_accumulate_to_the_token_mean() -> None:
     old = torch.tensor([[-1.1, -1.5, -0.5], [-0.2, -0.4, -1.0]])
     adv, mask = torch.tensor([0.7, -1.2]), torch.tensor([[1, 1, 0], [1, 1, 1]])
     whole, _ = policy_loss(logprobs, old, adv, mask, denominator=5)
-    parts = sum(float(policy_loss(logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1],
-                                  mask[i : i + 1], 5)[0]) for i in range(2))  # fmt: skip
+    parts = sum(
+        float(
+            policy_loss(logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], 5)[0]
+        )
+        for i in range(2)
+    )
     assert whole.item() == pytest.approx(parts)
 
 
@@ -160,11 +171,22 @@ def test_gspo_differs_from_the_token_loss_where_ratios_spread() -> None:
 
 def test_gspo_refuses_token_weights_and_skips_empty_rows() -> None:
     with pytest.raises(ValueError, match="per-token weights"):
-        sequence_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), 1,
-                      weights=torch.ones(1, 1))  # fmt: skip
+        sequence_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1),
+            torch.ones(1, 1),
+            1,
+            weights=torch.ones(1, 1),
+        )
     # a row with no policy token (all masked) adds nothing, whatever its advantage
-    loss, _ = sequence_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([1.0, 5.0]),
-                            torch.tensor([[1, 1], [0, 0]]), 1)  # fmt: skip
+    loss, _ = sequence_loss(
+        torch.zeros(2, 2),
+        torch.zeros(2, 2),
+        torch.tensor([1.0, 5.0]),
+        torch.tensor([[1, 1], [0, 0]]),
+        1,
+    )
     assert loss.item() == pytest.approx(-1.0)
 
 
@@ -172,11 +194,20 @@ def test_gspo_dual_clip_caps_a_negative_advantage_at_c_times_it() -> None:
     # s = 4 (both tokens ratio 4), A = -2: max(8, 2.56) = 8, capped at -c A = 6; A = +0.5 with
     # s = 1 is untouched: -0.5
     new = torch.log(torch.tensor([[4.0, 4.0], [1.0, 1.0]]))
-    loss, _ = sequence_loss(new, torch.zeros(2, 2), torch.tensor([-2.0, 0.5]), torch.ones(2, 2),
-                            1, 0.2, 0.28, dual_clip=3.0)  # fmt: skip
+    loss, _ = sequence_loss(
+        new,
+        torch.zeros(2, 2),
+        torch.tensor([-2.0, 0.5]),
+        torch.ones(2, 2),
+        1,
+        0.2,
+        0.28,
+        dual_clip=3.0,
+    )
     assert loss.item() == pytest.approx(6.0 - 0.5)
-    plain, _ = sequence_loss(new[:1], torch.zeros(1, 2), torch.tensor([-2.0]), torch.ones(1, 2),
-                             1, 0.2, 0.28)  # fmt: skip
+    plain, _ = sequence_loss(
+        new[:1], torch.zeros(1, 2), torch.tensor([-2.0]), torch.ones(1, 2), 1, 0.2, 0.28
+    )
     assert plain.item() == pytest.approx(8.0)
 
 
@@ -192,11 +223,21 @@ def test_gspo_clips_above_and_counts_a_one_token_sequence() -> None:
 def test_gspo_clips_by_its_own_ranges_unless_told() -> None:
     # s = 1.001 with A = +1 under GSPO's default range [1 - 3e-4, 1 + 4e-4]: -1.0004; with
     # A = -1 and s = 0.999: max(0.999, 0.9997) = 0.9997
-    up, _ = sequence_loss(torch.log(torch.tensor([[1.001]])), torch.zeros(1, 1),
-                          torch.tensor([1.0]), torch.ones(1, 1), 1)  # fmt: skip
+    up, _ = sequence_loss(
+        torch.log(torch.tensor([[1.001]])),
+        torch.zeros(1, 1),
+        torch.tensor([1.0]),
+        torch.ones(1, 1),
+        1,
+    )
     assert up.item() == pytest.approx(-1.0004, abs=1e-7)
-    down, _ = sequence_loss(torch.log(torch.tensor([[0.999]])), torch.zeros(1, 1),
-                            torch.tensor([-1.0]), torch.ones(1, 1), 1)  # fmt: skip
+    down, _ = sequence_loss(
+        torch.log(torch.tensor([[0.999]])),
+        torch.zeros(1, 1),
+        torch.tensor([-1.0]),
+        torch.ones(1, 1),
+        1,
+    )
     assert down.item() == pytest.approx(0.9997, abs=1e-7)
 
 

@@ -19,10 +19,26 @@ def _record(status: ExecStatus = ExecStatus.OK, parse_error: str | None = None) 
     return ToolCallRecord(call, ExecResult(status=status), parse_error)
 
 
-def _traj(index: int = 0, reward: float | None = 1.0, text: str = "<answer>\\boxed{1}</answer>",
-          calls: list[ToolCallRecord] | None = None, turns: int = 1) -> Trajectory:  # fmt: skip
-    return Trajectory("p", index, [1], [2], [1], [0.0], RolloutStatus.ANSWERED, calls or [],
-                      num_turns=turns, reward=reward, text=text)  # fmt: skip
+def _traj(
+    index: int = 0,
+    reward: float | None = 1.0,
+    text: str = "<answer>\\boxed{1}</answer>",
+    calls: list[ToolCallRecord] | None = None,
+    turns: int = 1,
+) -> Trajectory:
+    return Trajectory(
+        "p",
+        index,
+        [1],
+        [2],
+        [1],
+        [0.0],
+        RolloutStatus.ANSWERED,
+        calls or [],
+        num_turns=turns,
+        reward=reward,
+        text=text,
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,8 +124,13 @@ def test_roc_keeps_g_with_the_report_split_and_sample_order() -> None:
 def test_roc_prefers_clean_positives_in_proportion_to_inverse_penalty() -> None:
     # Two positives, one to keep: p_total 0 (weight 1 / 0.05 = 20) against p_total 1.5.
     clean = _traj(0, 1.0, calls=[_record()])  # p_total 0
-    dirty = _traj(1, 1.0, text="<answer>1</answer><answer>2</answer>",
-                  calls=[_record(ExecStatus.ERROR)], turns=2)  # p_err 1, p_format 0.5  # fmt: skip
+    dirty = _traj(
+        1,
+        1.0,
+        text="<answer>1</answer><answer>2</answer>",
+        calls=[_record(ExecStatus.ERROR)],
+        turns=2,
+    )  # p_err 1, p_format 0.5
     negatives = [_traj(i, 0.0) for i in range(2, 4)]
     w_clean, w_dirty = 1 / PENALTY_FLOOR, 1 / (1.5 + PENALTY_FLOOR)
     expected = w_clean / (w_clean + w_dirty)  # 0.9687
@@ -125,8 +146,10 @@ def test_roc_is_seeded() -> None:
     group = _group([1, 0] * 8, clean=frozenset({0, 4}))
     first = [t.sample_index for t in resample(group, 8, "roc", random.Random(7))]
     assert first == [t.sample_index for t in resample(group, 8, "roc", random.Random(7))]
-    others = {tuple(t.sample_index for t in resample(group, 8, "roc", random.Random(s)))
-              for s in range(20)}  # fmt: skip
+    others = {
+        tuple(t.sample_index for t in resample(group, 8, "roc", random.Random(s)))
+        for s in range(20)
+    }
     assert len(others) > 1
 
 

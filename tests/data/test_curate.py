@@ -7,11 +7,16 @@ from codeloop.data.curate import curate, decontaminate, dedupe, integer_only, ng
 from codeloop.data.problems import Problem
 
 BENCH = [
-    Problem("aime-1", "Find the number of ordered pairs $(x,y)$ of integers such that "
-            "$x^2 + y^2 = 2025$ and $x < y$.", "12"),
-    Problem("aime-2", "Let $m/n$ be the probability that a fair die shows six twice in a row.",
-            "37"),
-]  # fmt: skip
+    Problem(
+        "aime-1",
+        "Find the number of ordered pairs $(x,y)$ of integers such that "
+        "$x^2 + y^2 = 2025$ and $x < y$.",
+        "12",
+    ),
+    Problem(
+        "aime-2", "Let $m/n$ be the probability that a fair die shows six twice in a row.", "37"
+    ),
+]
 
 
 def test_ngrams_are_lower_case_whitespace_words() -> None:
@@ -23,12 +28,13 @@ def test_ngrams_are_lower_case_whitespace_words() -> None:
 def test_copied_benchmark_text_is_found_even_with_other_case_and_spacing() -> None:
     train = [
         # the benchmark's first 9 words inside another problem, in capitals, on two lines
-        Problem("t1", "FIND THE NUMBER OF ORDERED PAIRS $(x,y)$ OF INTEGERS\nsuch that x > 3.",
-                "1"),
+        Problem(
+            "t1", "FIND THE NUMBER OF ORDERED PAIRS $(x,y)$ OF INTEGERS\nsuch that x > 3.", "1"
+        ),
         # shares 7 consecutive words only: not contaminated at n = 8
         Problem("t2", "Find the number of ordered pairs $(x,y)$ with $x = y$.", "1"),
         Problem("t3", "What is 2 + 2?", "4"),
-    ]  # fmt: skip
+    ]
     kept, removed = decontaminate(train, BENCH, n=8)
     assert [p.id for p in kept] == ["t2", "t3"]
     assert [(r.id, r.reason) for r in removed] == [("t1", "contaminated")]
@@ -67,14 +73,24 @@ def test_integer_only_and_dedupe() -> None:
 
 def test_curate_applies_the_filters_in_order_and_accounts_for_every_problem() -> None:
     problems = [Problem(str(i), f"Problem number {i % 3} here.", str(i)) for i in range(6)]
-    problems.append(Problem("x", "Let $m/n$ be the probability that a fair die shows six twice "
-                            "in a row. Find m+n.", "37"))  # fmt: skip
+    problems.append(
+        Problem(
+            "x",
+            "Let $m/n$ be the probability that a fair die shows six twice in a row. Find m+n.",
+            "37",
+        )
+    )
     problems.append(Problem("y", "Ratio?", "3/4"))
     kept, removed = curate(problems, benchmarks=BENCH)
     assert [p.id for p in kept] == ["0", "1", "2"]
     reasons = {r.id: r.reason for r in removed}
-    assert reasons == {"3": "duplicate", "4": "duplicate", "5": "duplicate",
-                       "x": "contaminated", "y": "non_integer_answer"}  # fmt: skip
+    assert reasons == {
+        "3": "duplicate",
+        "4": "duplicate",
+        "5": "duplicate",
+        "x": "contaminated",
+        "y": "non_integer_answer",
+    }
     assert len(kept) + len(removed) == len(problems)
 
 
@@ -83,17 +99,31 @@ def _write(path: Path, problems: list[Problem]) -> None:
 
 
 def test_filter_and_decontaminate_commands(tmp_path: Path) -> None:
-    train = [Problem("a", "What is 1+1?", "2"), Problem("b", "what is 1+1?", "2"),
-             Problem("c", "Half?", "0.5"), Problem("d", BENCH[1].problem, "37")]  # fmt: skip
+    train = [
+        Problem("a", "What is 1+1?", "2"),
+        Problem("b", "what is 1+1?", "2"),
+        Problem("c", "Half?", "0.5"),
+        Problem("d", BENCH[1].problem, "37"),
+    ]
     _write(tmp_path / "train.jsonl", train)
     _write(tmp_path / "bench.jsonl", BENCH)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "codeloop", "data", *args],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "codeloop", "data", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
-    done = run("filter", str(tmp_path / "train.jsonl"), "--against", str(tmp_path / "bench.jsonl"),
-               "--out", str(tmp_path / "kept.jsonl"))  # fmt: skip
+    done = run(
+        "filter",
+        str(tmp_path / "train.jsonl"),
+        "--against",
+        str(tmp_path / "bench.jsonl"),
+        "--out",
+        str(tmp_path / "kept.jsonl"),
+    )
     assert done.returncode == 0, done.stderr
     kept = [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()]
     assert kept == [{"id": "a", "problem": "What is 1+1?", "answer": "2"}]
@@ -101,10 +131,19 @@ def test_filter_and_decontaminate_commands(tmp_path: Path) -> None:
         json.loads(line) for line in (tmp_path / "kept.removed.jsonl").read_text().splitlines()
     ]
     assert {r["id"]: r["reason"] for r in removed} == {
-        "b": "duplicate", "c": "non_integer_answer", "d": "contaminated"}  # fmt: skip
+        "b": "duplicate",
+        "c": "non_integer_answer",
+        "d": "contaminated",
+    }
     assert removed[-1]["detail"].startswith("bench.jsonl:aime-2: ")
-    done = run("decontaminate", str(tmp_path / "train.jsonl"), "--against",
-               str(tmp_path / "bench.jsonl"), "--out", str(tmp_path / "clean.jsonl"))  # fmt: skip
+    done = run(
+        "decontaminate",
+        str(tmp_path / "train.jsonl"),
+        "--against",
+        str(tmp_path / "bench.jsonl"),
+        "--out",
+        str(tmp_path / "clean.jsonl"),
+    )
     assert done.returncode == 0, done.stderr
     clean = [json.loads(line)["id"] for line in (tmp_path / "clean.jsonl").read_text().splitlines()]
     assert clean == ["a", "b", "c"]  # decontamination only

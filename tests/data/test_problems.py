@@ -13,8 +13,10 @@ def _write(path: Path, rows: list[object]) -> str:
 
 
 def test_fields_are_mapped(tmp_path: Path) -> None:
-    source = _write(tmp_path / "p.jsonl", [{"q": "1 + 1?", "a": 2, "uid": 7}, "",
-                                           {"q": "2 + 2?", "a": "4", "uid": "x"}])  # fmt: skip
+    source = _write(
+        tmp_path / "p.jsonl",
+        [{"q": "1 + 1?", "a": 2, "uid": 7}, "", {"q": "2 + 2?", "a": "4", "uid": "x"}],
+    )
     cfg = DataConfig(problem_field="q", answer_field="a", id_field="uid")
     assert load_problems(source, cfg) == [Problem("7", "1 + 1?", "2"), Problem("x", "2 + 2?", "4")]
     numbered = load_problems(source, DataConfig(problem_field="q", answer_field="a", id_field=""))
@@ -45,10 +47,13 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
 
 def test_gsm8k_in_its_original_format(tmp_path: Path) -> None:
     solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo 48+24 = <<48+24=72>>72."
-    source = _write(tmp_path / "gsm8k.jsonl", [
-        {"question": "How many clips?", "answer": solution + "\n#### 72"},
-        {"question": "How many dollars?", "answer": "It costs 1,000 + 250.\n#### 1,250"},
-    ])  # fmt: skip
+    source = _write(
+        tmp_path / "gsm8k.jsonl",
+        [
+            {"question": "How many clips?", "answer": solution + "\n#### 72"},
+            {"question": "How many dollars?", "answer": "It costs 1,000 + 250.\n#### 1,250"},
+        ],
+    )
     assert load_problems(source) == [
         Problem("0", "How many clips?", "72", solution),
         Problem("1", "How many dollars?", "1250", "It costs 1,000 + 250."),

@@ -44,8 +44,11 @@ def test_one_query_token_per_row_matches_sdpa(dtype: torch.dtype, atol: float) -
     expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3)
     assert torch.allclose(unmasked.float(), expected.float(), atol=atol)
     float_mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # the additive form
-    assert torch.allclose(decode_attention(module, query, key, value, float_mask, scaling=0.3
-                                           )[0].float(), mine.float(), atol=atol)  # fmt: skip
+    assert torch.allclose(
+        decode_attention(module, query, key, value, float_mask, scaling=0.3)[0].float(),
+        mine.float(),
+        atol=atol,
+    )
 
 
 def test_prefill_and_training_go_to_sdpa() -> None:
@@ -61,9 +64,15 @@ def test_prefill_and_training_go_to_sdpa() -> None:
 
 def _model(attention: str) -> Any:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-                         attn_implementation=attention)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=61,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        attn_implementation=attention,
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -75,10 +84,18 @@ def test_a_model_set_to_it_decodes_as_with_sdpa() -> None:
     unpadded = torch.tensor([[3, 5, 9, 2], [15, 16, 23, 42]])  # decoded with no mask
     for prompts in (padded, unpadded):
         with torch.no_grad():
-            ours, theirs = (m.generate(prompts, attention_mask=(prompts > 0).long(),
-                                       max_new_tokens=12, do_sample=False, output_scores=True,
-                                       return_dict_in_generate=True, pad_token_id=0)
-                            for m in (model, reference))  # fmt: skip
+            ours, theirs = (
+                m.generate(
+                    prompts,
+                    attention_mask=(prompts > 0).long(),
+                    max_new_tokens=12,
+                    do_sample=False,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=0,
+                )
+                for m in (model, reference)
+            )
         assert torch.equal(ours.sequences, theirs.sequences)
         for mine, expected in zip(ours.scores, theirs.scores, strict=True):
             assert torch.allclose(mine, expected, atol=1e-5)

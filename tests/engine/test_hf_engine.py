@@ -17,12 +17,19 @@ def engine(fmt: PromptFormat, request: pytest.FixtureRequest) -> TransformersEng
     """The engine on each of its KV caches (kv_batch.py, slot_cache.py): every test that takes
     it holds for both."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(fmt.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
     model = AutoModelForCausalLM.from_config(config)
-    return TransformersEngine(model, fmt.tokenizer, fmt.end_of_turn_ids, batch_window_ms=20,
-                              slot_cache=request.param)  # fmt: skip
+    return TransformersEngine(
+        model, fmt.tokenizer, fmt.end_of_turn_ids, batch_window_ms=20, slot_cache=request.param
+    )
 
 
 def _recompute(
@@ -149,12 +156,34 @@ def _bench_rollout(tmp_path: object, *args: str) -> dict[str, Any]:
 
 
 def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: object) -> None:
-    report = _bench_rollout(tmp_path, "--requests", "3", "--gen-tokens", "5", "--trajectories",
-                            "4", "--tokens", "6", "--max-batch", "4", "--tool-turns", "2",
-                            "--tool-s", "0.1")  # fmt: skip
+    report = _bench_rollout(
+        tmp_path,
+        "--requests",
+        "3",
+        "--gen-tokens",
+        "5",
+        "--trajectories",
+        "4",
+        "--tokens",
+        "6",
+        "--max-batch",
+        "4",
+        "--tool-turns",
+        "2",
+        "--tool-s",
+        "0.1",
+    )
     rows = report["rows"]
-    assert set(rows) == {"generate", "generate_static", "continuous", "slot_cache", "static",
-                         "tools_overlapped", "tools_serialised", "tools_static"}  # fmt: skip
+    assert set(rows) == {
+        "generate",
+        "generate_static",
+        "continuous",
+        "slot_cache",
+        "static",
+        "tools_overlapped",
+        "tools_serialised",
+        "tools_static",
+    }
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
     for name in ("tools_serialised", "tools_overlapped", "tools_static"):  # every call ran
         assert rows[name]["tool_calls"] == 4 * 2
@@ -165,15 +194,16 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
     assert output_layer % 32 == 0 and 256 < output_layer // 32 <= 300
     assert report["matmul_gflops"] > 0
     assert report["memory_bound"]["read_gbps"] > 0 and report["memory_bound"]["tokens_per_s"] > 0
-    assert set(report["ratios"]) == {"continuous / generate",
-                                     "continuous / best of transformers (generate)"
-                                     if rows["generate"]["tokens_per_s"]
-                                     >= rows["generate_static"]["tokens_per_s"]
-                                     else "continuous / best of transformers (generate_static)",
-                                     "continuous / static",
-                                     "agent: continuous / static",
-                                     "agent: overlapped / serialised",
-                                     "agent: overlapped / plain continuous"}  # fmt: skip
+    assert set(report["ratios"]) == {
+        "continuous / generate",
+        "continuous / best of transformers (generate)"
+        if rows["generate"]["tokens_per_s"] >= rows["generate_static"]["tokens_per_s"]
+        else "continuous / best of transformers (generate_static)",
+        "continuous / static",
+        "agent: continuous / static",
+        "agent: overlapped / serialised",
+        "agent: overlapped / plain continuous",
+    }
     # the engines' own counters beside their rows: 3 requests of 5 tokens, prefilled together
     counted = rows["continuous"]["engine"]
     assert counted["prefills"] == 1 and counted["steps"] == 4 and counted["rows_per_step"] == 3
@@ -192,8 +222,9 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
 def test_a_free_model_runs_through_the_engine_like_a_model(fmt: PromptFormat) -> None:
     from codeloop.bench.rollout import FreeModel
 
-    engine = TransformersEngine(FreeModel(vocab=8), fmt.tokenizer, set(), max_batch=4,
-                                max_kv_tokens=1000)  # fmt: skip
+    engine = TransformersEngine(
+        FreeModel(vocab=8), fmt.tokenizer, set(), max_batch=4, max_kv_tokens=1000
+    )
 
     async def main() -> list[Generation]:
         params = [SamplingParams(6, 1.0, seed=i) for i in range(3)]
@@ -242,9 +273,24 @@ def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
 def test_bench_rollout_profiles_plain_generation_on_request(tmp_path: object) -> None:
     from pathlib import Path
 
-    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
-                            "1", "--tokens", "2", "--tool-turns", "1", "--tool-s", "0.01",
-                            "--device", "cpu", "--profile")  # fmt: skip
+    report = _bench_rollout(
+        tmp_path,
+        "--requests",
+        "2",
+        "--gen-tokens",
+        "4",
+        "--trajectories",
+        "1",
+        "--tokens",
+        "2",
+        "--tool-turns",
+        "1",
+        "--tool-s",
+        "0.01",
+        "--device",
+        "cpu",
+        "--profile",
+    )
     assert report["device"].endswith("CPU threads")
     profiled = (Path(str(tmp_path)) / "rollout.profile.txt").read_text()
     summary, table = profiled.split("\n\n", 1)
@@ -265,18 +311,39 @@ def test_a_profile_that_fails_leaves_the_rest_of_the_bench(
         raise RuntimeError("no kineto")
 
     monkeypatch.setattr(bench_rollout, "profile_generation", broken)
-    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
-                            "1", "--tokens", "2", "--tool-turns", "1", "--tool-s", "0.01",
-                            "--device", "cpu", "--profile")  # fmt: skip
+    report = _bench_rollout(
+        tmp_path,
+        "--requests",
+        "2",
+        "--gen-tokens",
+        "4",
+        "--trajectories",
+        "1",
+        "--tokens",
+        "2",
+        "--tool-turns",
+        "1",
+        "--tool-s",
+        "0.01",
+        "--device",
+        "cpu",
+        "--profile",
+    )
     assert {"continuous", "tools_overlapped", "tools_serialised"} <= set(report["rows"])
     profiled = (Path(str(tmp_path)) / "rollout.profile.txt").read_text()
     assert profiled == "  no profile: RuntimeError('no kineto')"
 
 
 def test_the_memory_bound_by_hand() -> None:
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = AutoModelForCausalLM.from_config(config)
     # float32 Linears: q, o 32 x 32; k, v 32 x 16 (2 KV heads of 8); MLP 3 x 32 x 128; output
     # 32 x 50 (tied to the embedding, read once); a token's KV: 2 x 1 layer x 2 heads x 8 x 4 B
@@ -290,9 +357,23 @@ def test_the_memory_bound_by_hand() -> None:
 
 
 def test_bench_rollout_in_bfloat16_scores_its_tokens_in_float32(tmp_path: object) -> None:
-    report = _bench_rollout(tmp_path, "--requests", "2", "--gen-tokens", "4", "--trajectories",
-                            "2", "--tokens", "3", "--tool-turns", "1", "--tool-s", "0.05",
-                            "--dtype", "bfloat16")  # fmt: skip
+    report = _bench_rollout(
+        tmp_path,
+        "--requests",
+        "2",
+        "--gen-tokens",
+        "4",
+        "--trajectories",
+        "2",
+        "--tokens",
+        "3",
+        "--tool-turns",
+        "1",
+        "--tool-s",
+        "0.05",
+        "--dtype",
+        "bfloat16",
+    )
     gap = report["logprob_gap"]
     # bfloat16 keeps 8 bits of mantissa: its logprobs differ from float32's, but by little
     assert gap["tokens"] == 2 * 4 and 0 < gap["mean_abs"] <= gap["max_abs"] < 0.2
@@ -315,8 +396,9 @@ def test_logprob_gap_by_hand(engine: TransformersEngine, fmt: PromptFormat) -> N
     assert gap["outside_clip"] == pytest.approx(1 / 4)
 
 
-def test_greedy_decoding_matches_model_generate(engine: TransformersEngine, fmt: PromptFormat
-                                                ) -> None:  # fmt: skip
+def test_greedy_decoding_matches_model_generate(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
     prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("print(sum(range(10)))"), fmt.encode("x")]
     params = SamplingParams(16, temperature=0)
     gens = asyncio.run(_many(engine, prompts, [params] * 3))  # decoded in one batch
@@ -325,8 +407,13 @@ def test_greedy_decoding_matches_model_generate(engine: TransformersEngine, fmt:
     reference.set_attn_implementation("sdpa")  # generate as transformers runs it
     for prompt, gen in zip(prompts, gens, strict=True):
         with torch.no_grad():
-            out = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                                     min_new_tokens=16, pad_token_id=0)  # fmt: skip
+            out = reference.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=16,
+                do_sample=False,
+                min_new_tokens=16,
+                pad_token_id=0,
+            )
         assert gen.token_ids == out[0, len(prompt) :].tolist()
 
 
@@ -378,14 +465,20 @@ def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
     from codeloop.engine.hf_engine import JOIN_SHARE
 
     # max_batch 32: two requests that can join are a batch worth a prefill
-    waiting = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=4,
-                                 max_batch=2 * JOIN_SHARE,
-                                 slot_cache=engine.slots is not None)  # fmt: skip
+    waiting = TransformersEngine(
+        engine.model,
+        fmt.tokenizer,
+        set(),
+        join_wait_steps=4,
+        max_batch=2 * JOIN_SHARE,
+        slot_cache=engine.slots is not None,
+    )
     long = fmt.encode("def f(n): return n ** 2")
     rows = 2 * JOIN_SHARE - 3  # three slots stay free
     prompts = [fmt.encode(q) for q in ("x", "print(1)", "y = 2")]
-    alone = [asyncio.run(engine.generate(p, SamplingParams(6, seed=i))) for i, p in
-             enumerate(prompts)]  # fmt: skip
+    alone = [
+        asyncio.run(engine.generate(p, SamplingParams(6, seed=i))) for i, p in enumerate(prompts)
+    ]
     prefills = _recording_prefills(waiting)
 
     async def main() -> list[Generation]:
@@ -394,8 +487,7 @@ def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
         while waiting.steps_run < 2:
             await asyncio.sleep(0.001)
         one = await waiting.generate(prompts[0], SamplingParams(6, seed=0))  # alone: it waits
-        two = [waiting.generate(p, SamplingParams(6, seed=i)) for i, p in
-               enumerate(prompts[1:], 1)]  # fmt: skip
+        two = [waiting.generate(p, SamplingParams(6, seed=i)) for i, p in enumerate(prompts[1:], 1)]
         others = await asyncio.gather(*two)
         await running
         return [one, *others]
@@ -419,8 +511,14 @@ def test_a_long_queue_joins_in_batches_or_after_the_wait(
     from codeloop.engine.hf_engine import JOIN_SHARE
 
     batch = 2 * JOIN_SHARE
-    queued = TransformersEngine(engine.model, fmt.tokenizer, set(), join_wait_steps=8,
-                                max_batch=batch, slot_cache=engine.slots is not None)  # fmt: skip
+    queued = TransformersEngine(
+        engine.model,
+        fmt.tokenizer,
+        set(),
+        join_wait_steps=8,
+        max_batch=batch,
+        slot_cache=engine.slots is not None,
+    )
     prefills = _recording_prefills(queued)
     prompt = fmt.encode("print(1)")
     params = [SamplingParams(3 + 7 * i % 29, seed=i) for i in range(2 * batch)]
@@ -441,8 +539,13 @@ def test_a_long_queue_joins_in_batches_or_after_the_wait(
 def test_the_engine_counts_what_it_computed_and_what_the_cache_served(
     engine: TransformersEngine, fmt: PromptFormat
 ) -> None:
-    counted = TransformersEngine(engine.model, fmt.tokenizer, set(), prefix_cache_tokens=4096,
-                                 slot_cache=engine.slots is not None)  # fmt: skip
+    counted = TransformersEngine(
+        engine.model,
+        fmt.tokenizer,
+        set(),
+        prefix_cache_tokens=4096,
+        slot_cache=engine.slots is not None,
+    )
     prompt = fmt.encode("What is 2 + 3?")
     first = asyncio.run(counted.generate(prompt, SamplingParams(5, seed=1)))
     follow = prompt + first.token_ids + fmt.encode("print(5)")
@@ -469,7 +572,7 @@ def test_max_batch_and_kv_tokens_cap_the_running_requests(
         TransformersEngine(engine.model, fmt.tokenizer, set(), max_batch=1, slot_cache=slots),
         TransformersEngine(
             engine.model, fmt.tokenizer, set(), max_kv_tokens=reserve, slot_cache=slots
-        ),  # fmt: skip
+        ),
     ):
         gens = asyncio.run(_many(capped, prompts, params))
         assert capped.prefills_run == 3 and capped.steps_run == 3 * 5  # one after the other
@@ -538,7 +641,7 @@ def test_a_draw_picks_where_the_cdf_passes_it() -> None:
         0.69: [1, 2, 0, 1, 2],  # nucleus: 0.69 > 2/3
         0.71: [2, 2, 0, 1, 2],
         0.95: [2, 2, 0, 1, 2],
-    }  # fmt: skip
+    }
     for draw, tokens in expected.items():
         picked, logprobs = sample(logits, params, torch.full((5,), draw))
         assert picked.tolist() == tokens, draw
@@ -609,8 +712,9 @@ def test_sampling_follows_temperature_and_top_p() -> None:
     assert counts[3, 2:].sum() == 0
 
 
-def test_a_next_turn_reuses_the_finished_turns_kv(engine: TransformersEngine,
-                                                  fmt: PromptFormat) -> None:  # fmt: skip
+def test_a_next_turn_reuses_the_finished_turns_kv(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
     fresh = TransformersEngine(
         engine.model, fmt.tokenizer, engine.stop_token_ids, prefix_cache_tokens=0
     )
@@ -667,8 +771,9 @@ def test_the_prefix_cache_keeps_the_longest_entries_within_its_budget() -> None:
     assert cache.tokens == 7
 
 
-def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine,
-                                                      fmt: PromptFormat) -> None:  # fmt: skip
+def test_a_prefix_shared_by_a_batch_is_prefilled_once(
+    engine: TransformersEngine, fmt: PromptFormat
+) -> None:
     from codeloop.engine.kv_batch import SHARED_PREFIX_MIN
 
     system = fmt.encode("Solve the problem step by step. print(sum(range(10)))\n" * 4)
@@ -679,8 +784,9 @@ def test_a_prefix_shared_by_a_batch_is_prefilled_once(engine: TransformersEngine
     before = engine.prefixes.reused_tokens
     gens = asyncio.run(_many(engine, prompts, params))
     assert engine.prefixes.reused_tokens - before == 3 * len(system)
-    alone = TransformersEngine(engine.model, fmt.tokenizer, engine.stop_token_ids,
-                               prefix_cache_tokens=0)  # fmt: skip
+    alone = TransformersEngine(
+        engine.model, fmt.tokenizer, engine.stop_token_ids, prefix_cache_tokens=0
+    )
     expected = asyncio.run(_many(alone, prompts, params))
     for prompt, gen, reference in zip(prompts, gens, expected, strict=True):
         assert gen.token_ids == reference.token_ids
@@ -692,8 +798,14 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
 ) -> None:
     from codeloop.engine import hf_engine
 
-    config = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = AutoModelForCausalLM.from_config(config)
     monkeypatch.setattr(hf_engine, "available_memory", lambda: 1 << 30)
     # per token: 2 (K, V) x 2 layers x 2 KV heads x 16 (64 / 4 heads) x 4 bytes = 512 bytes
@@ -708,11 +820,18 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
 def _free_running(fmt: PromptFormat) -> TransformersEngine:
     """An engine on a random model that stops only at max_tokens."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024)  # fmt: skip
-    return TransformersEngine(AutoModelForCausalLM.from_config(config), fmt.tokenizer, [],
-                              batch_window_ms=0)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(fmt.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
+    return TransformersEngine(
+        AutoModelForCausalLM.from_config(config), fmt.tokenizer, [], batch_window_ms=0
+    )
 
 
 def test_each_token_records_the_weights_that_sampled_it(fmt: PromptFormat) -> None:
@@ -772,8 +891,9 @@ def test_on_a_cpu_steps_run_on_the_event_loops_thread(fmt: PromptFormat) -> None
     assert on_loop.step_in_thread is False  # the default for a model on the CPU
     gens, threads = run(on_loop)
     assert threads == {threading.get_ident()}  # asyncio.run's loop runs on this thread
-    in_thread = TransformersEngine(on_loop.model, fmt.tokenizer, [], batch_window_ms=0,
-                                   step_in_thread=True)  # fmt: skip
+    in_thread = TransformersEngine(
+        on_loop.model, fmt.tokenizer, [], batch_window_ms=0, step_in_thread=True
+    )
     threaded, threads = run(in_thread)
     assert threading.get_ident() not in threads
     # where a step runs changes nothing in what it samples
@@ -782,9 +902,16 @@ def test_on_a_cpu_steps_run_on_the_event_loops_thread(fmt: PromptFormat) -> None
 
 
 def test_an_evaluations_cap_only_lowers_what_the_engine_admits(fmt: PromptFormat) -> None:
-    model = AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
+    model = AutoModelForCausalLM.from_config(
+        LlamaConfig(
+            vocab_size=len(fmt.tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     engine = TransformersEngine(model, fmt.tokenizer, set(), max_kv_tokens=100)
     with engine.reserving_at_most(1000):
         assert engine.max_kv_tokens == 100  # a cap above what it admits changes nothing

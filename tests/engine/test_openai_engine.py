@@ -20,9 +20,15 @@ from codeloop.rollout.prompt import PromptFormat
 
 def _tiny_model(fmt: PromptFormat, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(fmt.tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(fmt.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -167,9 +173,13 @@ def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
         async def models(request: web.Request) -> web.Response:
             return web.json_response({"data": [{"id": "policy", "root": str(served)}]})
 
-        runner, url = await serve({("POST", "/collective_rpc"): record,
-                                   ("POST", "/update_weights_from_disk"): record,
-                                   ("GET", "/v1/models"): models})  # fmt: skip
+        runner, url = await serve(
+            {
+                ("POST", "/collective_rpc"): record,
+                ("POST", "/update_weights_from_disk"): record,
+                ("GET", "/v1/models"): models,
+            }
+        )
         vllm, sglang = OpenAIEngine(url, backend="vllm"), OpenAIEngine(url, backend="sglang")
         try:
             await vllm.reload(str(served))
@@ -183,8 +193,10 @@ def test_reload_requests_for_vllm_and_sglang(tmp_path: Path) -> None:
             await runner.cleanup()
 
     message = asyncio.run(main())
-    assert posted == [("/collective_rpc", {"method": "reload_weights"}),
-                      ("/update_weights_from_disk", {"model_path": str(served)})]  # fmt: skip
+    assert posted == [
+        ("/collective_rpc", {"method": "reload_weights"}),
+        ("/update_weights_from_disk", {"model_path": str(served)}),
+    ]
     assert str(served) in message
 
 
@@ -248,8 +260,7 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
         async def execute(self, request: ExecRequest) -> ExecResult:
             return ExecResult(ExecStatus.OK, stdout="5\n")
 
-    cfg = RolloutConfig(temperature=0.6, top_p=0.9, max_response_tokens=100,
-                        max_tokens_per_turn=60)  # fmt: skip
+    cfg = RolloutConfig(temperature=0.6, top_p=0.9, max_response_tokens=100, max_tokens_per_turn=60)
     prompt = fmt.prompt_ids("What is 2 + 3?")
 
     async def main() -> Any:
@@ -266,9 +277,16 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
     used = len(turns[0]) + len(observation)  # sampled and inserted tokens count alike
     assert len(turns[0]) < 60 and 100 - used < 60  # the second turn: what is left, not 60
     assert trajectory.response_ids == turns[0] + observation + turns[1]
-    same = {"model": "policy", "temperature": 0.6, "top_p": 0.9, "stop": ["</tool_call>"],
-            "logprobs": 0, "return_tokens_as_token_ids": True,
-            "include_stop_str_in_output": True, "skip_special_tokens": False}  # fmt: skip
+    same = {
+        "model": "policy",
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "stop": ["</tool_call>"],
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+    }
     assert bodies == [
         {**same, "prompt": prompt, "max_tokens": 60, "seed": 7},
         {**same, "prompt": prompt + turns[0] + observation, "max_tokens": 100 - used, "seed": 8},

@@ -189,8 +189,9 @@ def test_sim_engine_steps_caches_prefixes_and_preempts_on_overflow() -> None:
         engine = SimEngine(capacity=100, step_ms=10, saturation=2, prefill_ms=1)
         loop = asyncio.get_running_loop()
         # three requests of 40 context: all start (120 > 100? no: the third waits)
-        await asyncio.gather(*(engine.generate(_Prompt(k, 40, 5), SamplingParams(5))
-                               for k in range(3)))  # fmt: skip
+        await asyncio.gather(
+            *(engine.generate(_Prompt(k, 40, 5), SamplingParams(5)) for k in range(3))
+        )
         return loop.time(), engine
 
     elapsed, engine = run_simulated(main())
@@ -209,8 +210,9 @@ def test_sim_engine_steps_caches_prefixes_and_preempts_on_overflow() -> None:
 
     async def overflow() -> SimEngine:
         engine = SimEngine(capacity=100, step_ms=10, saturation=2, prefill_ms=0)
-        await asyncio.gather(*(engine.generate(_Prompt(k, 45, 20), SamplingParams(20))
-                               for k in range(2)))  # fmt: skip
+        await asyncio.gather(
+            *(engine.generate(_Prompt(k, 45, 20), SamplingParams(20)) for k in range(2))
+        )
         return engine
 
     engine = run_simulated(overflow())  # 90 -> 100 after 5 steps -> 102: the newest is preempted
@@ -221,8 +223,7 @@ def test_sim_engine_steps_caches_prefixes_and_preempts_on_overflow() -> None:
 def test_lower_bound_by_hand() -> None:
     import argparse
 
-    args = argparse.Namespace(engines=2, capacity=1000, step_ms=10.0, saturation=2,
-                              prefill_ms=1.0)  # fmt: skip
+    args = argparse.Namespace(engines=2, capacity=1000, step_ms=10.0, saturation=2, prefill_ms=1.0)
     trajectories = [Trajectory(10, [4, 2], [(1.5, 3)]), Trajectory(20, [6], [])]
     bound = bench_scheduler.lower_bound(trajectories, args)
     # work: 12 tokens x 5 ms + 33 prefilled x 1 ms, over 2 engines
@@ -237,9 +238,24 @@ def test_lower_bound_by_hand() -> None:
 
 def test_bench_scheduler_kv_aware_never_overflows(tmp_path: Path) -> None:
     out = tmp_path / "s.json"
-    args = ["--prompts", "16", "--group", "8", "--engines", "2", "--seeds", "1",
-            "--capacity", "16384", "--steps", "3", "--max-staleness", "1",
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "--prompts",
+        "16",
+        "--group",
+        "8",
+        "--engines",
+        "2",
+        "--seeds",
+        "1",
+        "--capacity",
+        "16384",
+        "--steps",
+        "3",
+        "--max-staleness",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert bench_scheduler.main(args) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
@@ -285,9 +301,19 @@ def test_training_loop_simulation_by_hand() -> None:
 
     # one prompt x one sample a step; a trajectory is 10 decode steps of 10 ms (0.1 s, batch
     # size free up to 1,000); an update takes 500 x its work (10 tokens x 10 ms / 1,000) = 0.05 s
-    args = argparse.Namespace(engines=1, capacity=10_000, step_ms=10.0, saturation=1000,
-                              prefill_ms=0.0, prompts=1, group=1, steps=3, train_share=500.0,
-                              turn_cap=100, budget=100)  # fmt: skip
+    args = argparse.Namespace(
+        engines=1,
+        capacity=10_000,
+        step_ms=10.0,
+        saturation=1000,
+        prefill_ms=0.0,
+        prompts=1,
+        group=1,
+        steps=3,
+        train_share=500.0,
+        turn_cap=100,
+        budget=100,
+    )
     groups = [[Trajectory(20, [10], [])] for _ in range(8)]
 
     def run(mode: str, staleness: int) -> dict[str, Any]:
@@ -431,8 +457,11 @@ def test_kv_aware_places_by_room_and_capacity() -> None:
     async def main(capacities: list[int], calls: list[int]) -> tuple[list[str], list[str]]:
         log: list[str] = []
         gate = asyncio.Event()
-        scheduler = Scheduler([Recorder("a", log, gate), Recorder("b", log, gate)], "kv_aware",
-                              capacity_tokens=capacities)  # fmt: skip
+        scheduler = Scheduler(
+            [Recorder("a", log, gate), Recorder("b", log, gate)],
+            "kv_aware",
+            capacity_tokens=capacities,
+        )
 
         async def call(tokens: int) -> None:
             async with scheduler.lease() as engine:

@@ -23,9 +23,15 @@ from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, ladder, unsupported_reason
 from codeloop.rollout.prompt import PromptFormat
 
-SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=4096)  # fmt: skip
+SMALL = dict(
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+)
 
 
 def _model(config: Any) -> Any:
@@ -45,7 +51,7 @@ def _last_logits(model: Any, ids: list[int]) -> torch.Tensor:
         Qwen2Config(**SMALL),
         Qwen3Config(head_dim=16, **SMALL),
         LlamaConfig(**{**SMALL, "num_key_value_heads": 4}),
-    ],  # fmt: skip
+    ],
     ids=["llama_gqa", "qwen2_bias", "qwen3_qk_norm", "llama_mha"],
 )
 def test_prefill_and_decode_logits_equal_transformers(config: Any) -> None:
@@ -61,8 +67,7 @@ def test_prefill_and_decode_logits_equal_transformers(config: Any) -> None:
     logits = batch.decode(None, torch.tensor(tokens))
     assert batch.lengths == [6, 3, 41, 6]
     for prompt, token, row in zip(prompts, tokens, logits, strict=True):
-        torch.testing.assert_close(row, _last_logits(model, [*prompt, token]), atol=1e-5,
-                                   rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(row, _last_logits(model, [*prompt, token]), atol=1e-5, rtol=1e-5)
 
 
 def test_a_prefix_from_the_cache_is_loaded_and_only_the_rest_prefilled() -> None:
@@ -104,8 +109,9 @@ def test_joining_rows_are_prefilled_after_the_running_ones_and_merged() -> None:
         torch.testing.assert_close(row, _last_logits(model, [*prompt, 9]), atol=1e-5, rtol=1e-5)
 
 
-def test_the_cache_grows_under_running_rows(monkeypatch: pytest.MonkeyPatch,
-                                            fmt: PromptFormat) -> None:  # fmt: skip
+def test_the_cache_grows_under_running_rows(
+    monkeypatch: pytest.MonkeyPatch, fmt: PromptFormat
+) -> None:
     monkeypatch.setattr(slot_cache, "MIN_COLUMNS", 16)
     monkeypatch.setattr(slot_cache, "MIN_WIDTH", 4)
     model = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)}))
@@ -125,8 +131,13 @@ def test_the_cache_grows_under_running_rows(monkeypatch: pytest.MonkeyPatch,
     assert engine.slots.columns == 64
     for prompt, out, n in zip((short, long), outputs, (8, 40), strict=True):
         with torch.no_grad():
-            expected = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                                      min_new_tokens=n, pad_token_id=0)  # fmt: skip
+            expected = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=n,
+                do_sample=False,
+                min_new_tokens=n,
+                pad_token_id=0,
+            )
         assert out == expected[0, len(prompt) :].tolist()
 
 
@@ -227,19 +238,23 @@ def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat) -> None:
     reference = copy.deepcopy(engine.model)
     for prompt, gen in zip(prompts, gens, strict=True):
         with torch.no_grad():
-            out = reference.generate(torch.tensor([prompt], device="cuda"),
-                                     max_new_tokens=24, min_new_tokens=24, do_sample=False,
-                                     pad_token_id=0)  # fmt: skip
+            out = reference.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=24,
+                min_new_tokens=24,
+                do_sample=False,
+                pad_token_id=0,
+            )
         assert gen.token_ids == out[0, len(prompt) :].tolist()
 
 
-async def _many(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams
-                ) -> list[Any]:  # fmt: skip
+async def _many(
+    engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams
+) -> list[Any]:
     return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
 
 
-def test_a_cache_that_cannot_fit_is_refused_with_its_sizes(monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:  # fmt: skip
+def test_a_cache_that_cannot_fit_is_refused_with_its_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     from codeloop.errors import RunError
 
     model = _model(LlamaConfig(**SMALL))  # 2 layers x 2 (K, V) x 2 KV heads x 8 x 4 bytes

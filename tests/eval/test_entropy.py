@@ -61,9 +61,22 @@ def test_entropy_command_on_evaluated_trajectories(
     tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(model_dir)
     fmt.tokenizer.save_pretrained(model_dir)
     target = tmp_path / "entropy.json"
-    done = subprocess.run([sys.executable, "-m", "codeloop", "entropy", "--model", str(model_dir),
-                           str(out / "trajectories.jsonl"), "--out", str(target)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codeloop",
+            "entropy",
+            "--model",
+            str(model_dir),
+            str(out / "trajectories.jsonl"),
+            "--out",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "right after a tool response" in done.stdout
     result = json.loads(target.read_text())

@@ -107,8 +107,9 @@ def test_another_k_in_the_same_directory_is_an_error(
 
 
 @pytest.fixture(scope="module")
-def served_model(fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory,
-                 codeloop_serve: Any) -> Iterator[tuple[str, Path]]:  # fmt: skip
+def served_model(
+    fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory, codeloop_serve: Any
+) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("policy")
     tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4).save_pretrained(root)
     fmt.tokenizer.save_pretrained(root)
@@ -122,13 +123,35 @@ def test_eval_command_through_codeloop_serve(
 ) -> None:
     url, model_dir = served_model
     data = tmp_path / "bench.jsonl"
-    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
-                            + "\n" for p in PROBLEMS[:3]))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n"
+            for p in PROBLEMS[:3]
+        )
+    )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "codeloop", "eval", "--endpoint", url, "--tokenizer",
-               str(model_dir), "--data", str(data), "--k", "2", "--out", str(out),
-               "--eval.max_response_tokens", "48", "--eval.max_turns", "3",
-               "--sandbox.workers", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "codeloop",
+        "eval",
+        "--endpoint",
+        url,
+        "--tokenizer",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--k",
+        "2",
+        "--out",
+        str(out),
+        "--eval.max_response_tokens",
+        "48",
+        "--eval.max_turns",
+        "3",
+        "--sandbox.workers",
+        "1",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if not line.startswith("eval: ")]
@@ -148,15 +171,36 @@ def test_eval_command_through_codeloop_serve(
 
 
 def _eval_command(url: str, model_dir: Path, data: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "codeloop", "eval", "--endpoint", url, "--tokenizer",
-            str(model_dir), "--data", str(data), "--k", "2", "--out", str(out),
-            "--eval.max_response_tokens", "48", "--eval.max_turns", "3", "--sandbox.workers", "1",
-            "--concurrency", "1"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "codeloop",
+        "eval",
+        "--endpoint",
+        url,
+        "--tokenizer",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--k",
+        "2",
+        "--out",
+        str(out),
+        "--eval.max_response_tokens",
+        "48",
+        "--eval.max_turns",
+        "3",
+        "--sandbox.workers",
+        "1",
+        "--concurrency",
+        "1",
+    ]
 
 
 def _bench_file(path: Path, count: int) -> Path:
-    rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}
-            for i in range(count)]  # fmt: skip
+    rows = [
+        {"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(count)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -168,8 +212,9 @@ def test_an_unreachable_server_stops_the_evaluation_naming_it(
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    command = _eval_command(url, tmp_path / "tok", _bench_file(tmp_path / "b.jsonl", 2),
-                            tmp_path / "out")  # fmt: skip
+    command = _eval_command(
+        url, tmp_path / "tok", _bench_file(tmp_path / "b.jsonl", 2), tmp_path / "out"
+    )
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith(f"codeloop eval: cannot reach the server at {url} (")
@@ -188,8 +233,10 @@ def test_a_server_killed_mid_evaluation_scores_only_what_it_generated(
         command = _eval_command(url, model_dir, _bench_file(tmp_path / "b.jsonl", total), out)
         evaluation = subprocess.Popen(
             [*command, "--rollout.server_retry_s", "1"],  # not waiting for it to come back
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         results = out / "results.jsonl"
         while not results.is_file() or len(results.read_text().splitlines()) < 3:
             assert evaluation.poll() is None, evaluation.communicate()
@@ -215,8 +262,12 @@ def test_a_server_killed_mid_evaluation_scores_only_what_it_generated(
 def test_eval_without_a_policy_is_an_error(tmp_path: Path) -> None:
     data = tmp_path / "bench.jsonl"
     data.write_text(json.dumps({"id": "a", "problem": "1+1", "answer": "2"}) + "\n")
-    done = subprocess.run([sys.executable, "-m", "codeloop", "eval", "--data", str(data)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", "eval", "--data", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--model" in done.stderr
 
 
@@ -252,8 +303,9 @@ def test_an_evaluation_spread_over_two_engines(
     async def main() -> dict:
         scheduler = Scheduler([Named("a"), Named("b")], "kv_aware")
         async with LocalSandbox(cfg_for_eval().sandbox) as tools:
-            return await evaluate(scheduler, tools, fmt, PROBLEMS, cfg_for_eval(), tmp_path,
-                                  concurrency=2)  # fmt: skip
+            return await evaluate(
+                scheduler, tools, fmt, PROBLEMS, cfg_for_eval(), tmp_path, concurrency=2
+            )
 
     summary = asyncio.run(main())
     _, alone = scripted_run
@@ -270,10 +322,12 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
 
     demo_template = Path(__file__).resolve().parents[2] / "codeloop/recipe/demo_chat_template.jinja"
     config = tmp_path / "trained.toml"
-    config.write_text(f'[rollout]\nchat_template = "{demo_template}"\n'
-                      'system_prompt = "Be brief."\nmax_tokens_per_turn = 7\n'
-                      "max_tool_response_chars = 300\n[eval]\ntemperature = 0.9\n"
-                      "max_turns = 2\nmax_response_tokens = 40\n")  # fmt: skip
+    config.write_text(
+        f'[rollout]\nchat_template = "{demo_template}"\n'
+        'system_prompt = "Be brief."\nmax_tokens_per_turn = 7\n'
+        "max_tool_response_chars = 300\n[eval]\ntemperature = 0.9\n"
+        "max_turns = 2\nmax_response_tokens = 40\n"
+    )
     cfg = load_config(config)
     trained = PromptFormat.from_config(fmt.tokenizer, cfg.rollout, cfg.eval)
     policy = tmp_path / "policy"
@@ -290,10 +344,23 @@ def test_a_trained_policy_is_evaluated_as_it_was_trained(fmt: PromptFormat, tmp_
     ]
     assert (policy / "codeloop_chat_template.jinja").read_text() == demo_template.read_text()
     data = tmp_path / "bench.jsonl"
-    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
-                            + "\n" for p in PROBLEMS[:2]))  # fmt: skip
-    common = ["eval", "--model", str(policy), "--data", str(data), "--k", "2",
-              "--sandbox.workers", "1"]  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n"
+            for p in PROBLEMS[:2]
+        )
+    )
+    common = [
+        "eval",
+        "--model",
+        str(policy),
+        "--data",
+        str(data),
+        "--k",
+        "2",
+        "--sandbox.workers",
+        "1",
+    ]
     assert main([*common, "--out", str(tmp_path / "saved")]) == 0
     assert main([*common, "--config", str(config), "--out", str(tmp_path / "config")]) == 0
     assert (

@@ -74,8 +74,12 @@ def test_a_recipe_ends_with_its_last_point_against_its_first() -> None:
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "codeloop", "compare", *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "codeloop", "compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_compare_command_pairs_two_evaluations(
@@ -101,8 +105,10 @@ def test_compare_command_pairs_two_evaluations(
 def test_compare_names_what_it_cannot_read(tmp_path: Path) -> None:
     done = _compare(str(tmp_path), str(tmp_path))
     assert done.returncode == 2
-    assert done.stderr == f"codeloop compare: {tmp_path}: no results.jsonl (give a codeloop " \
-                          "eval output directory or its results.jsonl)\n"  # fmt: skip
+    assert (
+        done.stderr == f"codeloop compare: {tmp_path}: no results.jsonl (give a codeloop "
+        "eval output directory or its results.jsonl)\n"
+    )
 
 
 def test_resampling_is_done_in_blocks_that_add_up_to_every_resample() -> None:

@@ -26,8 +26,9 @@ HOSTILE = "</script><script>document.title='pwned'</script><b>bold</b>"
 
 
 @pytest.fixture(scope="module")
-def run_dir(scripted_run: tuple[Path, dict], fmt: PromptFormat,
-            tmp_path_factory: pytest.TempPathFactory) -> Path:  # fmt: skip
+def run_dir(
+    scripted_run: tuple[Path, dict], fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A training stage (metrics + a step dump written by the trainer) and an evaluation."""
     eval_out, _ = scripted_run
     root = tmp_path_factory.mktemp("run")
@@ -47,8 +48,12 @@ def run_dir(scripted_run: tuple[Path, dict], fmt: PromptFormat,
     )
     metrics = [{"step": s, "reward/mean": 0.1 * s, "loss/policy": 1.0 / s} for s in (1, 2, 3)]
     (stage / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    done = subprocess.run([sys.executable, "-m", "codeloop", "view", str(root)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", "view", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "24 trajectories" in done.stdout  # 20 evaluated + 4 from the training step
     return root
@@ -56,9 +61,19 @@ def run_dir(scripted_run: tuple[Path, dict], fmt: PromptFormat,
 
 def _dom(page: Path, fragment: str = "") -> str:
     assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                           "--dump-dom", page.as_uri() + fragment],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--dump-dom",
+            page.as_uri() + fragment,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -114,15 +129,23 @@ def test_too_many_trajectories_are_counted_not_lost(run_dir: Path) -> None:
 
 
 def test_missing_run_directory_is_an_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "codeloop", "view", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", "view", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "no such run directory" in done.stderr
 
 
 def test_a_directory_without_trajectories_is_an_error_not_an_empty_page(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')  # metrics, no rollouts
-    done = subprocess.run([sys.executable, "-m", "codeloop", "view", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", "view", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith(f"codeloop view: {tmp_path}: no trajectories in it or below it")
     assert not (tmp_path / "view.html").exists()

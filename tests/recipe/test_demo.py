@@ -24,13 +24,26 @@ from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.sft import encode_conversation, train_sft
 from codeloop.types import ExecRequest
 
-TINY = Sizes(sft_clean_steps=1, sft_clean_max_steps=2, sft_check_every=1, sft_mixed_steps=1,
-             sft_batch=6, heldout_per_difficulty=2, rl_per_difficulty=4,
-             eval_samples=1)  # fmt: skip
-OVERRIDES = ["--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1", "--recipe.stages.2.steps=1",
-             "--trainer.prompts_per_step=2", "--algo.group_size=2", "--sandbox.workers=1",
-             "--recipe.stages.2.refilter_samples=1",
-             "--recipe.stages.2.refilter_max_pass_rate=1.0"]  # fmt: skip
+TINY = Sizes(
+    sft_clean_steps=1,
+    sft_clean_max_steps=2,
+    sft_check_every=1,
+    sft_mixed_steps=1,
+    sft_batch=6,
+    heldout_per_difficulty=2,
+    rl_per_difficulty=4,
+    eval_samples=1,
+)
+OVERRIDES = [
+    "--recipe.stages.0.steps=1",
+    "--recipe.stages.1.steps=1",
+    "--recipe.stages.2.steps=1",
+    "--trainer.prompts_per_step=2",
+    "--algo.group_size=2",
+    "--sandbox.workers=1",
+    "--recipe.stages.2.refilter_samples=1",
+    "--recipe.stages.2.refilter_max_pass_rate=1.0",
+]
 
 
 @pytest.mark.slow
@@ -61,14 +74,18 @@ def test_the_demo_runs_every_stage_and_reports(
     assert [r["step"] for r in records if "sft/heldout_exact" in r] == [1, 2]  # clean phase
     assert [r["step"] for r in records if "sft/loss" in r] == [1, 2, 3]  # then one mixed step
     assert sorted(p.name for p in (tmp_path / "rl").iterdir()) == [
-        "1-stage1-short", "2-stage2-longer", "3-stage3-hard"]  # fmt: skip
+        "1-stage1-short",
+        "2-stage2-longer",
+        "3-stage3-hard",
+    ]
 
 
 @pytest.mark.slow
 def test_the_configs_seed_drives_every_random_choice_and_reproduces_a_run(tmp_path: Path) -> None:
     def run(name: str, seed: int) -> dict[str, object]:
-        summary = asyncio.run(run_demo(tmp_path / name, TINY,
-                                       [*OVERRIDES, f"--trainer.seed={seed}"]))  # fmt: skip
+        summary = asyncio.run(
+            run_demo(tmp_path / name, TINY, [*OVERRIDES, f"--trainer.seed={seed}"])
+        )
         return {key: value for key, value in summary.items() if key != "minutes"}
 
     def problems(name: str) -> set[str]:  # what its first RL step sampled
@@ -92,8 +109,12 @@ def test_modes_compares_sync_and_async_rl_from_one_sft_policy(tmp_path: Path) ->
     assert list(results) == ["sync", "async"]
     for mode, summary in results.items():
         points = summary["points"]
-        assert [p["stage"] for p in points] == ["sft", "stage1-short", "stage2-longer",
-                                                "stage3-hard"]  # fmt: skip
+        assert [p["stage"] for p in points] == [
+            "sft",
+            "stage1-short",
+            "stage2-longer",
+            "stage3-hard",
+        ]
         tokens = [p["trained_tokens"] for p in points[1:]]
         seconds = [p["rl_seconds"] for p in points[1:]]
         assert tokens == sorted(tokens) and seconds == sorted(seconds) and seconds[0] > 0
@@ -114,8 +135,9 @@ def test_the_demonstrated_syntax_error_is_what_the_sandbox_reports() -> None:
         return format_observation(result, 2000)
 
     assert asyncio.run(run()) == syntax_error(code)
-    broken = demonstration(Task("What is 123 % 456?", 123, "print(123 % 456)", 3),
-                           random.Random(0), error_share=1.0)  # fmt: skip
+    broken = demonstration(
+        Task("What is 123 % 456?", 123, "print(123 % 456)", 3), random.Random(0), error_share=1.0
+    )
     assert broken[1] == {"role": "tool", "content": syntax_error(code)}
 
 

@@ -58,8 +58,10 @@ def test_conversations_carry_the_sandboxs_real_output() -> None:
         Problem("2", "Nothing?", "5", "Five."),
     ]
     built, fmt = _build(problems, error_share=0.0)
-    assert built.dropped == {"the code does not print the answer": 1,
-                             "no computation gives the answer": 1}  # fmt: skip
+    assert built.dropped == {
+        "the code does not print the answer": 1,
+        "no computation gives the answer": 1,
+    }
     (clean,) = built.conversations
     assert [m["role"] for m in clean] == ["system", "user", "assistant", "tool", "assistant"]
     call = clean[2]["content"]

@@ -39,8 +39,12 @@ def _gsm8k(path: Path, count: int) -> None:
     for i in range(count):
         a, b = 10 + i, 3 + 2 * i
         solution = f"She has {a}+{b} = <<{a}+{b}={a + b}>>{a + b} apples."
-        rows.append({"question": f"Ann has {a} apples and gets {b}. How many?",
-                     "answer": f"{solution}\n#### {a + b}"})  # fmt: skip
+        rows.append(
+            {
+                "question": f"Ann has {a} apples and gets {b}. How many?",
+                "answer": f"{solution}\n#### {a + b}",
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -52,18 +56,28 @@ def _tiny_recipe(tmp_path: Path, first_stage_steps: int = 1) -> list[str]:
     tiny_model(len(tokenizer), hidden_size=32, layers=1).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     run_dir = tmp_path / "run"
-    return [f"--trainer.model={tmp_path / 'model'}", f"--trainer.output_dir={run_dir}",
-                 f"--data.train={tmp_path / 'gsm8k.jsonl'}", "--trainer.prompts_per_step=2",
-                 "--algo.group_size=2", "--sft.epochs=1", "--sft.conversations_per_step=2",
-                 "--eval.max_response_tokens=64", "--rollout.max_response_tokens=64",
-                 "--recipe.stages.0.steps=1", "--recipe.stages.1.steps=1",
-                 "--recipe.stages.0.refilter_samples=1",
-                 "--recipe.stages.0.refilter_min_pass_rate=0",
-                 "--recipe.stages.0.refilter_max_pass_rate=1.0",
-                 "--recipe.stages.2.steps=1", "--recipe.stages.2.refilter_samples=1",
-                 "--recipe.stages.2.refilter_max_pass_rate=1.0",
-                 "--recipe.stages.0.overrides={}", "--recipe.stages.1.overrides={}",
-                 f"--recipe.stages.0.steps={first_stage_steps}"]  # fmt: skip
+    return [
+        f"--trainer.model={tmp_path / 'model'}",
+        f"--trainer.output_dir={run_dir}",
+        f"--data.train={tmp_path / 'gsm8k.jsonl'}",
+        "--trainer.prompts_per_step=2",
+        "--algo.group_size=2",
+        "--sft.epochs=1",
+        "--sft.conversations_per_step=2",
+        "--eval.max_response_tokens=64",
+        "--rollout.max_response_tokens=64",
+        "--recipe.stages.0.steps=1",
+        "--recipe.stages.1.steps=1",
+        "--recipe.stages.0.refilter_samples=1",
+        "--recipe.stages.0.refilter_min_pass_rate=0",
+        "--recipe.stages.0.refilter_max_pass_rate=1.0",
+        "--recipe.stages.2.steps=1",
+        "--recipe.stages.2.refilter_samples=1",
+        "--recipe.stages.2.refilter_max_pass_rate=1.0",
+        "--recipe.stages.0.overrides={}",
+        "--recipe.stages.1.overrides={}",
+        f"--recipe.stages.0.steps={first_stage_steps}",
+    ]
 
 
 @pytest.mark.slow
@@ -182,13 +196,17 @@ def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> 
     bad = ToolCallRecord(None, ExecResult(ExecStatus.REJECTED), "bad JSON")
     called = '<tool_call>\n{"name": ...}\n</tool_call>'
     looping = "<tool_call>\nx1 = 1\nx1 = 1"
-    groups = [[
-        _trajectory(RolloutStatus.ANSWERED, f"{called}\n<answer>1</answer>", [ran]),
-        _trajectory(RolloutStatus.TRUNCATED_LENGTH, f"{called}\n{looping}", [ran]),
-        _trajectory(RolloutStatus.TRUNCATED_LENGTH, '<tool_call>\n{"code": "x = 1\\nx = 1', []),
-        _trajectory(RolloutStatus.TRUNCATED_LENGTH, "I think I think I think", []),
-        _trajectory(RolloutStatus.ANSWERED, "<tool_call>{</tool_call><answer>2</answer>", [bad]),
-    ]]  # fmt: skip
+    groups = [
+        [
+            _trajectory(RolloutStatus.ANSWERED, f"{called}\n<answer>1</answer>", [ran]),
+            _trajectory(RolloutStatus.TRUNCATED_LENGTH, f"{called}\n{looping}", [ran]),
+            _trajectory(RolloutStatus.TRUNCATED_LENGTH, '<tool_call>\n{"code": "x = 1\\nx = 1', []),
+            _trajectory(RolloutStatus.TRUNCATED_LENGTH, "I think I think I think", []),
+            _trajectory(
+                RolloutStatus.ANSWERED, "<tool_call>{</tool_call><answer>2</answer>", [bad]
+            ),
+        ]
+    ]
     metrics = tool_metrics(groups)
     # a call that ran: 1st, 2nd (its second call was cut off), 5th (malformed, but answered)
     assert metrics["tool_use"] == pytest.approx(3 / 5)
@@ -255,8 +273,9 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     ]
     (gpu_config, overrides, gpu), (cpu_config, _, cpu) = calls[:2]
     assert gpu_config == "configs/gsm8k_smollm2_gpu.toml" and overrides == ["--trainer.seed", "3"]
-    assert gpu == Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973,
-                        rl_problems=300)  # fmt: skip
+    assert gpu == Sizes(
+        dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=300
+    )
     assert cpu_config == "configs/gsm8k_smollm2.toml" and cpu == Sizes()
     # the GPU recipe's SFT and RL problems fit in GSM8K's 7,473 outside the development split
     assert gpu.dev + gpu.sft_problems + 600 <= 7473
@@ -278,9 +297,11 @@ def test_policy_metrics_score_problems_and_leave_out_what_infrastructure_failed(
         return t
 
     right, wrong, failed = RolloutStatus.ANSWERED, RolloutStatus.ANSWERED, RolloutStatus.ERROR
-    groups = [[sample("a", 1.0, right), sample("a", 1.0, right)],
-              [sample("b", 0.0, wrong), sample("b", 1.0, failed)],  # the engine failed one
-              [sample("c", 1.0, failed), sample("c", 1.0, failed)]]  # fmt: skip
+    groups = [
+        [sample("a", 1.0, right), sample("a", 1.0, right)],
+        [sample("b", 0.0, wrong), sample("b", 1.0, failed)],  # the engine failed one
+        [sample("c", 1.0, failed), sample("c", 1.0, failed)],
+    ]
     metrics = policy_metrics(groups)
     # a: 2 of 2, b: 0 of 1 scored, c: nothing scored; avg@k over problems (1 + 0) / 2, not the
     # trajectories' 2 of 3, and the failed ones' rewards count for nothing

@@ -85,8 +85,10 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
     assert [s["stage"] for s in summaries] == ["short", "longer", "hard"]
     assert [s["problems"] for s in summaries] == [4, 4, 4]  # an untrained policy solves nothing
     assert summaries[1]["final"]["rollout/response_tokens"] <= 12
-    states = {d.name: read_state(sorted((d / "checkpoints").glob("step_*"))[-1])
-              for d in tmp_path.iterdir()}  # fmt: skip
+    states = {
+        d.name: read_state(sorted((d / "checkpoints").glob("step_*"))[-1])
+        for d in tmp_path.iterdir()
+    }
     # An untrained policy has no signal: no optimiser step; the schedule advances per RL step
     assert all(not s["optimizer"]["state"] for s in states.values())
     steps = {name: s["lr_schedule"]["last_epoch"] for name, s in states.items()}
@@ -114,17 +116,26 @@ def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
     monkeypatch.setattr(rl, "pass_rates", rates)  # what RLRun.pass_rates samples with
     cfg = _config(tmp_path)
     cfg.recipe.stages = [
-        StageConfig(name="screen", steps=1, refilter=True, refilter_samples=2,
-                    refilter_min_pass_rate=0.5, refilter_max_pass_rate=1.0),
+        StageConfig(
+            name="screen",
+            steps=1,
+            refilter=True,
+            refilter_samples=2,
+            refilter_min_pass_rate=0.5,
+            refilter_max_pass_rate=1.0,
+        ),
         StageConfig(name="more", steps=1),
-    ]  # fmt: skip
+    ]
     summaries = _recipe(fmt, cfg)
     assert sampled == [["p0", "p1", "p2", "p3"]]
     assert [s["problems"] for s in summaries] == [1, 1]  # stage 2 trains on stage 1's choice
     assert (tmp_path / "1-screen" / "problems.json").read_text() == '["p2"]'
-    trained = {json.loads(line)["prompt_id"] for d in ("1-screen", "2-more")
-               for f in (tmp_path / d / "trajectories").glob("*.jsonl")
-               for line in f.read_text().splitlines()}  # fmt: skip
+    trained = {
+        json.loads(line)["prompt_id"]
+        for d in ("1-screen", "2-more")
+        for f in (tmp_path / d / "trajectories").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    }
     assert trained == {"p2"}
     for name in ("1-screen", "2-more"):  # both unfinished again: stage 1 resumes, 2 reruns
         (tmp_path / name / "stage.json").unlink()
@@ -149,8 +160,9 @@ def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
     assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
 
 
-@pytest.mark.parametrize(("low", "high", "want"), [(0.0, 0.5, ["p0", "p1", "p3"]),
-                                                  (0.5, 1.0, ["p2"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("low", "high", "want"), [(0.0, 0.5, ["p0", "p1", "p3"]), (0.5, 1.0, ["p2"])]
+)
 def test_refilter_keeps_the_problems_within_the_pass_rate_band(
     fmt: PromptFormat, tmp_path: Path, low: float, high: float, want: list[str]
 ) -> None:
@@ -170,8 +182,14 @@ def test_refilter_keeps_the_problems_within_the_pass_rate_band(
             self.weights_updates += 1
 
     cfg = _config(tmp_path)
-    stage = StageConfig(name="hard", steps=1, refilter=True, refilter_samples=3,
-                        refilter_min_pass_rate=low, refilter_max_pass_rate=high)  # fmt: skip
+    stage = StageConfig(
+        name="hard",
+        steps=1,
+        refilter=True,
+        refilter_samples=3,
+        refilter_min_pass_rate=low,
+        refilter_max_pass_rate=high,
+    )
     engine = Answers()
     logger = RunLogger(tmp_path, tensorboard=False)
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)

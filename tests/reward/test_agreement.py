@@ -23,8 +23,17 @@ def verifier() -> Verifier:
 def test_the_collection_covers_every_family_with_both_labels() -> None:
     cases = agreement.labelled()
     families = {c.family for c in cases}
-    assert {"matrix", "relation", "several_boxed", "plain_text", "decimal_comma",
-            "currency_units", "function_name", "integer_gold", "percent"} <= families  # fmt: skip
+    assert {
+        "matrix",
+        "relation",
+        "several_boxed",
+        "plain_text",
+        "decimal_comma",
+        "currency_units",
+        "function_name",
+        "integer_gold",
+        "percent",
+    } <= families
     for family in families - {"real"}:
         labels = {c.label for c in cases if c.family == family}
         assert labels == {True, False}, family
@@ -38,8 +47,9 @@ def test_the_verifier_agrees_with_the_collection_but_for_the_known_misses(
     ours = agreement.our_verdicts(verifier, cases)
     misses = {(c.answer, c.gold) for c, o in zip(cases, ours, strict=True) if o != c.label}
     assert misses == KNOWN_MISSES
-    wrong_on_integers = [c for c, o in zip(cases, ours, strict=True)
-                         if o and not c.label and c.integer_gold]  # fmt: skip
+    wrong_on_integers = [
+        c for c, o in zip(cases, ours, strict=True) if o and not c.label and c.integer_gold
+    ]
     assert wrong_on_integers == []
 
 
@@ -52,9 +62,12 @@ def test_every_generated_form_is_decided_as_labelled(verifier: Verifier) -> None
 
 def test_the_summary_counts_by_hand() -> None:
     case = agreement.Case
-    cases = [case("5", "5", True, "same"), case("25\\%", "25", False, "percent"),
-             case("pi", "\\pi", True, "plain-text math", judgement=True),
-             case("6", "5", False, "same")]  # fmt: skip
+    cases = [
+        case("5", "5", True, "same"),
+        case("25\\%", "25", False, "percent"),
+        case("pi", "\\pi", True, "plain-text math", judgement=True),
+        case("6", "5", False, "same"),
+    ]
     ours = [True, False, True, True]  # wrong on the last
     theirs = [True, True, False, False]  # wrong on the second and third
     report = agreement.summary(cases, ours, theirs)
@@ -65,5 +78,4 @@ def test_the_summary_counts_by_hand() -> None:
     assert report["math_verify_accepted_wrong_integer"] == 1  # "25\\%" for 25
     assert report["disagreements"] == 3
     assert report["disagreements_by_policy"] == {"percent": 1, "plain-text math": 1}
-    assert report["ours_wrong"] == [{"answer": "6", "gold": "5", "label": False,
-                                     "family": "same"}]  # fmt: skip
+    assert report["ours_wrong"] == [{"answer": "6", "gold": "5", "label": False, "family": "same"}]

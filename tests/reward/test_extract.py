@@ -24,7 +24,7 @@ def _x(text: str, **kw: bool) -> tuple[str | None, Reason]:
         ("<reason>try \\boxed{5}</reason><answer>\\boxed{6}</answer>", "6"),
         ("<answer>\\boxed{x^{2^{3}}}</answer>", "x^{2^{3}}"),
     ],
-)  # fmt: skip
+)
 def test_the_boxed_values_of_the_final_answer_block(text: str, answer: str) -> None:
     assert _x(text) == (answer, Reason.OK)
 
@@ -39,7 +39,7 @@ def test_the_boxed_values_of_the_final_answer_block(text: str, answer: str) -> N
         ("<answer>\\boxed{ }</answer>", Reason.EMPTY_BOXED),
         ("", Reason.NO_ANSWER_TAG),
     ],
-)  # fmt: skip
+)
 def test_missing_or_malformed_answers_are_reason_codes(text: str, reason: Reason) -> None:
     assert _x(text) == (None, reason)
 
@@ -65,8 +65,9 @@ def test_fallbacks_are_off_by_default_and_work_when_asked() -> None:
     decoded = "So the answer is 284.<|im_end|>"  # a decoded turn ends with its special token
     assert _x(decoded, fallback_answer_phrase=True) == ("284", Reason.FALLBACK_PHRASE)
     assert _x("<answer>no box</answer> \\boxed{3}", fallback_last_boxed=True) == (
-        "3", Reason.FALLBACK_BOXED
-    )  # fmt: skip
+        "3",
+        Reason.FALLBACK_BOXED,
+    )
 
 
 def test_last_boxed_on_plain_text() -> None:
@@ -85,7 +86,7 @@ def test_last_boxed_on_plain_text() -> None:
         ("<answer>\\boxed{} \\boxed{2} \\boxed{3</answer>", None, Reason.UNBALANCED_BRACES),
         ("<answer>so it is \\boxed</answer>", None, Reason.EMPTY_BOXED),  # nothing after it
     ],
-)  # fmt: skip
+)
 def test_several_boxes_and_bad_ones(text: str, answer: str | None, reason: Reason) -> None:
     assert _x(text) == (answer, reason)
 

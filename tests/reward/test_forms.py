@@ -15,14 +15,22 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 @pytest.mark.parametrize(
     ("text", "form"),
     [
-        ("pi/2", "\\pi /2"), ("-2*pi", "-2\\cdot \\pi "), ("exp(16)", "e^{16}"),
-        ("sqrt(17)", "\\sqrt{17}"), ("(1+sqrt(5))/2", "(1+\\sqrt{5})/2"), ("x**2", "x^2"),
-        ("2^(1/3)", "2^{1/3}"), ("sqrt(sqrt(2))", "\\sqrt{\\sqrt{2}}"), ("inf", "\\infty "),
-        ("1.5e3", "1.5\\times 10^{3}"), ("Monday", "Monday"), ("spin", "spin"),
+        ("pi/2", "\\pi /2"),
+        ("-2*pi", "-2\\cdot \\pi "),
+        ("exp(16)", "e^{16}"),
+        ("sqrt(17)", "\\sqrt{17}"),
+        ("(1+sqrt(5))/2", "(1+\\sqrt{5})/2"),
+        ("x**2", "x^2"),
+        ("2^(1/3)", "2^{1/3}"),
+        ("sqrt(sqrt(2))", "\\sqrt{\\sqrt{2}}"),
+        ("inf", "\\infty "),
+        ("1.5e3", "1.5\\times 10^{3}"),
+        ("Monday", "Monday"),
+        ("spin", "spin"),
         ("\\sqrt{2}*3", "\\sqrt{2}*3"),  # LaTeX already: left alone
         ("sqrt(2", "sqrt(2"),  # unbalanced: left to the parser
     ],
-)  # fmt: skip
+)
 def test_plain_text_math_becomes_latex(text: str, form: str) -> None:
     assert forms.plain_to_latex(text) == form
 
@@ -34,12 +42,16 @@ def test_plain_text_math_becomes_latex(text: str, form: str) -> None:
         ("\\begin{bmatrix} 1 & 2 \\end{bmatrix}", "(1, 2)"),
         ("(\\begin{array}{c} 3 \\\\ 4 \\\\ 5 \\end{array})", "(3, 4, 5)"),
         ("\\langle 1, 2 \\rangle", "( 1, 2 )"),
-        ("\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}",
-         "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"),
-        ("\\begin{vmatrix} 1 & 2 \\\\ 3 & 4 \\end{vmatrix}",
-         "\\begin{vmatrix} 1 & 2 \\\\ 3 & 4 \\end{vmatrix}"),  # a determinant: left alone
+        (
+            "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}",
+            "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        ),
+        (
+            "\\begin{vmatrix} 1 & 2 \\\\ 3 & 4 \\end{vmatrix}",
+            "\\begin{vmatrix} 1 & 2 \\\\ 3 & 4 \\end{vmatrix}",
+        ),  # a determinant: left alone
     ],
-)  # fmt: skip
+)
 def test_matrices_and_vectors(text: str, form: str) -> None:
     assert forms.matrices(text) == form
 
@@ -79,26 +91,40 @@ def test_other_readings() -> None:
 
 POLICIES = [
     # percent: a unit of 1/100; the gold's own percent sign accepts the bare number
-    ("25\\%", "25", False), ("2500\\%", "25", False), ("25", "25\\%", True),
-    ("0.25", "25\\%", True), ("25\\%", "0.25", True), ("26", "25\\%", False),
+    ("25\\%", "25", False),
+    ("2500\\%", "25", False),
+    ("25", "25\\%", True),
+    ("0.25", "25\\%", True),
+    ("25\\%", "0.25", True),
+    ("26", "25\\%", False),
     # a comma and a space separate; a comma before three digits groups thousands
-    ("32, 349", "32349", False), ("32,349", "32349", True), ("1,22", "1.22", True),
+    ("32, 349", "32349", False),
+    ("32,349", "32349", True),
+    ("1,22", "1.22", True),
     ("1,220", "1.22", False),
     # several boxed answers are a list
-    ("\\boxed{70}, \\boxed{80}", "70", False), ("\\boxed{(1, 2)}, \\boxed{(2, 1)}",
-                                               "(1, 2), (2, 1)", True),
+    ("\\boxed{70}, \\boxed{80}", "70", False),
+    ("\\boxed{(1, 2)}, \\boxed{(2, 1)}", "(1, 2), (2, 1)", True),
     # no unit conversion, no rounding
-    ("90^\\circ", "\\frac{\\pi}{2}", False), ("0.33", "\\frac13", False),
+    ("90^\\circ", "\\frac{\\pi}{2}", False),
+    ("0.33", "\\frac13", False),
     ("1800 cents", "18", False),
     # families
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1, 2)", True), ("pi/2", "\\frac{\\pi}{2}", True),
-    ("exp(16)", "e^{16}", True), ("-2*pi", "-2\\pi", True), ("[1, 3]",
-                                                             "\\{x \\mid 1 \\le x \\le 3\\}", True),
-    ("x >= 3", "x \\geq 3", True), ("x != 3", "x \\neq 3", True),
-    ("g(x) = x + 1", "f(x) = x + 1", True), ("f(x) = x + 2", "x + 1", False),
-    ("60 \\text{ km/h}", "60", True), ("\\$1,250", "1250", True), ("USD 18", "18", True),
-    ("12 x", "12", False), ("0.\\overline{3}", "\\frac13", True),
-]  # fmt: skip
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1, 2)", True),
+    ("pi/2", "\\frac{\\pi}{2}", True),
+    ("exp(16)", "e^{16}", True),
+    ("-2*pi", "-2\\pi", True),
+    ("[1, 3]", "\\{x \\mid 1 \\le x \\le 3\\}", True),
+    ("x >= 3", "x \\geq 3", True),
+    ("x != 3", "x \\neq 3", True),
+    ("g(x) = x + 1", "f(x) = x + 1", True),
+    ("f(x) = x + 2", "x + 1", False),
+    ("60 \\text{ km/h}", "60", True),
+    ("\\$1,250", "1250", True),
+    ("USD 18", "18", True),
+    ("12 x", "12", False),
+    ("0.\\overline{3}", "\\frac13", True),
+]
 
 
 @pytest.mark.parametrize(("pred", "gold", "expected"), POLICIES)
@@ -115,10 +141,12 @@ def test_policies_on_both_paths(pred: str, gold: str, expected: bool) -> None:
         ("\\begin{bmatrix}1 \\\\ 2\\end{bmatrix}", "(1, 2)"),  # a column: a tuple
         ("\\begin{pmatrix}1 & 2\\end{pmatrix}", "(1, 2)"),  # a row: a tuple
         # rows of unequal length: neither a row nor a column, kept as a matrix
-        ("\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}",
-         "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}"),
+        (
+            "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}",
+            "\\begin{pmatrix}1 & 2 \\\\ 3\\end{pmatrix}",
+        ),
     ],
-)  # fmt: skip
+)
 def test_matrices_of_one_row_or_column_are_tuples(text: str, form: str) -> None:
     assert forms.matrices(text) == form
 
@@ -131,11 +159,16 @@ def test_rewrite_takes_the_answer_out_of_its_box() -> None:
 @pytest.mark.parametrize(
     ("pred", "gold", "wrong"),
     [
-        ("25\\%", "25", True), ("25%", "25", True), ("25 percent", "25", True),
-        ("25 pct", "25", True), ("25", "25", False), ("25\\%", "0.25", False),
-        ("25\\%", "25\\%", False), ("2 apples", "2", False),
+        ("25\\%", "25", True),
+        ("25%", "25", True),
+        ("25 percent", "25", True),
+        ("25 pct", "25", True),
+        ("25", "25", False),
+        ("25\\%", "0.25", False),
+        ("25\\%", "25\\%", False),
+        ("2 apples", "2", False),
     ],
-)  # fmt: skip
+)
 def test_a_percentage_for_an_integer_gold(pred: str, gold: str, wrong: bool) -> None:
     assert forms.percent_for_integer(pred, gold) is wrong
 
@@ -158,7 +191,7 @@ def test_other_readings_keep_the_answer_on_its_side() -> None:
         ("\\frac{1,000}{2}, 3", ["\\frac{1,000}{2}", " 3"]),  # a comma inside braces stays
         ("{a, (b, c)}, d", ["{a, (b, c)}", " d"]),
     ],
-)  # fmt: skip
+)
 def test_a_list_splits_at_its_top_level_commas_only(text: str, parts: list[str]) -> None:
     from codeloop.reward.fastpath import _split_top_level
 

@@ -34,17 +34,40 @@ def _answer(value: str) -> str:
 
 
 INTEGER_GOLD = [
-    ("42", "42", True), ("042", "42", True), ("42.0", "42", True), ("42.00", "42", True),
-    ("4{,}200", "4200", True), ("4,200", "4200", True), ("4\\,200", "4200", True),
-    ("4 200", "4200", True), ("\\text{4200}", "4200", True), ("4200 \\text{ meters}", "4200", True),
-    ("\\$4200", "4200", True), ("4200^\\circ", "4200", True), ("-3", "-3", True),
-    ("3", "-3", False), ("41", "42", False), ("43", "42", False), ("420", "42", False),
-    ("4.2", "42", False), ("2500", "25", False), ("0.25", "25", False), ("25.1", "25", False),
-    ("24.99", "25", False), ("103.99", "104", False), ("104.01", "104", False),
-    ("1,000", "1000", True), ("1,0000", "10000", False), ("10", "1000", False),
-    ("\\frac{50}{2}", "25", True), ("5^2", "25", True), ("\\sqrt{625}", "25", True),
-    ("\\frac{51}{2}", "25", False), ("x = 25", "25", True), ("n=25", "25", True),
-]  # fmt: skip
+    ("42", "42", True),
+    ("042", "42", True),
+    ("42.0", "42", True),
+    ("42.00", "42", True),
+    ("4{,}200", "4200", True),
+    ("4,200", "4200", True),
+    ("4\\,200", "4200", True),
+    ("4 200", "4200", True),
+    ("\\text{4200}", "4200", True),
+    ("4200 \\text{ meters}", "4200", True),
+    ("\\$4200", "4200", True),
+    ("4200^\\circ", "4200", True),
+    ("-3", "-3", True),
+    ("3", "-3", False),
+    ("41", "42", False),
+    ("43", "42", False),
+    ("420", "42", False),
+    ("4.2", "42", False),
+    ("2500", "25", False),
+    ("0.25", "25", False),
+    ("25.1", "25", False),
+    ("24.99", "25", False),
+    ("103.99", "104", False),
+    ("104.01", "104", False),
+    ("1,000", "1000", True),
+    ("1,0000", "10000", False),
+    ("10", "1000", False),
+    ("\\frac{50}{2}", "25", True),
+    ("5^2", "25", True),
+    ("\\sqrt{625}", "25", True),
+    ("\\frac{51}{2}", "25", False),
+    ("x = 25", "25", True),
+    ("n=25", "25", True),
+]
 
 
 @pytest.mark.parametrize(("pred", "gold", "correct"), INTEGER_GOLD)
@@ -269,9 +292,27 @@ def test_a_worker_whose_owner_is_gone_stops_without_a_traceback() -> None:
 @pytest.mark.slow
 def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
     out = f"{tmp_path}/reward.json"
-    command = [sys.executable, "-m", "codeloop", "bench", "reward", "--n", "300", "--n-latex",
-               "60", "--baseline-n", "20", "--deadline-s", "0.5", "--pathological", "1",
-               "--baseline-limit-s", "2", "--out", out]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "codeloop",
+        "bench",
+        "reward",
+        "--n",
+        "300",
+        "--n-latex",
+        "60",
+        "--baseline-n",
+        "20",
+        "--deadline-s",
+        "0.5",
+        "--pathological",
+        "1",
+        "--baseline-limit-s",
+        "2",
+        "--out",
+        out,
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     report = json.loads(Path(out).read_text())

@@ -35,8 +35,11 @@ def _run(
 ) -> tuple[Trajectory, ScriptedEngine]:  # type: ignore[type-arg]
     engine = ScriptedEngine(fmt, turns)
     prompt = fmt.prompt_ids("What is 2 + 3?")
-    trajectory = asyncio.run(run_trajectory(engine, tools or FakeTools(), fmt, RolloutConfig(**cfg),
-                                            "p1", 3, prompt, seed=100))  # fmt: skip
+    trajectory = asyncio.run(
+        run_trajectory(
+            engine, tools or FakeTools(), fmt, RolloutConfig(**cfg), "p1", 3, prompt, seed=100
+        )
+    )
     return trajectory, engine
 
 
@@ -95,8 +98,9 @@ def test_the_response_budget_counts_tool_tokens(fmt: PromptFormat) -> None:
 
 
 def test_per_turn_cap_and_per_turn_seeds(fmt: PromptFormat) -> None:
-    t, engine = _run(fmt, [_call("1"), f"<answer>\\boxed{{1}}</answer>{END}"],
-                     max_tokens_per_turn=200)  # fmt: skip
+    t, engine = _run(
+        fmt, [_call("1"), f"<answer>\\boxed{{1}}</answer>{END}"], max_tokens_per_turn=200
+    )
     assert [p.max_tokens for p in engine.params] == [200, 200]
     assert [p.seed for p in engine.params] == [100, 101]
     assert engine.params[0].stop == ["</tool_call>"]
@@ -118,8 +122,9 @@ def test_with_the_real_sandbox(fmt: PromptFormat) -> None:
             engine = ScriptedEngine(
                 fmt, [_call("x = 6 * 7\nx"), f"<answer>\\boxed{{42}}</answer>{END}"]
             )
-            return await run_trajectory(engine, sandbox, fmt, RolloutConfig(), "p", 0,
-                                        fmt.prompt_ids("6 * 7?"))  # fmt: skip
+            return await run_trajectory(
+                engine, sandbox, fmt, RolloutConfig(), "p", 0, fmt.prompt_ids("6 * 7?")
+            )
 
     t = asyncio.run(main())
     assert t.tool_calls[0].result.stdout == "42\n" and not t.tool_calls[0].failed
@@ -136,7 +141,7 @@ def test_with_the_real_sandbox(fmt: PromptFormat) -> None:
         (f"<answer>4</answer> no, <answer>5{END}", RolloutStatus.NO_ANSWER),  # the last is open
         (f"The answer is \\boxed{{5}}.{END}", RolloutStatus.NO_ANSWER),  # no answer tags
     ],
-)  # fmt: skip
+)
 def test_what_counts_as_an_answer(fmt: PromptFormat, last_turn: str, status: RolloutStatus) -> None:
     t, _ = _run(fmt, [_call("print(5)"), last_turn])
     assert t.status == status and t.num_turns == 2

@@ -80,8 +80,9 @@ def test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string(
     def first_stop(ids: list[int], tokenizer: Any, with_completers: bool) -> int:
         params = SamplingParams(1000, stop=stops)
         for n in range(1, len(ids) + 1):
-            found = finish_reason(tokenizer, set(), ids[:n], params,
-                                  completers if with_completers else None)  # fmt: skip
+            found = finish_reason(
+                tokenizer, set(), ids[:n], params, completers if with_completers else None
+            )
             if found == "stop":
                 return n
         return 0
@@ -164,8 +165,12 @@ def test_engine_greedy_matches_model_generate_on_the_real_model(
 
     for prompt, generation in zip(prompts, asyncio.run(both()), strict=True):
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                 pad_token_id=real.tokenizer.pad_token_id)  # fmt: skip
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=24,
+                do_sample=False,
+                pad_token_id=real.tokenizer.pad_token_id,
+            )
         expected = out[0, len(prompt) :].tolist()
         assert generation.token_ids == expected[: len(generation.token_ids)]
         assert len(generation.token_ids) == 24 or generation.token_ids[-1] in real.end_of_turn_ids

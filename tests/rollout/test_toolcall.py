@@ -30,14 +30,18 @@ def test_the_last_call_of_the_turn_counts_and_string_arguments_are_accepted() ->
         (_call("[1, 2]"), "must be a JSON object"),
         (_call('{"name": "bash", "arguments": {"code": "ls"}}'), "unknown tool 'bash'"),
         (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{}}}}'), 'missing argument "code"'),
-        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": 5}}}}'),
-         'missing argument "code"'),
+        (
+            _call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": 5}}}}'),
+            'missing argument "code"',
+        ),
         (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": 5}}'), 'missing argument "code"'),
         (_call(f'{{"name": "{PYTHON_TOOL}"}}'), 'missing argument "code"'),  # no arguments
-        (_call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1", "input": 3}}}}'),
-         '"input" must be a string'),
+        (
+            _call(f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1", "input": 3}}}}'),
+            '"input" must be a string',
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_calls_are_error_texts(text: str, error: str) -> None:
     result = parse_tool_call(text)
     assert isinstance(result, str) and error in result
@@ -49,17 +53,25 @@ def test_malformed_calls_are_error_texts(text: str, error: str) -> None:
         (ExecResult(ExecStatus.OK, stdout="42\n"), "42"),
         (ExecResult(ExecStatus.OK), "[no output]"),
         (ExecResult(ExecStatus.OK, stdout="1\n", stderr="warn\n"), "1\n\n[stderr]\nwarn"),
-        (ExecResult(ExecStatus.ERROR, stderr="ZeroDivisionError: division by zero"),
-         "ZeroDivisionError: division by zero"),
-        (ExecResult(ExecStatus.TIMEOUT, stdout="partial"),
-         "partial\nError: the code ran past its time limit and was stopped."),
+        (
+            ExecResult(ExecStatus.ERROR, stderr="ZeroDivisionError: division by zero"),
+            "ZeroDivisionError: division by zero",
+        ),
+        (
+            ExecResult(ExecStatus.TIMEOUT, stdout="partial"),
+            "partial\nError: the code ran past its time limit and was stopped.",
+        ),
         (ExecResult(ExecStatus.MEMORY), "Error: the code ran out of memory and was stopped."),
-        (ExecResult(ExecStatus.REJECTED, stderr="code too long"),
-         "Error (rejected): code too long"),
-        (ExecResult(ExecStatus.OK, stdout="x" * 10, truncated=True),
-         "xxxxxxxxxx\n[output truncated]"),
+        (
+            ExecResult(ExecStatus.REJECTED, stderr="code too long"),
+            "Error (rejected): code too long",
+        ),
+        (
+            ExecResult(ExecStatus.OK, stdout="x" * 10, truncated=True),
+            "xxxxxxxxxx\n[output truncated]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_observations(result: ExecResult, shown: str) -> None:
     assert format_observation(result, 1000) == shown
 

@@ -23,10 +23,17 @@ class Calculator:
     """Adds two integers; an argument that is not one is the model's error."""
 
     name = "add"
-    schema: dict[str, Any] = {"type": "function", "function": {
-        "name": "add", "description": "a + b",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                         "b": {"type": "integer"}}}}}  # fmt: skip
+    schema: dict[str, Any] = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "a + b",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -122,23 +129,64 @@ def test_a_policy_trained_with_two_tools_is_evaluated_with_them_without_its_conf
     fmt.tokenizer.save_pretrained(base)
     rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(2)]
     problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config.write_text('[rollout]\ntools = ["python", "my_adder_tool:Adder"]\n'
-                      "max_response_tokens = 16\n")  # fmt: skip
+    config.write_text(
+        '[rollout]\ntools = ["python", "my_adder_tool:Adder"]\nmax_response_tokens = 16\n'
+    )
     run = tmp_path / "run"
-    assert main(["train", "--config", str(config), "--trainer.model", str(base), "--data.train",
-                 str(problems), "--trainer.output_dir", str(run), "--trainer.max_steps", "1",
-                 "--trainer.prompts_per_step", "2", "--algo.group_size", "2",
-                 "--sandbox.workers", "1", "--reward.workers", "1",
-                 "--algo.drop_zero_signal_groups", "false"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(config),
+                "--trainer.model",
+                str(base),
+                "--data.train",
+                str(problems),
+                "--trainer.output_dir",
+                str(run),
+                "--trainer.max_steps",
+                "1",
+                "--trainer.prompts_per_step",
+                "2",
+                "--algo.group_size",
+                "2",
+                "--sandbox.workers",
+                "1",
+                "--reward.workers",
+                "1",
+                "--algo.drop_zero_signal_groups",
+                "false",
+            ]
+        )
+        == 0
+    )
     policy = run / "checkpoints" / "step_000001" / "model"
     saved = json.loads((policy / "codeloop.json").read_text())
     assert saved["rollout"]["tools"] == ["python", "my_adder_tool:Adder"]
     names = [t["function"]["name"] for t in saved["trajectory"]["tools"]]
     assert names == [PYTHON_TOOL, "add"]  # what RL's prompts listed
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(policy), "--data", str(problems), "--k", "1",
-                 "--sandbox.workers", "1", "--eval.max_response_tokens", "8",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(policy),
+                "--data",
+                str(problems),
+                "--k",
+                "1",
+                "--sandbox.workers",
+                "1",
+                "--eval.max_response_tokens",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     evaluated = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     both = PromptFormat(fmt.tokenizer, tools=[PYTHON_SCHEMA, saved["trajectory"]["tools"][1]])
     by_id = {t["prompt_id"]: t["prompt_ids"] for t in evaluated}

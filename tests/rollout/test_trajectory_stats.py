@@ -18,27 +18,55 @@ def _call(status: ExecStatus, parsed: bool = True) -> ToolCallRecord:
     return ToolCallRecord(call, ExecResult(status), None if parsed else "bad json")
 
 
-def _traj(reward: float, status: RolloutStatus, calls: list[ToolCallRecord], mask: list[int],
-          text: str = "") -> Trajectory:  # fmt: skip
-    return Trajectory("p", 0, [1], [2] * len(mask), mask, [0.0] * len(mask), status, calls,
-                      num_turns=len(calls) + 1, reward=reward, text=text)  # fmt: skip
+def _traj(
+    reward: float,
+    status: RolloutStatus,
+    calls: list[ToolCallRecord],
+    mask: list[int],
+    text: str = "",
+) -> Trajectory:
+    return Trajectory(
+        "p",
+        0,
+        [1],
+        [2] * len(mask),
+        mask,
+        [0.0] * len(mask),
+        status,
+        calls,
+        num_turns=len(calls) + 1,
+        reward=reward,
+        text=text,
+    )
 
 
 def test_statistics_of_four_trajectories_worked_by_hand() -> None:
     trajectories = [
         # right, 2 calls (one error), 4 tokens of which 3 sampled
-        _traj(1.0, RolloutStatus.ANSWERED, [_call(ExecStatus.OK), _call(ExecStatus.ERROR)],
-              [1, 1, 0, 1]),
+        _traj(
+            1.0,
+            RolloutStatus.ANSWERED,
+            [_call(ExecStatus.OK), _call(ExecStatus.ERROR)],
+            [1, 1, 0, 1],
+        ),
         # right, no call, 2 sampled tokens
         _traj(1.0, RolloutStatus.ANSWERED, [], [1, 1]),
         # wrong, a malformed call and a sandbox fault (not the model's error)
-        _traj(0.0, RolloutStatus.NO_ANSWER,
-              [_call(ExecStatus.REJECTED, parsed=False), _call(ExecStatus.SANDBOX_ERROR)],
-              [1, 0, 1]),
+        _traj(
+            0.0,
+            RolloutStatus.NO_ANSWER,
+            [_call(ExecStatus.REJECTED, parsed=False), _call(ExecStatus.SANDBOX_ERROR)],
+            [1, 0, 1],
+        ),
         # cut off inside a call it opened
-        _traj(0.0, RolloutStatus.TRUNCATED_LENGTH, [], [1] * 5,
-              text='<tool_call>\n{"name": "x", "arguments": {"code": "1 + '),
-    ]  # fmt: skip
+        _traj(
+            0.0,
+            RolloutStatus.TRUNCATED_LENGTH,
+            [],
+            [1] * 5,
+            text='<tool_call>\n{"name": "x", "arguments": {"code": "1 + ',
+        ),
+    ]
     found = trajectory_stats(trajectories)
     assert found["accuracy"] == 0.5
     assert found["response_tokens"] == pytest.approx((4 + 2 + 3 + 5) / 4)

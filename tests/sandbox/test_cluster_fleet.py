@@ -50,18 +50,35 @@ def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> No
     with Cluster(3) as cluster:
         urls = [f"http://{cluster.address(h)}:8800" for h in (1, 2, 3)]
         for host in (1, 2, 3):
-            cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
-                                 cluster.address(host), "--port", "8800", "--workers", "2"],
-                          log=tmp_path / f"host{host}.log")  # fmt: skip
+            cluster.start(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "codeloop",
+                    "sandbox",
+                    "serve",
+                    "--host",
+                    cluster.address(host),
+                    "--port",
+                    "8800",
+                    "--workers",
+                    "2",
+                ],
+                log=tmp_path / f"host{host}.log",
+            )
         for url in urls:
             wait_healthy(url)
         cfg = SandboxConfig(urls=urls, client_batch_size=2, client_connect_timeout_s=1.0)
 
         async def calls(client: SandboxClient, count: int, sleep_s: float) -> list[ExecResult]:
             code = "import time; time.sleep({s}); print({i})"
-            return await asyncio.gather(*(client.execute(ExecRequest(code=code.format(s=sleep_s,
-                                                                                      i=i)))
-                                          for i in range(count)))  # fmt: skip
+            return await asyncio.gather(
+                *(
+                    client.execute(ExecRequest(code=code.format(s=sleep_s, i=i)))
+                    for i in range(count)
+                )
+            )
 
         async def main() -> float:
             async with SandboxClient(urls, cfg) as client:
@@ -70,8 +87,12 @@ def test_a_fleet_loses_no_call_to_a_host_killed_or_cut_off(tmp_path: Path) -> No
                 assert all(_served(url) > 0 for url in urls)  # all three served
                 # `codeloop bench sandbox --servers`'s load over the same fleet
                 soak = (await fleet(urls, 60, 8))["soak"]
-                assert (soak["calls"], soak["lost"], soak["mismatched_or_duplicated"],
-                        soak["infrastructure_failures"]) == (60, 0, 0, 0)  # fmt: skip
+                assert (
+                    soak["calls"],
+                    soak["lost"],
+                    soak["mismatched_or_duplicated"],
+                    soak["infrastructure_failures"],
+                ) == (60, 0, 0, 0)
                 assert soak["p50_ms"] <= soak["p99_ms"] <= soak["max_ms"]
                 # host 2 dies with calls running on it: they go to the others
                 wave = asyncio.ensure_future(calls(client, 12, 0.5))
@@ -105,17 +126,38 @@ def test_a_slow_lossy_or_stalled_link_slows_the_fleet_and_loses_no_call(tmp_path
 
     with Cluster(2) as cluster:
         for host in (1, 2):
-            cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
-                                 cluster.address(host), "--port", "8800", "--workers", "2"],
-                          log=tmp_path / f"host{host}.log")  # fmt: skip
+            cluster.start(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "codeloop",
+                    "sandbox",
+                    "serve",
+                    "--host",
+                    cluster.address(host),
+                    "--port",
+                    "8800",
+                    "--workers",
+                    "2",
+                ],
+                log=tmp_path / f"host{host}.log",
+            )
         direct = [f"http://{cluster.address(h)}:8800" for h in (1, 2)]
         for url in direct:
             wait_healthy(url)
 
         async def main() -> tuple[int, int, int]:
             # host 2 behind 200 ms of delay, 50 ms of jitter and 5% of its chunks lost
-            proxy = FaultProxy(cluster.own_address, cluster.address(2), 8800, delay_s=0.2,
-                               jitter_s=0.05, loss=0.05, seed=1)  # fmt: skip
+            proxy = FaultProxy(
+                cluster.own_address,
+                cluster.address(2),
+                8800,
+                delay_s=0.2,
+                jitter_s=0.05,
+                loss=0.05,
+                seed=1,
+            )
             slow = f"http://{await proxy.start()}"
             cfg = SandboxConfig(client_batch_size=2, client_connect_timeout_s=1.0)
             async with SandboxClient([direct[0], slow], cfg) as client:

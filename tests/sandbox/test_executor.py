@@ -58,8 +58,10 @@ def test_sys_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run("import sys; sys.exit(0)", capsys)[0]["status"] == "ok"
     assert _run("import sys; sys.exit()", capsys)[0]["status"] == "ok"
     assert _run("import sys; sys.exit(3)", capsys)[0] == {
-        "status": "error", "error_type": "SystemExit", "exit_code": 3
-    }  # fmt: skip
+        "status": "error",
+        "error_type": "SystemExit",
+        "exit_code": 3,
+    }
     trailer, _, err = _run("import sys; sys.exit('bad input')", capsys)
     assert (trailer["exit_code"], err) == (1, "bad input\n")
 

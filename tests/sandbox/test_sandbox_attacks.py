@@ -79,9 +79,14 @@ def test_only_an_isolated_loopback_is_visible(sandbox: SyncSandbox) -> None:
 
 @pytest.mark.parametrize(
     "target",
-    ["/root/codeloop-attack", "/tmp/codeloop-attack", str(REPO / "codeloop-attack"),
-     "/usr/codeloop-attack", "/codeloop-attack"],
-)  # fmt: skip
+    [
+        "/root/codeloop-attack",
+        "/tmp/codeloop-attack",
+        str(REPO / "codeloop-attack"),
+        "/usr/codeloop-attack",
+        "/codeloop-attack",
+    ],
+)
 def test_cannot_write_outside_the_working_directory(sandbox: SyncSandbox, target: str) -> None:
     result = sandbox.execute(f"open({target!r}, 'w').write('pwned')")
     assert result.status == ExecStatus.ERROR
@@ -131,10 +136,12 @@ def test_working_directory_is_fresh_and_private(sandbox: SyncSandbox) -> None:
 
 @pytest.mark.parametrize(
     "code",
-    ["import os\nwhile True:\n    os.fork()",
-     "import os\nfor _ in range(100000):\n    try:\n        os.fork()\n    except OSError:\n"
-     "        pass\nimport time; time.sleep(60)"],
-)  # fmt: skip
+    [
+        "import os\nwhile True:\n    os.fork()",
+        "import os\nfor _ in range(100000):\n    try:\n        os.fork()\n    except OSError:\n"
+        "        pass\nimport time; time.sleep(60)",
+    ],
+)
 def test_fork_bombs_are_contained(sandbox: SyncSandbox, code: str) -> None:
     started = time.monotonic()
     result = sandbox.execute(code, timeout_s=2.0)
@@ -188,12 +195,14 @@ def test_huge_output_is_capped_and_marked(sandbox: SyncSandbox) -> None:
 
 @pytest.mark.parametrize(
     "code",
-    ["import os; os.close(0); os.close(1); os.close(2); print('lost')",
-     "import os; fd = os.open('f', os.O_WRONLY | os.O_CREAT); os.dup2(fd, 1); os.dup2(fd, 2)\n"
-     "print('to a file')",
-     "import os; os.close(3)\nprint('trailer fd closed')",
-     "import os; os.write(3, b'{\"status\": \"ok\"}\\n'); raise ValueError('x')"],
-)  # fmt: skip
+    [
+        "import os; os.close(0); os.close(1); os.close(2); print('lost')",
+        "import os; fd = os.open('f', os.O_WRONLY | os.O_CREAT); os.dup2(fd, 1); os.dup2(fd, 2)\n"
+        "print('to a file')",
+        "import os; os.close(3)\nprint('trailer fd closed')",
+        "import os; os.write(3, b'{\"status\": \"ok\"}\\n'); raise ValueError('x')",
+    ],
+)
 def test_tampering_with_standard_fds(sandbox: SyncSandbox, code: str) -> None:
     result = sandbox.execute(code)
     assert result.status in {ExecStatus.OK, ExecStatus.ERROR}, result
@@ -202,11 +211,13 @@ def test_tampering_with_standard_fds(sandbox: SyncSandbox, code: str) -> None:
 
 @pytest.mark.parametrize(
     "code",
-    ["import os, signal; os.kill(os.getppid(), signal.SIGKILL)",
-     "import os, signal; os.killpg(0, signal.SIGKILL)",
-     "import os, signal; os.kill(-1, signal.SIGKILL)",
-     "import os, signal; os.kill(1, signal.SIGKILL)"],
-)  # fmt: skip
+    [
+        "import os, signal; os.kill(os.getppid(), signal.SIGKILL)",
+        "import os, signal; os.killpg(0, signal.SIGKILL)",
+        "import os, signal; os.kill(-1, signal.SIGKILL)",
+        "import os, signal; os.kill(1, signal.SIGKILL)",
+    ],
+)
 def test_killing_parents_or_groups_hurts_nobody_else(sandbox: SyncSandbox, code: str) -> None:
     zygotes = [w.process.pid for w in sandbox.local.pool.workers if w.process]
     sandbox.execute(code)
@@ -333,8 +344,9 @@ def test_a_worker_killed_mid_call_gives_sandbox_error_and_recovers(sandbox: Sync
 async def _start_slow_calls(sandbox: SyncSandbox):  # type: ignore[no-untyped-def]
     import asyncio
 
-    calls = [sandbox.local.execute(ExecRequest("import time; time.sleep(2); print(1)"))
-             for _ in range(4)]  # fmt: skip
+    calls = [
+        sandbox.local.execute(ExecRequest("import time; time.sleep(2); print(1)")) for _ in range(4)
+    ]
     return asyncio.ensure_future(asyncio.gather(*calls))
 
 

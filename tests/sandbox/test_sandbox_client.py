@@ -187,8 +187,10 @@ def test_session_calls_stick_to_one_server() -> None:
             async with SandboxClient(urls, SandboxConfig()) as client:
                 for i in range(6):
                     await client.execute(ExecRequest(f"v{i} = {i}", session_id=f"t{i}"))
-                reads = [client.execute(ExecRequest(f"print(v{i})", session_id=f"t{i}"))
-                         for i in range(6)]  # fmt: skip
+                reads = [
+                    client.execute(ExecRequest(f"print(v{i})", session_id=f"t{i}"))
+                    for i in range(6)
+                ]
                 out = [r.stdout for r in await asyncio.gather(*reads)]
                 assert all([await client.close_session(f"t{i}") for i in range(6)])
                 return out

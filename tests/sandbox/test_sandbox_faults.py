@@ -44,8 +44,10 @@ def test_a_server_killed_mid_work_loses_and_duplicates_nothing_and_rejoins() -> 
 
         async def main() -> tuple[list[object], list[object], float]:
             async with SandboxClient([a.url, b.url], CFG) as client:
-                calls = [ExecRequest(f"import time; time.sleep(0.2); print({i})", timeout_s=10)
-                         for i in range(120)]  # fmt: skip
+                calls = [
+                    ExecRequest(f"import time; time.sleep(0.2); print({i})", timeout_s=10)
+                    for i in range(120)
+                ]
                 killer.start()
                 during = await client.execute_batch(calls)
                 killer.join()

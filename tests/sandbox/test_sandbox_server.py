@@ -28,10 +28,22 @@ class Server:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(self.port),
-             "--workers", "1", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codeloop",
+                "sandbox",
+                "serve",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stdout.read()  # type: ignore[union-attr]
@@ -43,8 +55,12 @@ class Server:
         raise AssertionError("server did not start")
 
     def request(self, path: str, body: bytes | None = None) -> tuple[int, Any, dict[str, str]]:
-        req = urllib.request.Request(self.url + path, data=body, method="POST" if body else "GET",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            self.url + path,
+            data=body,
+            method="POST" if body else "GET",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as response:
                 raw = response.read().decode()
@@ -95,8 +111,9 @@ def test_execute_one(server: Server) -> None:
 
 
 def test_batch_results_come_back_in_order(server: Server) -> None:
-    batch = [{"code": f"import time; time.sleep({0.3 - i * 0.1:.1f}); print({i})"}
-             for i in range(3)]  # fmt: skip
+    batch = [
+        {"code": f"import time; time.sleep({0.3 - i * 0.1:.1f}); print({i})"} for i in range(3)
+    ]
     batch += [{"code": "1/0"}, {"code": "print(1)", "timeout_s": -1}]
     status, body, _ = server.post("/v1/execute/batch", batch)
     assert status == 200
@@ -107,13 +124,15 @@ def test_batch_results_come_back_in_order(server: Server) -> None:
 
 @pytest.mark.parametrize(
     ("path", "body", "message"),
-    [("/v1/execute", b"{not json", "body is not valid JSON"),
-     ("/v1/execute", b'{"code": "1", "cmd": "x"}', "unknown field(s) ['cmd']"),
-     ("/v1/execute", b'{"stdin": ""}', "missing field(s) ['code']"),
-     ("/v1/execute", b'{"code": "1", "memory_mb": 999999}', "memory_mb must be an integer"),
-     ("/v1/execute/batch", b'{"code": "1"}', "body must be a JSON list"),
-     ("/v1/execute/batch", b'[{"code": "1"}, {"cod": "1"}]', "request [1]: ExecRequest")],
-)  # fmt: skip
+    [
+        ("/v1/execute", b"{not json", "body is not valid JSON"),
+        ("/v1/execute", b'{"code": "1", "cmd": "x"}', "unknown field(s) ['cmd']"),
+        ("/v1/execute", b'{"stdin": ""}', "missing field(s) ['code']"),
+        ("/v1/execute", b'{"code": "1", "memory_mb": 999999}', "memory_mb must be an integer"),
+        ("/v1/execute/batch", b'{"code": "1"}', "body must be a JSON list"),
+        ("/v1/execute/batch", b'[{"code": "1"}, {"cod": "1"}]', "request [1]: ExecRequest"),
+    ],
+)
 def test_bad_requests_get_400_with_a_message(
     server: Server, path: str, body: bytes, message: str
 ) -> None:
@@ -151,8 +170,10 @@ def test_a_call_waiting_for_its_turn_is_not_charged_for_the_wait() -> None:
     # and none times out, since a timeout starts when its call is forked.
     srv = Server("--sandbox.max_running", "1")
     try:
-        calls = [{"code": f"import time; time.sleep(0.4); print({i})", "timeout_s": 0.6}
-                 for i in range(8)]  # fmt: skip
+        calls = [
+            {"code": f"import time; time.sleep(0.4); print({i})", "timeout_s": 0.6}
+            for i in range(8)
+        ]
         start = time.monotonic()
         status, payload, _ = srv.post("/v1/execute/batch", calls)
         elapsed = time.monotonic() - start
@@ -168,8 +189,9 @@ def test_a_long_call_does_not_hold_up_the_queue() -> None:
     # to its 5 s timeout are answered long before it.
     srv = Server("--sandbox.max_running", "1")
     try:
-        spinner = threading.Thread(target=srv.post, args=(
-            "/v1/execute", {"code": "while True: pass", "timeout_s": 5}))  # fmt: skip
+        spinner = threading.Thread(
+            target=srv.post, args=("/v1/execute", {"code": "while True: pass", "timeout_s": 5})
+        )
         spinner.start()
         srv.wait_in_flight()
         start = time.monotonic()

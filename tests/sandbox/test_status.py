@@ -25,11 +25,19 @@ def _trailer(status: str, error_type: str | None, exit_code: int) -> bytes:
 
 ROWS = [  # (timed out, trailer, wait status) -> (status, error type, exit code)
     (False, _trailer("ok", None, 0), _exited(0), (ExecStatus.OK, None, 0)),
-    (False, _trailer("error", "ZeroDivisionError", 1), _exited(1),
-     (ExecStatus.ERROR, "ZeroDivisionError", 1)),
+    (
+        False,
+        _trailer("error", "ZeroDivisionError", 1),
+        _exited(1),
+        (ExecStatus.ERROR, "ZeroDivisionError", 1),
+    ),
     (False, _trailer("error", "SystemExit", 3), _exited(3), (ExecStatus.ERROR, "SystemExit", 3)),
-    (False, _trailer("memory", "MemoryError", 1), _exited(1),
-     (ExecStatus.MEMORY, "MemoryError", 1)),
+    (
+        False,
+        _trailer("memory", "MemoryError", 1),
+        _exited(1),
+        (ExecStatus.MEMORY, "MemoryError", 1),
+    ),
     (False, _trailer("timeout", None, 124), _exited(124), (ExecStatus.TIMEOUT, None, 124)),
     # the deadline passed: a timeout, whatever the child wrote or how it ended
     (True, _trailer("ok", None, 0), _exited(0), (ExecStatus.TIMEOUT, None, 0)),
@@ -50,7 +58,7 @@ ROWS = [  # (timed out, trailer, wait status) -> (status, error type, exit code)
     (False, b'{"no": "status"}', signal.SIGKILL, (ExecStatus.KILLED, "SIGKILL", -9)),
     # a session's call: the child lives on, the trailer alone tells
     (False, _trailer("error", "NameError", 1), None, (ExecStatus.ERROR, "NameError", 1)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("timed_out", "trailer", "wait_status", "expected"), ROWS)
@@ -88,9 +96,17 @@ def test_a_child_the_sandbox_cannot_set_up_is_a_sandbox_error(tmp_path: Path) ->
     err_r, err_w = os.pipe()
     null_in, null_out = os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_WRONLY)
     limits = Limits(cpu_s=5, address_space_bytes=1 << 40)
-    spec = ChildSpec(workdir=str(tmp_path / "gone"), stdin_fd=null_in, stdout_fd=null_out,
-                     stderr_fd=err_w, trailer_fd=null_out, uid=None, proc_fd=None,
-                     limits=limits, timeout_s=5.0)  # fmt: skip
+    spec = ChildSpec(
+        workdir=str(tmp_path / "gone"),
+        stdin_fd=null_in,
+        stdout_fd=null_out,
+        stderr_fd=err_w,
+        trailer_fd=null_out,
+        uid=None,
+        proc_fd=None,
+        limits=limits,
+        timeout_s=5.0,
+    )
     pid = os.fork()
     if pid == 0:
         _setup_or_exit(spec)

@@ -54,9 +54,13 @@ def main(tokenizer_dir: str, out: Path) -> None:
     model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4, seed=0)
     engine_model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2, heads=4, seed=0)
     sharded = distributed.shard(model, world)
-    sft = train_sft(sharded, fmt, conversations(fmt),
-                    SFTConfig(epochs=2, lr=1e-2, warmup_steps=1, conversations_per_step=6),
-                    world=world)  # fmt: skip
+    sft = train_sft(
+        sharded,
+        fmt,
+        conversations(fmt),
+        SFTConfig(epochs=2, lr=1e-2, warmup_steps=1, conversations_per_step=6),
+        world=world,
+    )
     cfg = Config()
     cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.trainer.updates_per_step = 1e-2, 0, 2
     cfg.trainer.micro_batch_tokens = 80  # rank 0 gets 3 micro-batches, rank 1 2: padding runs
@@ -69,8 +73,11 @@ def main(tokenizer_dir: str, out: Path) -> None:
     run = build_run(cfg, sharded, fmt, [Problem("p", "x", "1")], None, logger, engine, world)  # type: ignore[arg-type]
     # each optimiser step takes every 2nd sample (updates_per_step = 2); deal pairs to the ranks
     # so that the union of the ranks' mini-batches is the one-process mini-batch
-    samples = [s for j, s in enumerate(rl_samples(len(fmt.tokenizer)))
-               if (j // 2) % world.size == world.rank]  # fmt: skip
+    samples = [
+        s
+        for j, s in enumerate(rl_samples(len(fmt.tokenizer)))
+        if (j // 2) % world.size == world.rank
+    ]
     rl = [run.learner.update(samples) for _ in range(2)]
     asyncio.run(run.sync_weights())  # the engine gets the gathered weights
     run.rollout.verifier.close()

@@ -29,29 +29,42 @@ from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.sft import train_sft
 
-MORE = PROBLEMS + [Problem(f"q{i}", f"What is {a} + {b}?", str(a + b))
-                   for i, (a, b) in enumerate([(2, 5), (6, 1), (4, 4), (9, 3)])]  # fmt: skip
+MORE = PROBLEMS + [
+    Problem(f"q{i}", f"What is {a} + {b}?", str(a + b))
+    for i, (a, b) in enumerate([(2, 5), (6, 1), (4, 4), (9, 3)])
+]
 
 
 @pytest.fixture(scope="module")
 def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
     data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
-    train_sft(model, trainer_fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5,
-                                                  conversations_per_step=4))  # fmt: skip
+    train_sft(
+        model,
+        trainer_fmt,
+        data,
+        SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4),
+    )
     return copy.deepcopy(model.state_dict())
 
 
-def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resume: bool = False,
-               fail_at: int = 0, **trainer: Any
-               ) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
+def _async_run(
+    fmt: PromptFormat,
+    weights: Any,
+    run_dir: Path,
+    steps: int,
+    resume: bool = False,
+    fail_at: int = 0,
+    **trainer: Any,
+) -> tuple[list[dict[str, float]], RLRun]:
     """An async RL run on MORE; `fail_at` = k: the k-th update raises (a stop mid-step)."""
 
     async def main() -> tuple[list[dict[str, float]], RLRun]:
         model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
         model.load_state_dict(weights)
-        engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                    batch_window_ms=0)  # fmt: skip
+        engine = TransformersEngine(
+            copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids, batch_window_ms=0
+        )
         cfg = _config(run_dir)
         cfg.trainer.mode, cfg.trainer.max_staleness = "async", 1
         for key, value in trainer.items():
@@ -64,8 +77,9 @@ def _async_run(fmt: PromptFormat, weights: Any, run_dir: Path, steps: int, resum
             if fail_at:
                 update, calls = run.learner.update_async, [0]
 
-                async def failing(samples: list[Sample], in_thread: bool | None = None
-                                  ) -> dict[str, float]:  # fmt: skip
+                async def failing(
+                    samples: list[Sample], in_thread: bool | None = None
+                ) -> dict[str, float]:
                     calls[0] += 1
                     if calls[0] == fail_at:
                         raise KeyboardInterrupt("stopped mid-step")
@@ -107,8 +121,11 @@ def test_async_steps_train_within_the_staleness_bound(
     trained = _trained_positions(tmp_path)
     flat = [p for step in trained.values() for p in step]
     assert len(flat) == sum(kept) and len(set(flat)) == len(flat)  # each trained once
-    dumped = [json.loads(line) for path in (tmp_path / "trajectories").glob("*.jsonl")
-              for line in path.read_text().splitlines()]  # fmt: skip
+    dumped = [
+        json.loads(line)
+        for path in (tmp_path / "trajectories").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     for record in dumped:  # tokens of versions 0..2 (the weights of steps 0, 1, 2)
         assert record["versions"] and 0 <= record["versions"][0] <= record["versions"][1] <= 2
     assert any(r["versions"][1] > 0 for r in dumped)  # later groups sampled with new weights
@@ -126,11 +143,15 @@ def test_async_steps_train_within_the_staleness_bound(
 def test_no_staleness_means_every_trained_token_is_on_policy(
     trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path
 ) -> None:
-    metrics, _ = _async_run(trainer_fmt, sft_weights, tmp_path, 2, max_staleness=0,
-                            partial_rollout="wait")  # fmt: skip
+    metrics, _ = _async_run(
+        trainer_fmt, sft_weights, tmp_path, 2, max_staleness=0, partial_rollout="wait"
+    )
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 0.0]
-    dumped = [json.loads(line) for path in (tmp_path / "trajectories").glob("*.jsonl")
-              for line in path.read_text().splitlines()]  # fmt: skip
+    dumped = [
+        json.loads(line)
+        for path in (tmp_path / "trajectories").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     for record in dumped:
         if record["kept"]:  # trained in step s: sampled by the weights of step s - 1 only
             assert record["versions"][0] == record["versions"][1]
@@ -207,8 +228,9 @@ def test_decoupled_weights_and_loss_by_hand() -> None:
     # new logprobs -0.4, -1.0 against prox -0.5, -1.0: ratios e^0.1 = 1.105 and 1; A = 1
     logprobs, old = torch.tensor([[-0.4, -1.0]]), torch.tensor([[-0.5, -1.0]])
     mask = torch.ones(1, 2)
-    loss, _ = policy_loss(logprobs, old, torch.tensor([1.0]), mask, 2,
-                          weights=torch.tensor([weights[1:]]))  # fmt: skip
+    loss, _ = policy_loss(
+        logprobs, old, torch.tensor([1.0]), mask, 2, weights=torch.tensor([weights[1:]])
+    )
     expected = -(1.5 * math.exp(0.1) + math.exp(-0.8) * 1.0) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
 
@@ -242,8 +264,11 @@ def test_async_rl_on_a_server_waits_for_requests_before_each_reload(
     assert all(m["rollout/groups_kept"] <= 2 for m in metrics)
     assert sum(m["rollout/groups_kept"] for m in metrics) > 0
     assert all(m["async/staleness_max"] <= 1 for m in metrics)
-    dumped = [json.loads(line) for path in (tmp_path / "run" / "trajectories").glob("*.jsonl")
-              for line in path.read_text().splitlines()]  # fmt: skip
+    dumped = [
+        json.loads(line)
+        for path in (tmp_path / "run" / "trajectories").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     # a server does not say which weights sampled a token: the gate stamps the version current
     # when the call entered, exact since no reload runs while a call is inside
     assert {v for r in dumped for v in r["versions"]} <= {0, 1}
@@ -287,17 +312,24 @@ def test_a_step_without_any_signal_ends_after_the_refill_budget(
 
 
 @pytest.mark.parametrize("in_thread", [False, True])
-def test_update_async_takes_the_same_step_beside_other_work(trainer_fmt: PromptFormat,
-                                                            tmp_path: Path, in_thread: bool
-                                                            ) -> None:  # fmt: skip
+def test_update_async_takes_the_same_step_beside_other_work(
+    trainer_fmt: PromptFormat, tmp_path: Path, in_thread: bool
+) -> None:
     """On the loop's thread (a CPU's default) the update yields to the loop after each of its
     four micro-batches, so a task beside it runs in between; in a worker thread it runs there.
     Either way the step equals `update`'s."""
     cfg = _config(tmp_path)
     cfg.trainer.micro_batch_tokens, cfg.trainer.updates_per_step = 3, 1  # one sample each
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2)
-    samples = [Sample([5 + i, 6 + i, 7 + i], [0, 1, 1], [0.0, -1.0, -2.0 - i],
-                      advantage=1.0 if i % 2 else -1.0) for i in range(4)]  # fmt: skip
+    samples = [
+        Sample(
+            [5 + i, 6 + i, 7 + i],
+            [0, 1, 1],
+            [0.0, -1.0, -2.0 - i],
+            advantage=1.0 if i % 2 else -1.0,
+        )
+        for i in range(4)
+    ]
     alone, beside = (Learner(copy.deepcopy(model), cfg, World()) for _ in range(2))
     expected = alone.update(copy.deepcopy(samples))
     forwards: list[int] = []  # the thread of each forward pass of `beside`

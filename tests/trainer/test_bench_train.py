@@ -7,10 +7,30 @@ from pathlib import Path
 
 def test_bench_train_reports_throughput_memory_and_the_step_split(tmp_path: Path) -> None:
     out_file = tmp_path / "train.json"
-    done = subprocess.run([sys.executable, "-m", "codeloop", "bench", "train", "--hidden", "32",
-                           "--layers", "1", "--sequences", "4", "--length", "64", "--steps", "1",
-                           "--out", str(out_file)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codeloop",
+            "bench",
+            "train",
+            "--hidden",
+            "32",
+            "--layers",
+            "1",
+            "--sequences",
+            "4",
+            "--length",
+            "64",
+            "--steps",
+            "1",
+            "--out",
+            str(out_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     tokens = int(re.search(r"(\d+) tokens per update", out).group(1))  # type: ignore[union-attr]
@@ -22,8 +42,11 @@ def test_bench_train_reports_throughput_memory_and_the_step_split(tmp_path: Path
     # the printed ratio is the ratio of the times (printed to 3 decimals: small times round)
     assert abs(float(trainer.group(3)) - ratio) <= 0.1 * ratio + 0.01
     assert int(re.search(r"peak resident memory: (\d+) MiB", out).group(1)) > 100  # type: ignore[union-attr]
-    split = re.search(r"RL step \(([\d.]+) s\): rollout\+reward ([\d.]+) s .* update ([\d.]+) s "
-                      r".* weight sync ([\d.]+) s", out)  # fmt: skip
+    split = re.search(
+        r"RL step \(([\d.]+) s\): rollout\+reward ([\d.]+) s .* update ([\d.]+) s "
+        r".* weight sync ([\d.]+) s",
+        out,
+    )
     assert split and abs(sum(map(float, split.groups()[1:])) - float(split.group(1))) < 0.03
     report = json.loads(out_file.read_text())
     assert report["tokens_per_update"] == tokens

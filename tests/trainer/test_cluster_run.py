@@ -98,17 +98,34 @@ class ClusterRun:
 
     def start_sandbox(self, index: int) -> None:
         host, port = self.layout.sandboxes[index], self.layout.sandbox_ports[index]
-        self.cluster.start(host, [sys.executable, "-m", "codeloop", "sandbox", "serve", "--host",
-                                  self.cluster.address(host), "--port", str(port), "--workers",
-                                  "2"], log=self.root / f"sandbox{index}.log")  # fmt: skip
+        self.cluster.start(
+            host,
+            [
+                sys.executable,
+                "-m",
+                "codeloop",
+                "sandbox",
+                "serve",
+                "--host",
+                self.cluster.address(host),
+                "--port",
+                str(port),
+                "--workers",
+                "2",
+            ],
+            log=self.root / f"sandbox{index}.log",
+        )
 
     def start_inference(self, index: int) -> None:
         """`codeloop serve` where the trainer's directory is an empty tmpfs."""
         host, port = self.layout.inference[index], self.layout.inference_ports[index]
-        serve = (f"exec {sys.executable} -m codeloop serve --model {self.root / 'served'} "
-                 f"--host {self.cluster.address(host)} --port {port} --max-batch 1")  # fmt: skip
-        self.cluster.start(host, hidden_from_trainer(self.root, serve),
-                           log=self.root / f"inference{index}.log")  # fmt: skip
+        serve = (
+            f"exec {sys.executable} -m codeloop serve --model {self.root / 'served'} "
+            f"--host {self.cluster.address(host)} --port {port} --max-batch 1"
+        )
+        self.cluster.start(
+            host, hidden_from_trainer(self.root, serve), log=self.root / f"inference{index}.log"
+        )
 
     def start_services(self) -> None:
         for index in range(len(self.layout.sandboxes)):
@@ -124,16 +141,33 @@ class ClusterRun:
         """Both trainer nodes; `again`: their logs apart from the first start's; `unshared`:
         the second node does not see the run directory (no shared filesystem)."""
         config = self.root / "trainer" / "run.toml"
-        config.write_text(run_config(self.root, self.inference_urls(), self.sandbox_urls(),
-                                     self.steps))  # fmt: skip
+        config.write_text(
+            run_config(self.root, self.inference_urls(), self.sandbox_urls(), self.steps)
+        )
         master = self.cluster.address(self.layout.trainers[0])
         self.again = again
         self.trainers = []
         for rank, host in enumerate(self.layout.trainers):
-            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                       "--nproc-per-node", "1", "--node-rank", str(rank), "--master-addr",
-                       master, "--master-port", str(MASTER_PORT), "-m", "codeloop", "train",
-                       "--config", str(config)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                master,
+                "--master-port",
+                str(MASTER_PORT),
+                "-m",
+                "codeloop",
+                "train",
+                "--config",
+                str(config),
+            ]
             log = self.root / f"trainer{rank}{'.again' if again else ''}.log"
             env = {"GLOO_SOCKET_IFNAME": "eth0"}
             if unshared and rank == 1:
@@ -237,8 +271,9 @@ def policy(trainer_fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory) 
     fmt, saved = trainer_fmt, tmp_path_factory.mktemp("policy")
     model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
     data = [conversation(fmt, a, b) for a, b in PAIRS]
-    train_sft(model, fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5,
-                                          conversations_per_step=4))  # fmt: skip
+    train_sft(
+        model, fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4)
+    )
     model.save_pretrained(saved)
     fmt.tokenizer.save_pretrained(saved)
     return saved
@@ -249,8 +284,10 @@ def prepare(root: Path, policy: Path) -> None:
     (root / "trainer").mkdir(parents=True)
     shutil.copytree(policy, root / "trainer" / "policy")
     shutil.copytree(policy, root / "served")
-    rows = [{"id": f"p{i}", "problem": f"What is {a} + {b}?", "answer": str(a + b)}
-            for i, (a, b) in enumerate(PAIRS)]  # fmt: skip
+    rows = [
+        {"id": f"p{i}", "problem": f"What is {a} + {b}?", "answer": str(a + b)}
+        for i, (a, b) in enumerate(PAIRS)
+    ]
     (root / "trainer" / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -271,8 +308,10 @@ def cluster_run(policy: Path, tmp_path: Path) -> Iterator[ClusterRun]:
 def test_the_servers_cannot_see_the_trainers_files(cluster_run: ClusterRun) -> None:
     policy = cluster_run.root / "trainer" / "policy" / "config.json"
     command = hidden_from_trainer(cluster_run.root, f"test -e {policy}")
-    assert subprocess.run(["ip", "netns", "exec", cluster_run.cluster.hosts[2], *command]
-                          ).returncode == 1  # fmt: skip
+    assert (
+        subprocess.run(["ip", "netns", "exec", cluster_run.cluster.hosts[2], *command]).returncode
+        == 1
+    )
     assert policy.is_file()  # the trainer sees it
 
 
@@ -333,8 +372,9 @@ def test_a_slow_lossy_sandbox_link_slows_the_run_and_loses_nothing(cluster_run: 
     run = cluster_run
     host, port = run.layout.sandboxes[2], run.layout.sandbox_ports[2]
     loop = asyncio.new_event_loop()
-    proxy = FaultProxy(run.cluster.own_address, run.cluster.address(host), port, delay_s=0.2,
-                       loss=0.05, seed=1)  # fmt: skip
+    proxy = FaultProxy(
+        run.cluster.own_address, run.cluster.address(host), port, delay_s=0.2, loss=0.05, seed=1
+    )
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     slow = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10)

@@ -26,17 +26,25 @@ KILLS = 5
 SAME = ("rollout/response_tokens", "rollout/status_no_answer", "reward/mean", "loss/lr")
 
 
-def _train_args(trainer_fmt: PromptFormat, root: Path, mode: str, steps: int = STEPS
-                ) -> list[str]:  # fmt: skip
+def _train_args(trainer_fmt: PromptFormat, root: Path, mode: str, steps: int = STEPS) -> list[str]:
     base, _, problems = cli_inputs(trainer_fmt, root)
     args = rl_arguments(base, problems, root / "run", 2)
-    return ["train", *args, "--trainer.checkpoint_every", "2", "--trainer.max_steps",
-            str(steps), "--trainer.mode", mode]  # fmt: skip
+    return [
+        "train",
+        *args,
+        "--trainer.checkpoint_every",
+        "2",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.mode",
+        mode,
+    ]
 
 
 def _start(command: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, *command], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _killed_at(point: str, n: int, args: list[str]) -> int:
@@ -109,8 +117,9 @@ def test_a_run_killed_at_random_moments_logs_each_step_once(
 ) -> None:
     args = _train_args(trainer_fmt, tmp_path, mode, steps=RANDOM_STEPS)
     rng = random.Random(f"{mode}-kills")
-    killed = [_killed_at(*_random_kill(rng, tmp_path / "run", RANDOM_STEPS), args)
-              for _ in range(KILLS)]  # fmt: skip
+    killed = [
+        _killed_at(*_random_kill(rng, tmp_path / "run", RANDOM_STEPS), args) for _ in range(KILLS)
+    ]
     _finish(args)
     _check_whole(tmp_path / "run", killed, RANDOM_STEPS)
 
@@ -120,8 +129,17 @@ def test_sft_killed_after_a_step_starts_over_and_logs_each_step_once(
     trainer_fmt: PromptFormat, tmp_path: Path
 ) -> None:
     base, sft_data, _ = cli_inputs(trainer_fmt, tmp_path)
-    args = ["sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
-            "--trainer.output_dir", str(tmp_path / "run"), "--sft.epochs", "3"]  # fmt: skip
+    args = [
+        "sft",
+        "--trainer.model",
+        str(base),
+        "--sft.data",
+        str(sft_data),
+        "--trainer.output_dir",
+        str(tmp_path / "run"),
+        "--sft.epochs",
+        "3",
+    ]
     killed = _start([str(KILL_AT), "logged", "2", *args])
     assert killed.wait(timeout=300) == -9
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2]
@@ -147,8 +165,9 @@ steps = 3
 name = "two"
 steps = 3
 """
-    config = recipe_config(tmp_path / "recipe.toml", base, problems, run_dir, stages,
-                           checkpoint_every=2, refill=False)  # fmt: skip
+    config = recipe_config(
+        tmp_path / "recipe.toml", base, problems, run_dir, stages, checkpoint_every=2, refill=False
+    )
     args = ["recipe", "--config", str(config)]
     killed = []
     # killed: after stage one's step 3 is logged (its checkpoint is at 2); after stage two's

@@ -60,8 +60,14 @@ def test_two_gloo_processes_match_one(trainer_fmt: PromptFormat, tmp_path: Path)
         assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=rel)
         assert b["sft/grad_norm"] == pytest.approx(a["sft/grad_norm"], rel=10 * rel)
     for a, b in zip(one["rl"], two["rl"], strict=True):  # 2 RL updates of 2 optimiser steps
-        for key in ("loss/loss", "loss/grad_norm", "loss/policy_tokens", "loss/clip_fraction",
-                    "loss/approx_kl", "loss/entropy"):  # fmt: skip
+        for key in (
+            "loss/loss",
+            "loss/grad_norm",
+            "loss/policy_tokens",
+            "loss/clip_fraction",
+            "loss/approx_kl",
+            "loss/entropy",
+        ):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
     assert one["rl"][1]["loss/clip_fraction"] > 0  # lr 1e-2: the second update clips
     w1 = torch.load(tmp_path / "one" / "weights.pt")
@@ -85,8 +91,17 @@ def test_pad_micro_batches_in_a_world_of_one() -> None:
 
 def _codeloop_torchrun(*args: str) -> str:
     """`codeloop ARGS` in two processes under torchrun; its stdout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "-m", "codeloop", *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "codeloop",
+        *args,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -97,9 +112,19 @@ def test_sft_and_train_commands_under_torchrun(trainer_fmt: PromptFormat, tmp_pa
     base, sft_data, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "run"
 
-    _codeloop_torchrun("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
-             "--trainer.output_dir", str(run_dir), "--sft.epochs", "2",
-             "--trainer.dtype", "bfloat16")  # FSDP2 mixed precision  # fmt: skip
+    _codeloop_torchrun(
+        "sft",
+        "--trainer.model",
+        str(base),
+        "--sft.data",
+        str(sft_data),
+        "--trainer.output_dir",
+        str(run_dir),
+        "--sft.epochs",
+        "2",
+        "--trainer.dtype",
+        "bfloat16",
+    )  # FSDP2 mixed precision
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]  # one log, not one per rank
     saved = AutoModelForCausalLM.from_pretrained(run_dir / "sft_model", dtype="auto")
     assert {p.dtype for p in saved.parameters()} == {torch.float32}  # trained in float32
@@ -139,10 +164,18 @@ def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps
     def ranks(processes: int, rule: str = "odd", *keep: str) -> list[dict]:
         out = tmp_path / f"{processes}-{rule}{''.join(keep)}"
         out.mkdir()
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(processes),
-                   str(Path(__file__).with_name("refill_worker.py")), str(out), rule,
-                   *keep]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(processes),
+            str(Path(__file__).with_name("refill_worker.py")),
+            str(out),
+            rule,
+            *keep,
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
@@ -150,20 +183,28 @@ def test_dropping_zero_signal_groups_with_two_ranks_keeps_what_one_process_keeps
     # odd positions have signal: round 1 draws 0-3 (keeps 1, 3), round 2 draws 4-5 (5),
     # round 3 draws 6 (none), round 4 draws 7 (7)
     assert ranks(1) == [{"positions": [1, 3, 5, 7], "data_position": 8}]
-    assert ranks(2) == [{"positions": [1, 5], "data_position": 8},
-                        {"positions": [3, 7], "data_position": 8}]  # fmt: skip
+    assert ranks(2) == [
+        {"positions": [1, 5], "data_position": 8},
+        {"positions": [3, 7], "data_position": 8},
+    ]
     # no signal anywhere: 4 rounds of 4 drawn, nothing to train on, on either rank
     assert ranks(2, "none") == [{"positions": [], "data_position": 16}] * 2
     # one group with signal for two ranks: each rank would need one; both say so
-    error = ("only 1 groups with signal after 4 rounds, fewer than the 2 ranks: raise "
-             "trainer.prompts_per_step")  # fmt: skip
+    error = (
+        "only 1 groups with signal after 4 rounds, fewer than the 2 ranks: raise "
+        "trainer.prompts_per_step"
+    )
     assert ranks(2, "only_1") == [{"error": error}] * 2
     # as many groups with signal as ranks: one each, after rounds of 4, 2, 2, 2 drawn
-    assert ranks(2, "1_and_3") == [{"positions": [1], "data_position": 10},
-                                   {"positions": [3], "data_position": 10}]  # fmt: skip
+    assert ranks(2, "1_and_3") == [
+        {"positions": [1], "data_position": 10},
+        {"positions": [3], "data_position": 10},
+    ]
     # without the refill every rank keeps its own share of the step's four, signal or not
-    assert ranks(2, "odd", "keep") == [{"positions": [0, 2], "data_position": 4},
-                                       {"positions": [1, 3], "data_position": 4}]  # fmt: skip
+    assert ranks(2, "odd", "keep") == [
+        {"positions": [0, 2], "data_position": 4},
+        {"positions": [1, 3], "data_position": 4},
+    ]
 
 
 @pytest.mark.slow
@@ -182,16 +223,29 @@ refilter = true
 refilter_samples = 2
 """
     recipe_config(config, base, problems, run_dir, stages)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "-m", "codeloop", "recipe", "--config",
-               str(config)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "codeloop",
+        "recipe",
+        "--config",
+        str(config),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()  # rank 0 speaks; the refilter sees every problem
     assert [line for line in lines if line.startswith("refilter")] == [
-        "refilter: kept 4 of 4 problems (pass rate <= 0.99 over 2 samples)"]  # fmt: skip
+        "refilter: kept 4 of 4 problems (pass rate <= 0.99 over 2 samples)"
+    ]
     assert [line for line in lines if line.startswith("stage")] == [
-        "stage one: 1 steps on 4 problems", "stage two: 1 steps on 4 problems"]  # fmt: skip
+        "stage one: 1 steps on 4 problems",
+        "stage two: 1 steps on 4 problems",
+    ]
     for name, steps in (("1-one", 1), ("2-two", 1)):
         summary = json.loads((run_dir / name / "stage.json").read_text())
         assert summary["steps"] == steps and summary["problems"] == 4
@@ -225,9 +279,19 @@ def test_held_out_problems_are_shared_out_and_gathered_under_torchrun(
 ) -> None:
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "rl"
-    common = [*rl_arguments(base, problems, run_dir, 2), "--trainer.max_steps", "1",
-              "--trainer.eval_every", "1", "--eval.data", str(problems), "--eval.k", "2",
-              "--eval.max_response_tokens", "16"]  # fmt: skip
+    common = [
+        *rl_arguments(base, problems, run_dir, 2),
+        "--trainer.max_steps",
+        "1",
+        "--trainer.eval_every",
+        "1",
+        "--eval.data",
+        str(problems),
+        "--eval.k",
+        "2",
+        "--eval.max_response_tokens",
+        "16",
+    ]
     _codeloop_torchrun("train", *common)
     [metrics] = read_metrics(run_dir)
     # rank 0 scores problems 0 and 2, rank 1 problems 1 and 3: the step logs all four once

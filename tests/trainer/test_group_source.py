@@ -27,14 +27,26 @@ from codeloop.types import RolloutStatus, Trajectory
 PROBLEM = Problem("p", "What is 1 + 1?", "2")
 
 
-def _group(position: int, rewards: Sequence[float] = (1.0, 0.0), problem: Problem = PROBLEM
-           ) -> Group:  # fmt: skip
+def _group(
+    position: int, rewards: Sequence[float] = (1.0, 0.0), problem: Problem = PROBLEM
+) -> Group:
     """Two samples of 3 sampled tokens after a 2-token prompt, with these rewards (right: 1) and
     their group advantages (+1, -1 for a right and a wrong one)."""
-    sampled = [Trajectory(problem.id, i, [1, 2], [5 + i, 6, 7], [1, 1, 1], [-1.0] * 3,
-                          RolloutStatus.ANSWERED, final_answer="2" if r else "3", reward=r,
-                          text="\\boxed{2}" if r else "\\boxed{3}")
-               for i, r in enumerate(rewards)]  # fmt: skip
+    sampled = [
+        Trajectory(
+            problem.id,
+            i,
+            [1, 2],
+            [5 + i, 6, 7],
+            [1, 1, 1],
+            [-1.0] * 3,
+            RolloutStatus.ANSWERED,
+            final_answer="2" if r else "3",
+            reward=r,
+            text="\\boxed{2}" if r else "\\boxed{3}",
+        )
+        for i, r in enumerate(rewards)
+    ]
     advantages = [1.0 if r else -1.0 for r in rewards] if len(set(rewards)) > 1 else [0.0, 0.0]
     return Group(problem, sampled, sampled, advantages, position)
 
@@ -64,8 +76,9 @@ class Replay:
         yield
         self.calls.append("published")
 
-    def metrics(self, drawn: Drawn, waited: float, updated: float
-                ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    def metrics(
+        self, drawn: Drawn, waited: float, updated: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
         assert drawn is self.drawn[-1] and waited <= updated
         return {"replay/mean": 0.5}, {"replay/groups": len(drawn.train)}
 
@@ -86,8 +99,9 @@ class Weights:
         self.versions.append(version)
 
 
-def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_the_loop_trains_on_what_its_source_draws(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
     cfg = Config()
     cfg.trainer.output_dir, cfg.trainer.checkpoint_every = str(tmp_path), 1
     cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.reward.workers = 1e-3, 0, 1
@@ -106,8 +120,16 @@ def test_the_loop_trains_on_what_its_source_draws(trainer_fmt: PromptFormat,
 
     history = asyncio.run(main())
     logger.close()
-    assert source.calls == ["start", "draw", "publishing 1", "published",
-                            "draw", "publishing 2", "published", "stop"]  # fmt: skip
+    assert source.calls == [
+        "start",
+        "draw",
+        "publishing 1",
+        "published",
+        "draw",
+        "publishing 2",
+        "published",
+        "stop",
+    ]
     assert engine.versions == [0, 1, 2]  # the weights before the first step, then each step's
     for metrics in history:
         assert metrics["loss/policy_tokens"] == 6  # 2 samples x 3 sampled tokens, both signal
@@ -177,8 +199,7 @@ def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroup
     async def sample(chosen: Sequence[tuple[int, Problem]]) -> list[Group]:
         groups = []
         for position, problem in chosen:
-            groups.append(_group(position, (1.0, 0.0) if signal(position) else (0.0, 0.0),
-                                 problem))  # fmt: skip
+            groups.append(_group(position, (1.0, 0.0) if signal(position) else (0.0, 0.0), problem))
         return groups
 
     source.sample = sample  # type: ignore[method-assign]
@@ -194,11 +215,10 @@ def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroup
         (False, lambda p: p % 2 == 1, [0, 1, 2, 3], 4, 0),  # no refill: all four stay
         (True, lambda p: False, [], 16, 16),  # MAX_REFILL_ROUNDS rounds of 4, then it gives up
     ],
-)  # fmt: skip
+)
 def test_the_synchronous_source_refills_groups_without_signal(
-    refill: bool, signal: Callable[[int], bool], trained: list[int], sampled: int,
-    dropped: int
-) -> None:  # fmt: skip
+    refill: bool, signal: Callable[[int], bool], trained: list[int], sampled: int, dropped: int
+) -> None:
     source, state = _synchronous(refill, signal)
     drawn = asyncio.run(source.draw())
     assert [g.position for g in drawn.train] == trained

@@ -69,8 +69,9 @@ def test_the_reported_gradient_norm_is_the_losss() -> None:
     samples = _samples(reference)
     batch = collate(samples, 0)
     logprobs, _ = token_logprobs(reference, batch)
-    loss, _ = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
-                          batch["loss_mask"], 4, 0.2, 0.28)  # fmt: skip
+    loss, _ = policy_loss(
+        logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], 4, 0.2, 0.28
+    )
     loss.backward()
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()]))
     assert learner.update(samples)["loss/grad_norm"] == pytest.approx(float(norm), rel=1e-5)
@@ -110,8 +111,9 @@ def test_a_step_without_signal_leaves_the_weights_and_one_token_with_signal_trai
     metrics = learner.update([single])
     assert metrics["loss/policy_tokens"] == 1 and metrics["loss/loss"] == pytest.approx(-1.0)
     assert metrics["loss/entropy"] == pytest.approx(float(entropy[0, 1]), rel=1e-5)  # type: ignore[index]
-    assert not all(torch.equal(p, q) for p, q in zip(before, learner.model.parameters(),
-                                                     strict=True))  # fmt: skip
+    assert not all(
+        torch.equal(p, q) for p, q in zip(before, learner.model.parameters(), strict=True)
+    )
 
 
 def test_the_learning_rate_warms_up_linearly_then_stays() -> None:

@@ -18,11 +18,15 @@ def test_rewind_forgets_the_steps_after_the_checkpoint(tmp_path: Path) -> None:
     logger.rewind(2)
     logger.log(3, {"reward/mean": 0.9})  # the step done again
     logger.close()
-    assert read_metrics(tmp_path) == [{"step": 1, "reward/mean": 0.1},
-                                      {"step": 2, "reward/mean": 0.2},
-                                      {"step": 3, "reward/mean": 0.9}]  # fmt: skip
+    assert read_metrics(tmp_path) == [
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "reward/mean": 0.2},
+        {"step": 3, "reward/mean": 0.9},
+    ]
     assert sorted(p.name for p in (tmp_path / "trajectories").iterdir()) == [
-        "step_000001.jsonl", "step_000002.jsonl"]  # fmt: skip
+        "step_000001.jsonl",
+        "step_000002.jsonl",
+    ]
 
 
 def test_a_last_line_cut_short_by_a_kill_is_not_a_record(tmp_path: Path) -> None:

@@ -36,8 +36,13 @@ def test_packed_row_layout() -> None:
     assert batch["loss_mask"].tolist() == [[1, 1, 0, 1], [1, 0, 0, 0]]
     assert batch["old_logprobs"].tolist() == [[-0.5, -0.25, 0.0, -1.0], [-1.0, 0.0, 0.0, 0.0]]
     mask = batch["attention_mask"][0, 0].int().tolist()
-    assert mask == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
-                    [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]  # fmt: skip
+    assert mask == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 1, 1],
+    ]
     assert "attention_mask" not in collate_packed([[a, b]], 0, flash=True)
 
 
@@ -64,8 +69,14 @@ def test_sft_with_and_without_packing_takes_the_same_steps(trainer_fmt: PromptFo
     histories = []
     for packing in ("on", "off"):
         model = copy.deepcopy(base)
-        cfg = SFTConfig(epochs=3, lr=3e-3, warmup_steps=1, conversations_per_step=4,
-                        micro_batch_tokens=400, packing=packing)  # fmt: skip
+        cfg = SFTConfig(
+            epochs=3,
+            lr=3e-3,
+            warmup_steps=1,
+            conversations_per_step=4,
+            micro_batch_tokens=400,
+            packing=packing,
+        )
         histories.append(train_sft(model, trainer_fmt, data, cfg))
     packed, padded = histories
     for a, b in zip(packed, padded, strict=True):
@@ -83,8 +94,10 @@ def test_logprobs_scored_only_where_the_loss_mask_is_set(
     monkeypatch.setattr(batch_module, "keeps_by_mask", lambda: by_mask)
     torch.manual_seed(0)
     model = tiny_model(100, hidden_size=32, layers=2).eval()
-    samples = [Sample([4, 8, 15, 16, 23, 42], [0, 0, 1, 1, 0, 1], [0.0] * 6),
-               Sample([7, 9, 11], [0, 1, 1], [0.0] * 3)]  # fmt: skip
+    samples = [
+        Sample([4, 8, 15, 16, 23, 42], [0, 0, 1, 1, 0, 1], [0.0] * 6),
+        Sample([7, 9, 11], [0, 1, 1], [0.0] * 3),
+    ]
     batch = collate(samples, pad_id=0)
     logprobs, entropies = token_logprobs(model, batch, temperature=0.5, entropy=True)
     assert entropies is not None

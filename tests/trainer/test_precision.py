@@ -33,8 +33,15 @@ def _moved_share(model: Any, world: World, fmt: PromptFormat, tmp_path: Path) ->
     cfg.trainer.output_dir, cfg.trainer.warmup_steps = str(tmp_path), 0  # lr: the report's 1e-6
     before = copy.deepcopy(model.state_dict())
     logger = RunLogger(tmp_path, tensorboard=False)
-    run = build_run(cfg, model, fmt, [Problem("p", "1+1", "2")], tools=None, logger=logger,  # type: ignore[arg-type]
-                world=world)  # fmt: skip
+    run = build_run(
+        cfg,
+        model,
+        fmt,
+        [Problem("p", "1+1", "2")],
+        tools=None,
+        logger=logger,  # type: ignore[arg-type]
+        world=world,
+    )
     run.learner.update(_samples(len(fmt.tokenizer)))
     logger.close()
     run.rollout.verifier.close()

@@ -17,8 +17,14 @@ def test_op_times_sum_each_kernel_once_and_keep_cpu_ops_apart() -> None:
     from codeloop.trainer.profile import OpTime, device_seconds, device_span, op_table, op_times
 
     class Event:  # a raw (kineto) event's methods
-        def __init__(self, name: str, device: DeviceType, start_s: float, seconds: float,
-                     annotation: bool = False) -> None:  # fmt: skip
+        def __init__(
+            self,
+            name: str,
+            device: DeviceType,
+            start_s: float,
+            seconds: float,
+            annotation: bool = False,
+        ) -> None:
             self.values = (name, device, round(start_s * 1e9), round(seconds * 1e9), annotation)
 
         def name(self) -> str:
@@ -50,8 +56,10 @@ def test_op_times_sum_each_kernel_once_and_keep_cpu_ops_apart() -> None:
     assert device_seconds(kernels) == 2.25
     assert device_span(kernels) == 2.5  # 1.0 s to 3.5 s: the host ops and the span left out
     assert device_span([]) == 0.0
-    assert op_times(events, device=False) == [OpTime("aten::mm", 1, 1.6),
-                                              OpTime("aten::add", 1, 0.1)]  # fmt: skip
+    assert op_times(events, device=False) == [
+        OpTime("aten::mm", 1, 1.6),
+        OpTime("aten::add", 1, 0.1),
+    ]
     table = op_table(kernels, wall=5.0, rows=1).splitlines()
     assert table[0].split() == ["op", "calls", "seconds", "of", "wall"]
     assert table[1].split() == ["gemm", "2", "1.750", "35.0%"]  # 1.75 s of 5 s
@@ -85,8 +93,13 @@ def test_a_profiled_step_prints_nothing_of_its_own(tmp_path: Path) -> None:
         "p.stop(Path(sys.argv[1]), 1); print('stopped')"
     )
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == ("stopped\n", "")
     assert (tmp_path / "profile_step_000001.txt").read_text().startswith("RL step 1: ")

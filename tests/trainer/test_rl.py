@@ -60,13 +60,19 @@ def _config(run_dir: Path) -> Config:
     return cfg
 
 
-def _run(fmt: PromptFormat, weights: dict[str, torch.Tensor], run_dir: Path, steps: int,
-         resume: bool = False) -> tuple[list[dict[str, float]], RLRun]:  # fmt: skip
+def _run(
+    fmt: PromptFormat,
+    weights: dict[str, torch.Tensor],
+    run_dir: Path,
+    steps: int,
+    resume: bool = False,
+) -> tuple[list[dict[str, float]], RLRun]:
     async def main() -> tuple[list[dict[str, float]], RLRun]:
         model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
         model.load_state_dict(weights)
-        engine = TransformersEngine(copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids,
-                                    max_batch=1, batch_window_ms=0)  # deterministic  # fmt: skip
+        engine = TransformersEngine(
+            copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids, max_batch=1, batch_window_ms=0
+        )  # deterministic
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(run_dir, tensorboard=False)
             run = build_run(_config(run_dir), model, fmt, PROBLEMS, sandbox, logger, engine)
@@ -118,14 +124,22 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(
 ) -> None:
     straight, _ = _run(trainer_fmt, sft_weights, tmp_path / "a", 3)
     _run(trainer_fmt, sft_weights, tmp_path / "b", 1)
-    resumed, run = _run(trainer_fmt, {k: torch.zeros_like(v) for k, v in sft_weights.items()},
-                        tmp_path / "b", 2, resume=True)  # fmt: skip
+    resumed, run = _run(
+        trainer_fmt,
+        {k: torch.zeros_like(v) for k, v in sft_weights.items()},
+        tmp_path / "b",
+        2,
+        resume=True,
+    )
     assert run.step_index == 3
     keys = ["reward/mean", "rollout/response_tokens", "loss/loss", "loss/grad_norm", "loss/lr"]
     for a, b in zip(straight[1:], resumed, strict=True):
         assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-7)
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
-        "step_000001", "step_000002", "step_000003"]  # fmt: skip
+        "step_000001",
+        "step_000002",
+        "step_000003",
+    ]
 
 
 def _served_policy(fmt: PromptFormat, weights: Any, root: Path) -> tuple[Any, Path, Config]:
@@ -187,9 +201,12 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
 
 @pytest.mark.slow
 def test_a_server_that_kept_its_old_weights_stops_the_run(
-    trainer_fmt: PromptFormat, sft_weights: Any, tmp_path: Path, codeloop_serve: Any,
+    trainer_fmt: PromptFormat,
+    sft_weights: Any,
+    tmp_path: Path,
+    codeloop_serve: Any,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     from codeloop.engine.openai_engine import EngineError, OpenAIEngine
 
     fmt = trainer_fmt
@@ -341,8 +358,9 @@ def test_trajectories_that_hit_an_infrastructure_fault_are_masked_not_penalised(
     assert metrics["rollout/infra_faults"] == pytest.approx(len(faulted) / len(dumped))
     # tool errors are the model's only: the faults are not among them
     calls = [r for t in dumped for r in t["tool_calls"]]
-    model_errors = [r for r in calls if r["parse_error"] or r["result"]["status"] not in
-                    ("ok", "sandbox_error")]  # fmt: skip
+    model_errors = [
+        r for r in calls if r["parse_error"] or r["result"]["status"] not in ("ok", "sandbox_error")
+    ]
     assert metrics["rollout/tool_error_ratio"] == pytest.approx(len(model_errors) / len(calls))
 
 
@@ -357,8 +375,12 @@ def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
     algo = AlgoConfig(group_size=2, oversample=2, resample="none")
     # sample 0 was right, but its tool call never ran: the group is samples 1-3 and the first
     # two of them train (plain GRPO keeps the first G): rewards 0 and 1, advantages -/+ 1/std
-    sampled = [_scored(0, 1.0, "sandbox_error"), _scored(1, 0.0), _scored(2, 1.0),
-               _scored(3, 0.0, "error")]  # fmt: skip
+    sampled = [
+        _scored(0, 1.0, "sandbox_error"),
+        _scored(1, 0.0),
+        _scored(2, 1.0),
+        _scored(3, 0.0, "error"),
+    ]
     group = make_group(PROBLEMS[0], sampled, algo, random.Random(0))
     assert [t.sample_index for t in group.kept] == [1, 2]
     std = 2**-0.5  # sample standard deviation of (0, 1)
@@ -370,13 +392,19 @@ def test_a_group_leaves_out_what_an_infrastructure_fault_touched() -> None:
     # an engine or inference server that failed a sample (status error) decided its end too
     failed = _scored(0, 0.0)
     failed.status = RolloutStatus.ERROR
-    group = make_group(PROBLEMS[0], [failed, *sampled[1:3], _scored(3, 0.0)], algo,
-                       random.Random(0))  # fmt: skip
+    group = make_group(
+        PROBLEMS[0], [failed, *sampled[1:3], _scored(3, 0.0)], algo, random.Random(0)
+    )
     assert [t.sample_index for t in group.kept] == [1, 2]
 
 
-def _update_two(cfg: Config, fmt: PromptFormat, tmp_path: Path, ratios_a: tuple[float, float],
-                ratios_b: tuple[float, float]) -> tuple[Any, Any, dict[str, float]]:  # fmt: skip
+def _update_two(
+    cfg: Config,
+    fmt: PromptFormat,
+    tmp_path: Path,
+    ratios_a: tuple[float, float],
+    ratios_b: tuple[float, float],
+) -> tuple[Any, Any, dict[str, float]]:
     """One `Learner.update` of a tiny model on two samples of two policy tokens each (advantages
     +1 and -1), whose old logprobs are the model's own minus log(ratio) per token; returns the
     samples and the update's metrics."""
@@ -389,8 +417,9 @@ def _update_two(cfg: Config, fmt: PromptFormat, tmp_path: Path, ratios_a: tuple[
     with torch.no_grad():
         now = token_logprobs(model, collate([a, b], 0))[0]  # [2, 2]
     for sample, row, ratios in ((a, 0, ratios_a), (b, 1, ratios_b)):
-        sample.old_logprobs = [0.0] + [float(now[row, j]) - math.log(r)
-                                       for j, r in enumerate(ratios)]  # fmt: skip
+        sample.old_logprobs = [0.0] + [
+            float(now[row, j]) - math.log(r) for j, r in enumerate(ratios)
+        ]
     logger = RunLogger(tmp_path, tensorboard=False)
     run = build_run(cfg, model, fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
     metrics = run.learner.update([a, b])

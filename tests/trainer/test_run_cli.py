@@ -16,8 +16,9 @@ from codeloop.trainer.logs import read_metrics
 
 
 def _codeloop(*args: str) -> subprocess.CompletedProcess[str]:
-    run = subprocess.run([sys.executable, "-m", "codeloop", *args], capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "codeloop", *args], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -26,8 +27,17 @@ def _codeloop(*args: str) -> subprocess.CompletedProcess[str]:
 def test_sft_then_train_then_resume(trainer_fmt: PromptFormat, tmp_path: Path) -> None:
     base, sft_data, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "run"
-    _codeloop("sft", "--trainer.model", str(base), "--sft.data", str(sft_data),
-              "--trainer.output_dir", str(run_dir), "--sft.epochs", "2")  # fmt: skip
+    _codeloop(
+        "sft",
+        "--trainer.model",
+        str(base),
+        "--sft.data",
+        str(sft_data),
+        "--trainer.output_dir",
+        str(run_dir),
+        "--sft.epochs",
+        "2",
+    )
     assert len(read_metrics(run_dir)) == 2 and (run_dir / "sft_model" / "config.json").is_file()
     # the policy carries how it is prompted and scored (codeloop eval --model without --config)
     saved = json.loads((run_dir / "sft_model" / "codeloop.json").read_text())
@@ -48,12 +58,19 @@ def test_sft_then_train_then_resume(trainer_fmt: PromptFormat, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_train_runs_the_asynchronous_loop_when_asked(trainer_fmt: PromptFormat,
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_train_runs_the_asynchronous_loop_when_asked(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
     run_dir = tmp_path / "rl"
-    run = _codeloop("train", *rl_arguments(base, problems, run_dir, 1), "--trainer.max_steps", "2",
-                    "--trainer.mode", "async")  # fmt: skip
+    run = _codeloop(
+        "train",
+        *rl_arguments(base, problems, run_dir, 1),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.mode",
+        "async",
+    )
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("async/staleness_max" in m and "async/overlap" in m for m in metrics)
@@ -62,54 +79,89 @@ def test_train_runs_the_asynchronous_loop_when_asked(trainer_fmt: PromptFormat,
 
 
 def test_config_errors_exit_2(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "codeloop", "train", "--trainer.lr", "-1"],
-                         capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "codeloop", "train", "--trainer.lr", "-1"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "trainer.lr" in run.stderr
 
 
 @pytest.mark.parametrize(
     ("command", "arguments", "message"),
     [
-        ("train", ["--data.train", "{bad}", "--trainer.model", "{model}"],
-         "{bad}:2: not JSON (Expecting value)"),
-        ("train", ["--data.train", "{good}", "--trainer.model", "{model}"],
-         "model '{model}': no such directory"),
-        ("sft", ["--sft.data", "{tmp}/none.jsonl", "--trainer.model", "{model}"],
-         "sft.data: {tmp}/none.jsonl: no such file"),
+        (
+            "train",
+            ["--data.train", "{bad}", "--trainer.model", "{model}"],
+            "{bad}:2: not JSON (Expecting value)",
+        ),
+        (
+            "train",
+            ["--data.train", "{good}", "--trainer.model", "{model}"],
+            "model '{model}': no such directory",
+        ),
+        (
+            "sft",
+            ["--sft.data", "{tmp}/none.jsonl", "--trainer.model", "{model}"],
+            "sft.data: {tmp}/none.jsonl: no such file",
+        ),
     ],
-)  # fmt: skip
+)
 def test_input_errors_exit_2_with_the_file_named(
     tmp_path: Path, command: str, arguments: list[str], message: str
 ) -> None:
-    names = {"tmp": str(tmp_path), "bad": str(tmp_path / "bad.jsonl"),
-             "good": str(tmp_path / "good.jsonl"), "model": str(tmp_path / "no_model")}  # fmt: skip
+    names = {
+        "tmp": str(tmp_path),
+        "bad": str(tmp_path / "bad.jsonl"),
+        "good": str(tmp_path / "good.jsonl"),
+        "model": str(tmp_path / "no_model"),
+    }
     line = '{"id": "a", "problem": "1+1", "answer": "2"}\n'
     (tmp_path / "good.jsonl").write_text(line)
     (tmp_path / "bad.jsonl").write_text(line + "not json\n")
-    run = subprocess.run([sys.executable, "-m", "codeloop", command,
-                          *(a.format(**names) for a in arguments)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "codeloop", command, *(a.format(**names) for a in arguments)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip() == f"codeloop {command}: {message.format(**names)}"
 
 
 @pytest.mark.parametrize(
     ("template", "message"),
-    [("missing.jinja", "rollout.chat_template: {tmp}/missing.jinja: no such file"),
-     ("no_tools.jinja", "the chat template does not render a 'tool' message (no tool support?): "
-                        "give rollout.chat_template one that does")],
-)  # fmt: skip
+    [
+        ("missing.jinja", "rollout.chat_template: {tmp}/missing.jinja: no such file"),
+        (
+            "no_tools.jinja",
+            "the chat template does not render a 'tool' message (no tool support?): "
+            "give rollout.chat_template one that does",
+        ),
+    ],
+)
 def test_a_chat_template_that_cannot_serve_is_named(
-    trainer_fmt: PromptFormat, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    template: str, message: str
-) -> None:  # fmt: skip
+    trainer_fmt: PromptFormat,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    template: str,
+    message: str,
+) -> None:
     base, _, problems = cli_inputs(trainer_fmt, tmp_path)
     (tmp_path / "no_tools.jinja").write_text(
         "{% for m in messages if m.role != 'tool' %}{{ m.content }}{% endfor %}"
     )
-    argv = ["train", "--trainer.model", str(base), "--data.train", str(problems),
-            "--trainer.output_dir", str(tmp_path / "run"),
-            "--rollout.chat_template", str(tmp_path / template)]  # fmt: skip
+    argv = [
+        "train",
+        "--trainer.model",
+        str(base),
+        "--data.train",
+        str(problems),
+        "--trainer.output_dir",
+        str(tmp_path / "run"),
+        "--rollout.chat_template",
+        str(tmp_path / template),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err  # after the model's loading bars: one line
     assert "Traceback" not in err
@@ -140,8 +192,12 @@ def _wandb_history(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
         record.ParseFromString(payload)
         payload = b""
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})  # fmt: skip
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
         elif record.WhichOneof("record_type") == "run":
             config |= {i.key: json.loads(i.value_json) for i in record.run.config.update}
     return rows, config
@@ -159,13 +215,32 @@ def test_train_scores_held_out_problems_and_logs_them_to_tensorboard_and_wandb(
     rows = [{"id": f"h{i}", "problem": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(3)]
     held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "rl"
-    args = ["train", *rl_arguments(base, problems, run_dir, 1), "--trainer.max_steps", "4",
-            "--trainer.eval_every", "2", "--eval.data", str(held_out), "--eval.k", "2",
-            "--eval.max_response_tokens", "24", "--trainer.loggers", '["tensorboard", "wandb"]',
-            "--trainer.wandb_project", "held-out-test"]  # fmt: skip
+    args = [
+        "train",
+        *rl_arguments(base, problems, run_dir, 1),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.eval_every",
+        "2",
+        "--eval.data",
+        str(held_out),
+        "--eval.k",
+        "2",
+        "--eval.max_response_tokens",
+        "24",
+        "--trainer.loggers",
+        '["tensorboard", "wandb"]',
+        "--trainer.wandb_project",
+        "held-out-test",
+    ]
     offline = {**os.environ, "WANDB_MODE": "offline"}
-    done = subprocess.run([sys.executable, "-m", "codeloop", *args], capture_output=True,
-                          text=True, timeout=600, env=offline)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=offline,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wandb" not in done.stdout + done.stderr  # W&B keeps quiet on the run's console
     metrics = read_metrics(run_dir)

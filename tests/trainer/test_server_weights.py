@@ -31,9 +31,12 @@ def _logprobs(model: Any, prompt: list[int], generation: Generation) -> list[flo
 
 
 def test_a_restarted_server_is_brought_up_to_date_before_it_serves_again(
-    trainer_fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    trainer_fmt: PromptFormat,
+    tmp_path: Path,
+    codeloop_serve: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fmt = trainer_fmt
     # the restarted server is asked for completions several times before the sink looks at it
     monkeypatch.setattr(weights_module, "WATCH_S", 1.5)
@@ -51,8 +54,15 @@ def test_a_restarted_server_is_brought_up_to_date_before_it_serves_again(
 
     async def main(url: str, restart: Any) -> tuple[Generation, int | None]:
         engines = servers([url], rollout, "")
-        sink = ServerSink(engines, engines, tmp_path / "unused", trained, fmt.tokenizer, World(),
-                          read_capacity=False)  # fmt: skip
+        sink = ServerSink(
+            engines,
+            engines,
+            tmp_path / "unused",
+            trained,
+            fmt.tokenizer,
+            World(),
+            read_capacity=False,
+        )
         scheduler = Scheduler(engines, "kv_aware", retry_s=rollout.server_retry_s)
         try:
             await sink.publish(trained.state_dict(), 3)
@@ -97,13 +107,27 @@ def test_a_publish_goes_on_without_a_server_that_is_down_but_not_without_all(
 
     async def main(up: str, down: str) -> list[int | None]:
         engines = servers([up, down], RolloutConfig(), "")
-        sink = ServerSink(engines, engines, tmp_path / "unused", model, fmt.tokenizer, World(),
-                          read_capacity=False)  # fmt: skip
+        sink = ServerSink(
+            engines,
+            engines,
+            tmp_path / "unused",
+            model,
+            fmt.tokenizer,
+            World(),
+            read_capacity=False,
+        )
         try:
             await sink.publish(model.state_dict(), 1)  # the one that is down is left for later
             alone = servers([down], RolloutConfig(), "")
-            lost = ServerSink(alone, alone, tmp_path / "unused", model, fmt.tokenizer, World(),
-                              read_capacity=False)  # fmt: skip
+            lost = ServerSink(
+                alone,
+                alone,
+                tmp_path / "unused",
+                model,
+                fmt.tokenizer,
+                World(),
+                read_capacity=False,
+            )
             with pytest.raises(EngineError, match="no inference server can be reached: .*" + down):
                 await lost.publish(model.state_dict(), 2)
             await alone[0].close()

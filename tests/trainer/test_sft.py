@@ -43,8 +43,9 @@ def test_a_turn_that_breaks_the_template_is_named(trainer_fmt: PromptFormat) -> 
     ],
 )
 def test_data_errors_name_file_and_line(tmp_path: Path, line: str, error: str) -> None:
-    good = json.dumps({"messages": [{"role": "user", "content": "q"},
-                                    {"role": "assistant", "content": "a"}]})  # fmt: skip
+    good = json.dumps(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    )
     path = tmp_path / "data.jsonl"
     path.write_text(good + "\n" + line + "\n")
     with pytest.raises(SFTDataError, match=error.replace("[", r"\[").replace("{", r"\{")):
@@ -98,8 +99,10 @@ def test_a_conversation_over_the_token_limit_names_its_line(
     trainer_fmt: PromptFormat, tmp_path: Path
 ) -> None:
     base, sft_data, _ = cli_inputs(trainer_fmt, tmp_path)  # 3 conversations, lines 1-3
-    lengths = [len(encode_conversation(trainer_fmt, c["messages"]).input_ids)
-               for c in map(json.loads, sft_data.read_text().splitlines())]  # fmt: skip
+    lengths = [
+        len(encode_conversation(trainer_fmt, c["messages"]).input_ids)
+        for c in map(json.loads, sft_data.read_text().splitlines())
+    ]
     cfg = Config()
     cfg.trainer.model, cfg.sft.data = str(base), str(sft_data)
     cfg.trainer.output_dir = str(tmp_path / "run")

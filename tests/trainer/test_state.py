@@ -9,8 +9,12 @@ PROBLEMS = [Problem("a", "1?", "1"), Problem("b", "2?", "2")]
 
 
 def test_the_state_goes_into_a_checkpoint_and_back() -> None:
-    state = RunState(7, data_position=5, problems=problem_digest(PROBLEMS),
-                     sources={"async": {"pending": [3, 4], "next": [2, 3]}})  # fmt: skip
+    state = RunState(
+        7,
+        data_position=5,
+        problems=problem_digest(PROBLEMS),
+        sources={"async": {"pending": [3, 4], "next": [2, 3]}},
+    )
     state.roc_rng.random()  # the resampling RNG has moved on
     saved = state.state_dict()
     expected = state.roc_rng.random()
@@ -18,21 +22,30 @@ def test_the_state_goes_into_a_checkpoint_and_back() -> None:
     back = RunState(0)
     back.load_state_dict(saved)
     assert (back.data_position, back.problems, back.sources) == (
-        5, problem_digest(PROBLEMS), {"async": {"pending": [3, 4], "next": [2, 3]}})  # fmt: skip
+        5,
+        problem_digest(PROBLEMS),
+        {"async": {"pending": [3, 4], "next": [2, 3]}},
+    )
     assert back.roc_rng.random() == expected
 
 
 def test_a_checkpoint_from_before_the_sources_kept_their_own_state_loads() -> None:
-    older = {"data_position": 5, "roc_rng": random.Random(0).getstate(), "problems": 1,
-             "pending": [3, 4], "async_next": [2, 3]}  # fmt: skip
+    older = {
+        "data_position": 5,
+        "roc_rng": random.Random(0).getstate(),
+        "problems": 1,
+        "pending": [3, 4],
+        "async_next": [2, 3],
+    }
     back = RunState(0)
     back.load_state_dict(older)
     assert back.sources == {"async": {"pending": [3, 4], "next": [2, 3]}}
 
 
 def test_a_stage_goes_on_drawing_only_over_the_same_problems() -> None:
-    before = RunState(1, data_position=9, problems=problem_digest(PROBLEMS),
-                      sources={"async": {"pending": [8]}})  # fmt: skip
+    before = RunState(
+        1, data_position=9, problems=problem_digest(PROBLEMS), sources={"async": {"pending": [8]}}
+    )
     same = RunState(1)
     same.carry_on_from(before, problem_digest(PROBLEMS))
     assert (same.data_position, same.sources) == (9, {"async": {"pending": [8]}})

@@ -40,8 +40,12 @@ def cli_inputs(fmt: PromptFormat, root: Path) -> tuple[Path, Path, Path]:
     base, sft_data, problems = root / "base", root / "sft.jsonl", root / "train.jsonl"
     tiny_model(len(fmt.tokenizer)).save_pretrained(base)
     fmt.tokenizer.save_pretrained(base)
-    sft_data.write_text("".join(json.dumps({"messages": conversation(fmt, a, b)}) + "\n"
-                                for a, b in [(1, 2), (3, 4), (5, 6)]))  # fmt: skip
+    sft_data.write_text(
+        "".join(
+            json.dumps({"messages": conversation(fmt, a, b)}) + "\n"
+            for a, b in [(1, 2), (3, 4), (5, 6)]
+        )
+    )
     rows = [{"id": f"q{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
     problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return base, sft_data, problems
@@ -51,15 +55,39 @@ def rl_arguments(model: Path, problems: Path, run_dir: Path, prompts_per_step: i
     """`codeloop train` options for a two-sample, 32-token, checkpoint-every-step run. Groups
     without signal stay in the step rather than being refilled, so that a step's trajectories
     are the same in number whatever a barely trained policy gets right."""
-    return ["--trainer.model", str(model), "--data.train", str(problems),
-            "--trainer.output_dir", str(run_dir), "--trainer.prompts_per_step",
-            str(prompts_per_step), "--algo.group_size", "2", "--rollout.max_response_tokens", "32",
-            "--sandbox.workers", "1", "--reward.workers", "1", "--trainer.checkpoint_every", "1",
-            "--algo.drop_zero_signal_groups", "false"]  # fmt: skip
+    return [
+        "--trainer.model",
+        str(model),
+        "--data.train",
+        str(problems),
+        "--trainer.output_dir",
+        str(run_dir),
+        "--trainer.prompts_per_step",
+        str(prompts_per_step),
+        "--algo.group_size",
+        "2",
+        "--rollout.max_response_tokens",
+        "32",
+        "--sandbox.workers",
+        "1",
+        "--reward.workers",
+        "1",
+        "--trainer.checkpoint_every",
+        "1",
+        "--algo.drop_zero_signal_groups",
+        "false",
+    ]
 
 
-def recipe_config(path: Path, model: Path, problems: Path, run_dir: Path, stages: str,
-                  checkpoint_every: int = 1, refill: bool = True) -> Path:  # fmt: skip
+def recipe_config(
+    path: Path,
+    model: Path,
+    problems: Path,
+    run_dir: Path,
+    stages: str,
+    checkpoint_every: int = 1,
+    refill: bool = True,
+) -> Path:
     """A `codeloop recipe` config at `path`: two samples a group, 16 tokens, one sandbox and one
     verifier worker, over `model` and `problems`; `stages`: its [[recipe.stages]] as TOML."""
     path.write_text(f"""
