@@ -69,13 +69,12 @@ MUTATE_ARGS ?=
 mutate: torch $(VENV)/.installed-dev $(VENV)/.installed-real
 	$(BIN)/python tests/mutate.py --out mutation-report.md $(MUTATE_ARGS)
 
-# On a machine with a GPU (and a CUDA build of torch, TORCH_SPEC): the GPU tests, then the
-# engine against transformers on the card (docs/benchmarks.md), then the real recipe sized for it.
+# On a machine with a GPU (and a CUDA build of torch, TORCH_SPEC): every GPU figure in one run
+# (`codeloop bench gpu`: the GPU tests, the engine against transformers on the card, the real
+# recipe sized for it), its report in docs/results/. BENCH_GPU_ARGS adds options (--dry-run, ...).
+BENCH_GPU_ARGS ?=
 bench-gpu: torch $(VENV)/.installed-dev $(VENV)/.installed-real
-	$(BIN)/python -m pytest -m gpu tests
-	$(BIN)/codeloop bench rollout --device cuda --dtype bfloat16 --requests 256 --gen-tokens 512 \
-	  --max-batch 256 --trajectories 256 --tokens 200 --repeat 2 --profile
-	$(BIN)/codeloop real --gpu
+	$(BIN)/codeloop bench gpu $(BENCH_GPU_ARGS)
 
 # ruff over everything; mypy --strict over the package.
 lint: $(VENV)/.installed-dev

@@ -453,9 +453,47 @@ def bandwidth_bound(
     }
 
 
+# Published shapes measured with random weights (`--model NAME`): the speed of a step does not
+# depend on the weights' values. Their vocabulary is the model's own (151,936); prompts come from
+# SmolLM2's tokenizer (or a trained one), whose ids all lie inside it.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2},
+}  # fmt: skip
+QWEN_VOCAB = 151_936
+
+
+def _shaped(shape: str, args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
+    """A Qwen2.5 model of a published shape (`SHAPES`) with random weights; `--layers` keeps
+    only that many of its layers (a dry run's size)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    dims = {**SHAPES[shape], **({"num_hidden_layers": args.layers} if args.layers else {})}
+    rope = {"rope_theta": 1e6, "rope_type": "default"}
+    config = Qwen2Config(
+        vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_parameters=rope, **dims
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    try:
+        from codeloop.data.pretrained import PretrainedError, smollm2
+
+        fmt = PromptFormat(AutoTokenizer.from_pretrained(str(smollm2())))
+    except PretrainedError:
+        from codeloop.data.tokenizer import train_tokenizer
+
+        fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
+    layers = dims["num_hidden_layers"]
+    return model, fmt, f"{shape} shape, random weights ({layers} layers)"
+
+
 def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
+    if args.model in SHAPES:
+        return _shaped(args.model, args)
     path = "" if args.model == "random" else args.model
     if path == "smollm2":
         from codeloop.data.pretrained import PretrainedError, smollm2
@@ -478,17 +516,18 @@ def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
     from codeloop.data.tokenizer import train_tokenizer
 
     fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
+    hidden, layers = args.hidden or 256, args.layers or 4
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fmt.tokenizer),
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
     )
     model = AutoModelForCausalLM.from_config(config)  # random weights: speed, not quality
-    return model.eval(), fmt, f"random {args.layers} x {args.hidden}"
+    return model.eval(), fmt, f"random {layers} x {hidden}"
 
 
 def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
@@ -552,7 +591,8 @@ def _plain_rows(
     engines: dict[str, Engine] = {
         "continuous": TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
     }
-    if cpu:  # on a GPU the static engine samples row by row: minutes for 256 x 512 tokens
+    # on a GPU the static engine samples row by row: minutes for 256 x 512 tokens
+    if cpu and not args.quick:
         engines["slot_cache"] = TransformersEngine(
             model, fmt.tokenizer, set(), args.max_batch, slot_cache=True
         )
@@ -583,12 +623,47 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
         ratios["continuous / static"] = speed("continuous") / speed("static")
     if "tools_static" in rows:
         ratios["agent: continuous / static"] = speed("tools_overlapped") / speed("tools_static")
-    ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / speed("tools_serialised")
+    if "tools_serialised" in rows:
+        serialised = speed("tools_serialised")
+        ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / serialised
     ratios["agent: overlapped / plain continuous"] = speed("tools_overlapped") / speed("continuous")
     if "tools_joins_at_once" in rows:
         at_once = speed("tools_joins_at_once")
         ratios["agent: joins batched / joins at once"] = speed("tools_overlapped") / at_once
     return ratios
+
+
+def _diagnostics(
+    reference: Any,
+    fmt: PromptFormat,
+    prompts: list[list[int]],
+    sampled: list[Generation],
+    max_batch: int,
+) -> dict[str, Any]:
+    """The logprob gap against float32 scoring, the engine's host work a step, and its host
+    time a step with a model that costs nothing, each printed."""
+    gap = logprob_gap(reference, prompts, sampled, TEMPERATURE)
+    print(
+        f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
+        f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
+        f"{100 * gap['outside_clip']:.2f}% outside the clip range",
+        flush=True,
+    )
+    host = host_work(fmt.tokenizer, max_batch)
+    print(
+        f"  the engine's host work a step at {host['rows']} rows: draws {host['draws_ms']:.2f} "
+        f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
+        f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
+        flush=True,
+    )
+    free = engine_host_ms(fmt.tokenizer)
+    print(
+        f"  the engine's host time a decoding step at {free['rows']} rows of a model that "
+        f"costs nothing: {free['step_ms']:.2f} ms ({free['between_steps_ms']:.2f} ms between "
+        f"steps; {free['steps']:.0f} steps of {free['rows_per_step']:.0f} rows)",
+        flush=True,
+    )
+    return {"logprob_gap": gap, "host_work": host, "host_time": free}
 
 
 def main(argv: list[str]) -> int:
@@ -600,7 +675,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--model",
         default="smollm2",
-        help="a model directory, smollm2 (if installed) or random (--hidden x --layers)",
+        help="a model directory, smollm2 (if installed), random (--hidden x --layers), or a "
+        f"published shape with random weights ({', '.join(SHAPES)})",
     )
     parser.add_argument(
         "--random-weights",
@@ -622,8 +698,17 @@ def main(argv: list[str]) -> int:
         help="plain generation: runs of each row, the last one timed (2 on a "
         "GPU leaves compilation and graph capture out)",
     )
-    parser.add_argument("--hidden", type=int, default=256, help="random model: width")
-    parser.add_argument("--layers", type=int, default=4, help="random model: layers")
+    parser.add_argument("--hidden", type=int, help="random model: width (default 256)")
+    parser.add_argument(
+        "--layers", type=int, help="random model: layers (default 4); a shape: keep this many"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the engine's plain and agent rows beside transformers' baselines: no slot "
+        "cache or static engine on a CPU, no serialised or joins-at-once agent baselines, "
+        "logprob gap, host-work or free-model measurements",
+    )
     parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
     parser.add_argument("--gen-tokens", type=int, default=128, help="plain generation: tokens")
     parser.add_argument("--trajectories", type=int, default=16, help="agent workload: trajectories")
@@ -715,27 +800,7 @@ def main(argv: list[str]) -> int:
         f", generate at {100 * rows['generate']['tokens_per_s'] / bound['tokens_per_s']:.0f}%",
         flush=True,
     )
-    gap = logprob_gap(reference, prompts, sampled, TEMPERATURE)
-    print(
-        f"  the engine's logprobs against float32 scoring of the same {gap['tokens']} tokens: "
-        f"mean |diff| {gap['mean_abs']:.4f}, max {gap['max_abs']:.3f}, "
-        f"{100 * gap['outside_clip']:.2f}% outside the clip range",
-        flush=True,
-    )
-    host = host_work(fmt.tokenizer, args.max_batch)
-    print(
-        f"  the engine's host work a step at {host['rows']} rows: draws {host['draws_ms']:.2f} "
-        f"ms, stop checks {host['stops_ms']:.2f} ms (decoding every row's tail "
-        f"{host['every_tail_ms']:.2f} ms: {host['every_tail_ms'] / host['stops_ms']:.1f}x)",
-        flush=True,
-    )
-    free = engine_host_ms(fmt.tokenizer)
-    print(
-        f"  the engine's host time a decoding step at {free['rows']} rows of a model that "
-        f"costs nothing: {free['step_ms']:.2f} ms ({free['between_steps_ms']:.2f} ms between "
-        f"steps; {free['steps']:.0f} steps of {free['rows_per_step']:.0f} rows)",
-        flush=True,
-    )
+    found = {} if args.quick else _diagnostics(reference, fmt, prompts, sampled, args.max_batch)
     print(
         f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
         f"of {args.tool_s} s on average",
@@ -752,10 +817,11 @@ def main(argv: list[str]) -> int:
         return engine
 
     overlapped = agent_row("tools_overlapped", False)
-    agent_row("tools_serialised", True)
-    if overlapped.join_wait_steps:
+    if not args.quick:
+        agent_row("tools_serialised", True)
+    if overlapped.join_wait_steps and not args.quick:
         agent_row("tools_joins_at_once", False, 0)  # the baseline of batched joins
-    if cpu:
+    if cpu and not args.quick:
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():
             record("tools_static", asyncio.run(_measure_tools(static, fmt, args, False)))
@@ -772,9 +838,7 @@ def main(argv: list[str]) -> int:
         "memory_bound": bound,
         "rows": rows,
         "ratios": ratios,
-        "logprob_gap": gap,
-        "host_work": host,
-        "host_time": free,
+        **found,
     }
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -1,0 +1,146 @@
+"""`codeloop bench gpu`: its dry run end to end on the CPU (the same sequence as on a card, at
+toy sizes), and the pieces that read what each step leaves."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from codeloop.bench.gpu import Step, _pytest_counts, _recipe_figures, _run, markdown
+
+REQUIRED = (
+    "date",
+    "commit",
+    "card",
+    "plain_tokens_per_s",
+    "agent_tokens_per_s",
+    "recipe_minutes",
+    "rl_steps",
+    "dev_difference",
+    "dev_interval95",
+)
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codeloop",
+            "bench",
+            "gpu",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--logs",
+            str(tmp_path / "logs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (report_file,) = tmp_path.glob("gpu-*.json")
+    report = json.loads(report_file.read_text())
+    assert set(REQUIRED) <= set(report)
+    steps = [s["name"] for s in report["steps"]]
+    assert steps == [
+        "gpu tests",
+        "rollout smollm2",
+        "rollout qwen2.5-0.5b",
+        "rollout qwen2.5-1.5b",
+        "recipe",
+    ]
+    assert {s["outcome"] for s in report["steps"]} == {"ok"}
+    assert report["gpu_tests"]["failed"] == 0 and report["gpu_tests"]["passed"] == 0  # no CUDA
+    assert report["plain_tokens_per_s"] > 0 and report["agent_tokens_per_s"] > 0
+    for shape in ("qwen2.5-0.5b", "qwen2.5-1.5b"):
+        assert report["shapes"][shape]["model"].startswith(f"{shape} shape")
+        assert report["shapes"][shape]["over_transformers"] > 0
+    assert report["rl_steps"] == 3  # one step in each of the three stages
+    low, high = report["dev_interval95"]
+    assert low <= report["dev_difference"] <= high and report["dev_problems"] == 2
+    assert report["dev_sft"]["stage"] == "sft" and report["dev_rl"]["stage"] == "stage3-hard"
+    text = report_file.with_suffix(".md").read_text()
+    assert "| RL steps | 3 |" in text and "a dry run at toy sizes" in text
+    assert (tmp_path / "logs" / "recipe.log").is_file()
+
+
+def test_a_step_past_its_time_is_stopped_with_its_children_and_the_next_one_runs(
+    tmp_path: Path,
+) -> None:
+    report: dict = {"steps": []}
+    marker = tmp_path / "child.pid"
+    # a shell whose child sleeps: the whole process group must go
+    slow = Step("slow", ["sh", "-c", f"sleep 60 & echo $! > {marker}; wait"], timeout_s=6)
+    began = time.monotonic()
+    record = _run(slow, tmp_path, time.monotonic() + 60, report)
+    assert record["outcome"] == "out of time (6 s)" and time.monotonic() - began < 20
+    child = int(marker.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+    failing = Step("failing", ["sh", "-c", "echo something broke; exit 3"], timeout_s=30)
+    record = _run(failing, tmp_path, time.monotonic() + 60, report)
+    assert record["outcome"] == "failed (exit 3)" and "something broke" in record["tail"]
+    late = Step("late", ["true"], timeout_s=30)
+    assert _run(late, tmp_path, time.monotonic() + 2, report)["outcome"] == "skipped"
+    assert [s["name"] for s in report["steps"]] == ["slow", "failing", "late"]
+
+
+def test_pytest_counts_are_read_from_its_last_line() -> None:
+    tail = "....\n===== 3 passed, 7 skipped, 1 failed, 1440 deselected in 12.50s =====\n"
+    assert _pytest_counts(tail) == {
+        "passed": 3,
+        "failed": 1,
+        "skipped": 7,
+        "errors": 0,
+        "deselected": 1440,
+    }
+    assert _pytest_counts("1 error in 0.5s")["errors"] == 1
+
+
+def test_the_recipe_figures_pair_the_problems_and_count_rl_steps_only(tmp_path: Path) -> None:
+    sft = {"1": 0.0, "2": 0.5, "3": 1.0}
+    rl = {"1": 1.0, "2": 0.5, "3": 1.0}  # one problem gained a whole sample: +33.3 points
+    points = [
+        {"stage": "sft", "accuracy": 0.5, "accuracy_interval95": [0.1, 0.9], "per_problem": sft},
+        {
+            "stage": "stage1",
+            "accuracy": 2.5 / 3,
+            "accuracy_interval95": [0.5, 1.0],
+            "per_problem": rl,
+        },
+    ]
+    (tmp_path / "summary.json").write_text(json.dumps({"points": points, "minutes": 8.5}))
+    for stage, steps in (("sft", 5), ("1-stage1", 4), ("2-stage2", 2)):
+        (tmp_path / stage).mkdir()
+        lines = [json.dumps({"step": i + 1}) for i in range(steps)]
+        (tmp_path / stage / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    figures = _recipe_figures(tmp_path)
+    assert figures["rl_steps"] == 6  # 4 + 2; SFT's 5 are not RL steps
+    assert figures["recipe_minutes"] == 8.5 and figures["dev_problems"] == 3
+    assert figures["dev_difference"] == pytest.approx(100 / 3)
+    low, high = figures["dev_interval95"]
+    assert 0 <= low <= 100 / 3 <= high <= 100
+    assert figures["dev_sft"] == {"stage": "sft", "pass_at_1": 50.0, "interval95": [10.0, 90.0]}
+    report = {
+        "date": "2026-11-27",
+        "card": "X",
+        "commit": "abc",
+        "command": "c",
+        "minutes": 9,
+        "dry_run": False,
+        "plain_tokens_per_s": 40000.0,
+        "agent_tokens_per_s": None,
+        "shapes": {},
+        "steps": [],
+        **figures,
+    }
+    text = markdown(report)
+    assert "| plain generation, SmolLM2-135M (tokens/s) | 40,000 |" in text
+    assert "| agent workload, SmolLM2-135M (tokens/s) | - |" in text
+    assert f"| after RL - after SFT (points, paired) | +33.3 [{low:+.1f}, {high:+.1f}] |" in text
