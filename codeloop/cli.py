@@ -30,6 +30,7 @@ BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench`
     "scheduler": "rollout scheduler policies on simulated engines",
     "rollout": "trajectories/s of the transformers engine",
     "train": "training tokens/s, peak memory, RL step time split",
+    "ceiling": "what the host can feed a GPU: the recipe's sampling with a zero-cost replay",
     "gpu": "every GPU figure in one run: GPU tests, rollout rows, the GPU recipe; one report",
 }
 
@@ -45,6 +46,8 @@ def _bench(args: argparse.Namespace) -> int:
             from codeloop.bench.rollout import main as run
         case "gpu":
             from codeloop.bench.gpu import main as run
+        case "ceiling":
+            from codeloop.bench.ceiling import main as run
         case _:
             from codeloop.bench.train import main as run
     return run(args.extra)

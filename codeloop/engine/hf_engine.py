@@ -47,7 +47,7 @@ from codeloop.engine.attention import use_decode_attention
 from codeloop.engine.kv_batch import KVBatch, PrefixCache
 from codeloop.engine.model import end_of_turn_ids
 from codeloop.engine.protocol import Generation, SamplingParams
-from codeloop.engine.sampler import SEEDS, sample, uniforms
+from codeloop.engine.sampler import SEEDS, uniforms
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.memory import available_memory, trim_when_above
@@ -446,7 +446,7 @@ class TransformersEngine:
         draws = uniforms(
             torch.tensor([r.seed for r in rows]), torch.tensor([len(r.out_ids) for r in rows])
         )
-        tokens, logprobs = sample(logits, [r.params for r in rows], draws)
+        tokens, logprobs = batch.sample(logits, [r.params for r in rows], draws)
         picked = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer
         for request, token, logprob in zip(rows, map(int, picked[0]), picked[1], strict=True):
             request.out_ids.append(token)

@@ -29,6 +29,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from codeloop.engine.protocol import SamplingParams
+from codeloop.engine.sampler import sample
+
 Forward = Callable[..., torch.Tensor]  # (cache, **inputs) -> last-position logits [B, V]
 
 
@@ -205,6 +208,12 @@ class KVBatch:
             batch.select(index)
             logits = logits[torch.tensor(index, device=logits.device)]
         return batch, logits
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token and its logprob for each row (`sampler.sample`)."""
+        return sample(logits, params, draws)
 
     def decode(self, forward: Forward, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([B]); the next-token logits [B, V]."""

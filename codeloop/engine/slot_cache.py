@@ -41,6 +41,8 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
+from codeloop.engine.protocol import SamplingParams
+from codeloop.engine.sampler import sample
 from codeloop.errors import RunError
 from codeloop.memory import available_memory
 
@@ -321,6 +323,14 @@ class SlotDecoder:
             self.kv[index, 0, slot, :, :length] = keys[:, :length]
             self.kv[index, 1, slot, :, :length] = values[:, :length]
 
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token and its logprob for each row of the logits `decode` or `prefill` returned
+        (`sampler.sample`). A decoder whose step yields its tokens otherwise (the replay of
+        `codeloop bench ceiling`) says how to read them here."""
+        return sample(logits, params, draws)
+
     def move(self, source: int, target: int, length: int) -> None:
         """Copy a slot's first `length` columns to another slot."""
         self.kv[:, :, target, :, :length] = self.kv[:, :, source, :, :length]
@@ -374,6 +384,12 @@ class SlotBatch:
         logits = self.decoder.decode(tokens, self.lengths)
         self.lengths = [length + 1 for length in self.lengths]
         return logits
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], draws: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token and its logprob for each row: the decoder's `sample`."""
+        return self.decoder.sample(logits, params, draws)
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A copy of one row's KV: per layer [KV heads, len, head size]."""
