@@ -521,7 +521,14 @@ def _real(args: argparse.Namespace) -> int:
 
     given = {
         name: getattr(args, name)
-        for name in ("dev", "eval_problems", "eval_samples", "sft_problems", "rl_problems")
+        for name in (
+            "dev",
+            "eval_problems",
+            "eval_samples",
+            "sft_problems",
+            "rl_problems",
+            "trained_samples",
+        )
     }
     given["eval_every_stage"] = args.eval_every_stage or None
     sizes = replace(
@@ -592,6 +599,11 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         ("eval-samples", "samples per scored problem"),
         ("sft-problems", "training problems whose solutions become SFT conversations"),
         ("rl-problems", "training problems after the SFT ones: stage 1 screens them for RL"),
+        (
+            "trained-samples",
+            "fresh samples of each problem RL trained on, scored with the SFT policy and the "
+            "final one (0: none)",
+        ),
     ):
         field = name.replace("-", "_")
         defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu)"

@@ -44,7 +44,7 @@ from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import load_policy
 from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
-from codeloop.intervals import accuracy_text, first_vs_last
+from codeloop.intervals import accuracy_text, compare, first_vs_last, verdict
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.demo import plot
@@ -106,9 +106,12 @@ async def evaluate(
     tools: Any,
     cfg: Config,
     samples: int,
+    *,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Development-split metrics of the policy in `engine` (the run's own) at the `[eval]`
-    sampling settings, with what the engine did (`engine`)."""
+    sampling settings, with what the engine did (`engine`); samples drawn with `seed`
+    (default `trainer.seed`)."""
     # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
     # set): unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation
     # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
@@ -123,7 +126,7 @@ async def evaluate(
         eval_rollout_config(cfg),
         cfg.reward,
         samples,
-        cfg.trainer.seed,
+        cfg.trainer.seed if seed is None else seed,
         "eval",
         cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
         found,
@@ -240,6 +243,12 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             return end - EVAL_MARGIN * longest - FINISH_S
 
         model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
+        # the SFT policy's weights, to score the problems RL trains on before and after it
+        sft_weights = (
+            None
+            if (run_dir / TRAINED_FILE).is_file() or not sizes.trained_samples
+            else {k: v.detach().clone() for k, v in model.state_dict().items()}
+        )
         engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
         await measure("sft")
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
@@ -251,17 +260,21 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if sizes.eval_every_stage:
                 await measure(name)
 
-        last = (
-            await run_recipe(
-                cfg, model, fmt, rl_problems, tools, world, rl_deadline, engine, after_stage
-            )
-        )[-1]
+        stages = await run_recipe(
+            cfg, model, fmt, rl_problems, tools, world, rl_deadline, engine, after_stage
+        )
+        last = stages[-1]
         stopped: dict[str, Any] | None = None
         if "stopped_at" in last:
             stopped = {"stage": last["stage"], "step": last["stopped_at"], "of": last["steps"]}
             if last["stopped_at"]:
                 policy = f"{last['stage']}@{last['stopped_at']}"
         await measure(policy)
+        trained = [p for p in rl_problems if p.id in _trained_ids(stages)]
+        left_s = None if end is None else end - FINISH_S - time.perf_counter()
+        trained_result = await _score_trained(
+            engine, fmt, trained, tools, cfg, sizes, run_dir, (sft_weights, model), left_s, points
+        )
         if stopped is not None:
             print(
                 f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
@@ -278,10 +291,89 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         "points": points,
         "minutes": (time.perf_counter() - start) / 60,
         "stopped": stopped,
+        "trained_problems": trained_result,
     }
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
+
+
+TRAINED_SEED = 1  # added to trainer.seed: samples fresh to the screen's and to RL's
+TRAINED_FILE = "trained.json"
+
+
+def _trained_ids(stages: list[dict[str, Any]]) -> set[str]:
+    """The problems of the stages that ran at least one RL step."""
+    return {
+        pid
+        for stage in stages
+        if stage.get("stopped_at", stage["steps"])
+        for pid in stage.get("problem_ids", [])
+    }
+
+
+async def _score_trained(
+    engine: TransformersEngine,
+    fmt: PromptFormat,
+    trained: list[Problem],
+    tools: Any,
+    cfg: Config,
+    sizes: Sizes,
+    run_dir: Path,
+    policies: tuple[dict[str, Any] | None, Any],
+    left_s: float | None,
+    points: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The problems RL trained on, scored with the SFT policy (`policies`: its weights, or
+    None to read `sft_model/`) and with the final one (the model) on the same fresh samples
+    (`sizes.trained_samples` each, the [eval] settings, seeded apart from the screen and RL):
+    their pass rates and the paired difference, in points (`trained.json`; a rerun reads it).
+    None when RL trained on nothing, or when the time left (`left_s`) cannot hold the two
+    evaluations (a rerun scores them)."""
+    saved = run_dir / TRAINED_FILE
+    if saved.is_file():
+        found: dict[str, Any] = json.loads(saved.read_text())
+        return found
+    if not trained or not sizes.trained_samples:
+        return None
+    dev_share = len(trained) * sizes.trained_samples / (sizes.eval_problems * sizes.eval_samples)
+    needed_s = 2 * EVAL_MARGIN * dev_share * max(p.get("seconds", 0.0) for p in points)
+    if left_s is not None and needed_s > left_s:
+        print(
+            f"trained problems: not scored ({left_s:.0f} s left, about {needed_s:.0f} s "
+            "needed); rerun to score them",
+            flush=True,
+        )
+        return None
+    seed = cfg.trainer.seed + TRAINED_SEED
+    sft, model = policies
+    final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if sft is None:
+        sft = load_policy(str(run_dir / "sft_model"), "float32")[0].state_dict()
+    engine.update_weights(sft)
+    before = await evaluate(engine, fmt, trained, tools, cfg, sizes.trained_samples, seed=seed)
+    engine.update_weights(final)
+    after = await evaluate(engine, fmt, trained, tools, cfg, sizes.trained_samples, seed=seed)
+    paired = compare(before["per_problem"], after["per_problem"])
+    print(
+        f"trained problems ({sizes.trained_samples} fresh samples each): "
+        + verdict(paired, "sft", points[-1]["stage"]),
+        flush=True,
+    )
+    result = {
+        "problems": paired["problems"],
+        "samples": sizes.trained_samples,
+        "before": before["accuracy"],
+        "before_interval95": before["accuracy_interval95"],
+        "after": after["accuracy"],
+        "after_interval95": after["accuracy_interval95"],
+        "difference": 100 * paired["difference"],
+        "interval95": [100 * x for x in paired["interval95"]],
+        "p_value": paired["p_value"],
+        "per_problem": {"before": before["per_problem"], "after": after["per_problem"]},
+    }
+    write_atomic(saved, json.dumps(result, indent=2))
+    return result
 
 
 def _print_point(point: dict[str, Any]) -> None:

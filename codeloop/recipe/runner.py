@@ -116,6 +116,7 @@ async def run_recipe(
                     "index": index,
                     "steps": stage.steps,
                     "problems": len(kept),
+                    "problem_ids": [p.id for p in kept],
                     "stopped_at": run.step_index,
                 }
             )
@@ -129,6 +130,7 @@ async def run_recipe(
             "index": index,
             "steps": stage.steps,
             "problems": len(kept),
+            "problem_ids": [p.id for p in kept],
             "final": final,
         }
         if world.is_main:

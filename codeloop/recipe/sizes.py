@@ -20,11 +20,21 @@ class Sizes:
     eval_every_stage: bool = False
     sft_problems: int = 1200  # training problems whose solutions become SFT conversations
     rl_problems: int = 120  # training problems after those, screened by stage 1 for RL
+    # Fresh samples of each problem RL trained on, scored with the SFT policy and the final one
+    # at the [eval] settings: the direct check that RL moved the policy where it trained.
+    trained_samples: int = 8
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
 
 
 CPU_CONFIG = "configs/gsm8k_smollm2.toml"  # the package's own (config.config_path)
 GPU_CONFIG = "configs/gsm8k_smollm2_gpu.toml"
 # one GPU: SFT on the training split but the RL problems, 500 x 4 development scores
-GPU_SIZES = Sizes(dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=600)
+GPU_SIZES = Sizes(
+    dev=500,
+    eval_problems=500,
+    eval_samples=4,
+    sft_problems=5973,
+    rl_problems=600,
+    trained_samples=4,
+)
 GPU_MINUTES = 9.0  # the GPU recipe's time limit (`codeloop real --time-limit`)

@@ -108,8 +108,25 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
         assert (run_dir / name / "tokenizer.json").is_file()
     assert json.loads((run_dir / "summary.json").read_text())["points"] == summary["points"]
     assert (run_dir / "curves.png").stat().st_size > 1000
+    # the problems RL trained on (each stage's list), scored before and after RL, paired
+    stage_ids = [
+        json.loads((run_dir / d / "stage.json").read_text())["problem_ids"]
+        for d in ("1-stage1-short", "2-stage2-long", "3-stage3-hard")
+    ]
+    trained = summary["trained_problems"]
+    assert trained["problems"] == len(set().union(*stage_ids)) > 0
+    assert set(trained["per_problem"]["before"]) == set().union(*stage_ids)
+    before = trained["per_problem"]["before"]
+    after = trained["per_problem"]["after"]
+    assert trained["difference"] == pytest.approx(
+        100 * sum(after[i] - before[i] for i in before) / len(before)
+    )
+    low, high = trained["interval95"]
+    assert low <= trained["difference"] <= high and trained["samples"] == TINY.trained_samples
+    assert all(8 * v == round(8 * v) for v in [*before.values(), *after.values()])  # k = 8
     again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done: skipped
     assert again["points"] == summary["points"]
+    assert again["trained_problems"] == trained  # read back, not sampled again
 
 
 def test_one_engine_serves_the_whole_run_and_no_finished_stage_is_loaded_again(
@@ -274,7 +291,12 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     (gpu_config, overrides, gpu), (cpu_config, _, cpu) = calls[:2]
     assert gpu_config == "configs/gsm8k_smollm2_gpu.toml" and overrides == ["--trainer.seed", "3"]
     assert gpu == Sizes(
-        dev=500, eval_problems=500, eval_samples=4, sft_problems=5973, rl_problems=300
+        dev=500,
+        eval_problems=500,
+        eval_samples=4,
+        sft_problems=5973,
+        rl_problems=300,
+        trained_samples=4,
     )
     assert cpu_config == "configs/gsm8k_smollm2.toml" and cpu == Sizes()
     # the GPU recipe's SFT and RL problems fit in GSM8K's 7,473 outside the development split
