@@ -15,10 +15,11 @@ the next one runs. The report, `gpu-DATE-COMMIT.json` and `.md` in `--out` (docs
 default, where the JSON is kept beside docs/benchmarks.md), holds the date, the commit, the card,
 each step's outcome and seconds, and the figures: `plain_tokens_per_s`, `agent_tokens_per_s`
 (SmolLM2), the shapes' ratios to transformers' best, `recipe_minutes`, `rl_steps`, the
-development pass@1 after SFT and after RL with their intervals, and `dev_difference` and
-`dev_interval95` (after RL minus after SFT, paired over problems, in points). Each step's whole
-output, and the files it wrote (the recipe's run among them), are in `--logs`
-(bench-results/gpu).
+development pass@1 after SFT and after RL with their intervals, `dev_difference` and
+`dev_interval95` (after RL minus after SFT, paired over problems, in points), and the same
+paired difference on the problems RL trained on (`trained_difference`, `trained_interval95`).
+Each step's whole output, and the files it wrote (the recipe's run among them), are in
+`--logs` (bench-results/gpu).
 
 `--dry-run` runs the same sequence on the CPU at toy sizes (a random model, a few requests, the
 shapes cut to one layer, the recipe on a tiny model for one step a stage), so the command is
@@ -351,6 +352,13 @@ def _recipe_figures(run_dir: Path) -> dict[str, Any]:
         dev_difference=None,
         dev_interval95=None,
     )
+    trained = summary.get("trained_problems")
+    if trained:
+        figures.update(
+            trained_problems=trained["problems"],
+            trained_difference=trained["difference"],
+            trained_interval95=trained["interval95"],
+        )
     if len(points) > 1:
         paired = compare(first["per_problem"], last["per_problem"])
         figures.update(
@@ -454,6 +462,14 @@ def markdown(report: dict[str, Any]) -> str:
             "-"
             if interval is None
             else f"{report['dev_difference']:+.1f} [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+        )
+        + " |",
+        "| trained problems: after RL - after SFT (points, paired) | "
+        + (
+            "-"
+            if report.get("trained_interval95") is None
+            else f"{report['trained_difference']:+.1f} [{report['trained_interval95'][0]:+.1f}, "
+            f"{report['trained_interval95'][1]:+.1f}] over {report['trained_problems']} problems"
         )
         + " |",
         "",

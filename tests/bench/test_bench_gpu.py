@@ -65,6 +65,8 @@ def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path: Path) -> No
     low, high = report["dev_interval95"]
     assert low <= report["dev_difference"] <= high and report["dev_problems"] == 2
     assert report["dev_sft"]["stage"] == "sft" and report["dev_rl"]["stage"] == "stage3-hard"
+    low, high = report["trained_interval95"]
+    assert low <= report["trained_difference"] <= high and report["trained_problems"] > 0
     text = report_file.with_suffix(".md").read_text()
     assert "| RL steps | 3 |" in text and "a dry run at toy sizes" in text
     assert (tmp_path / "logs" / "recipe.log").is_file()
