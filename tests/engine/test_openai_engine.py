@@ -13,7 +13,12 @@ import torch
 from fake_http import serve
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from codeloop.engine.openai_engine import EngineError, OpenAIEngine, ServerUnavailable
+from codeloop.engine.openai_engine import (
+    EngineError,
+    OpenAIEngine,
+    ServerUnavailable,
+    check_reachable,
+)
 from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
@@ -343,5 +348,29 @@ def test_a_server_that_is_not_there_cannot_serve_now() -> None:
                 await engine.served_version()
         finally:
             await engine.close()
+
+    asyncio.run(main())
+
+
+def test_every_endpoint_is_checked_before_an_evaluation_starts() -> None:
+    """`codeloop eval --endpoint A --endpoint B` with B down says so at once, naming B."""
+    from aiohttp import web
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def main() -> None:
+        runner, up = await serve({("GET", "/health"): health})
+        try:
+            await check_reachable([up, up])  # both answer: nothing raised
+            for urls in ([up, down], [down, up]):
+                with pytest.raises(EngineError, match=f"cannot reach the server at {down}"):
+                    await check_reachable(urls)
+        finally:
+            await runner.cleanup()
 
     asyncio.run(main())
