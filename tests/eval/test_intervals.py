@@ -119,3 +119,14 @@ def test_resampling_is_done_in_blocks_that_add_up_to_every_resample() -> None:
         assert sum(blocks) == RESAMPLES and min(blocks) >= 1
         assert max(blocks) * problems <= max(2_000_000, problems)  # at most ~2M values at once
     assert _blocks(100) == [RESAMPLES]  # small benchmarks: one matrix, as drawn before
+
+
+def test_the_p_value_counts_the_observed_pattern_among_the_resamples() -> None:
+    """A sign-flip p-value is (hits + 1) / (resamples + 1): the observed signs are one of the
+    patterns. With 20 problems all gaining, no resample of 10,000 flips every sign alike (2 in
+    2^20), so p is exactly 1 / 10,001, never 0."""
+    from codeloop.intervals import RESAMPLES
+
+    a = {f"p{i}": 0.0 for i in range(20)}
+    b = {f"p{i}": 1.0 for i in range(20)}
+    assert compare(a, b)["p_value"] == 1 / (RESAMPLES + 1)

@@ -391,3 +391,46 @@ def test_a_gated_engine_declares_what_the_engine_behind_it_declares() -> None:
     # the scheduler reads each one's capacity (no limit where an engine has none)
     scheduler = Scheduler.for_rollout([plain, local, served], RolloutConfig(), sharing=2)
     assert [s.capacity_tokens for s in scheduler.slots] == [1 << 40, 150, 250]
+
+
+class _NoRollout:
+    """What a `Producer` keeps of a run's rollout side, for a producer that never samples."""
+
+    verifier = None
+    engines: list[Any] = []
+
+    def agent(self, batch_size: int, engines: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("max_staleness", "ahead"), [(0, 4), (1, 8), (2, 12)])
+def test_the_producer_runs_ahead_by_at_most_the_staleness_bound(
+    max_staleness: int, ahead: int
+) -> None:
+    """With weights of version 2 and 4 groups a step (two steps taken), groups may start for
+    the step those weights train next and `max_staleness` steps after it: 4 x (1 + bound)."""
+    from codeloop.config import Config
+    from codeloop.trainer.async_rl import Producer
+    from codeloop.trainer.state import RunState
+
+    cfg = Config()
+    cfg.trainer.prompts_per_step, cfg.trainer.max_staleness = 4, max_staleness
+    producer = Producer(
+        cfg,
+        World(),
+        RunState(),
+        lambda position: Problem(f"p{position}", "What is 1 + 1?", "2"),
+        _NoRollout(),  # type: ignore[arg-type]
+        2,
+        lambda trajectory: None,
+    )
+    started = 0
+    while producer._may_start():
+        producer.outstanding += 1
+        started += 1
+    assert producer.taken == 8 and started == ahead
+    producer.take(4)  # a step took 4 finished groups, which left the pipeline
+    producer.outstanding -= 4
+    assert not producer._may_start()  # none more may start before new weights
+    producer.publish(3)  # they came
+    assert producer._may_start()

@@ -87,3 +87,23 @@ def test_eval_every_without_eval_data_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "held.jsonl").write_text('{"id": "a", "problem": "1 + 1?", "answer": "2"}\n')
     assert [p.id for p in HeldOut.from_config(cfg).problems] == ["a"]
     assert HeldOut.from_config(_cfg(0)).problems == []
+
+
+def test_every_ranks_failures_and_problems_are_summed(
+    trainer_fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun each rank scores its share; the log sums the failures of all ranks (here
+    a second rank's share, scored elsewhere, is what all_gather brings back beside this one's)."""
+    from codeloop.trainer import held_out
+
+    other_rank = ({"q10": 1.0, "q11": 0.0}, 3)
+    monkeypatch.setattr(held_out, "all_gather", lambda mine, world: [mine, other_rank])
+    problems = [Problem(f"q{a}", f"What is {a} + 1?", str(a + 1)) for a in range(6)]
+    side = _Side(_Answers(trainer_fmt), trainer_fmt)
+    try:
+        metrics = asyncio.run(HeldOut(_cfg(2), problems).score(side, World()))  # type: ignore[arg-type]
+    finally:
+        side.verifier.close()
+    assert metrics["eval/infrastructure_failures"] == 2 + 3  # q5's two samples, and the other's
+    assert metrics["eval/problems"] == 5 + 2
+    assert metrics["eval/pass@1"] == pytest.approx((3 + 1) / 7)
