@@ -165,6 +165,12 @@ class RolloutConfig:
         "restarting, or being brought up to the current weights) before its trajectory fails.",
         gt=0,
     )
+    server_silent_s: float = knob(
+        5.0,
+        "Seconds an inference server's host may stay silent (data unacknowledged, keep-alive "
+        "probes unanswered; Linux) before its requests are taken as lost and sent elsewhere.",
+        gt=0,
+    )
     max_turns: int = knob(30, "Assistant turns at most per trajectory.", ge=1)
     max_response_tokens: int = knob(
         8192, "Response budget, model and tool tokens together (report stage 1: 8K).", ge=1

@@ -105,24 +105,3 @@ def verdict(result: Mapping[str, Any], a_name: str = "A", b_name: str = "B") -> 
     if shown and high < 0:
         return f"{b_name} is worse than {a_name}: {points}"
     return f"no difference shown between {a_name} and {b_name} (inside the noise): {points}"
-
-
-def accuracy_text(point: Mapping[str, Any]) -> str:
-    """A recipe point's accuracy with its interval (`12.5% [9.0, 16.5]`), or without it for a
-    point that a run of an older version wrote."""
-    bounds = point.get("accuracy_interval95")
-    return percent(point["accuracy"], bounds) if bounds else f"{100 * point['accuracy']:.1f}%"
-
-
-def first_vs_last(points: Sequence[Mapping[str, Any]], what: str) -> str:
-    """The sentence that ends a recipe: its last point against its first (SFT), paired over the
-    problems both scored, or why it cannot be said."""
-    first, last = points[0], points[-1]
-    if len(points) < 2:
-        return f"{what}: only the {first['stage']} point so far"
-    if "per_problem" not in first or "per_problem" not in last:
-        return f"{what}: no per-problem scores in these points (written by an older codeloop)"
-    result = compare(first["per_problem"], last["per_problem"])
-    return f"{what}, {last['stage']} against {first['stage']}: " + verdict(
-        result, first["stage"], last["stage"]
-    )

@@ -188,13 +188,13 @@ class Cluster:
         self.close()
 
 
-def wait_healthy(url: str, deadline_s: float = 120, route: str = "/healthz") -> None:
-    """Wait until `url`'s `route` answers (a server started on a host: a sandbox server's
-    `/healthz`, `codeloop serve`'s `/health`)."""
+def wait_healthy(url: str, deadline_s: float = 120) -> None:
+    """Wait until `url`'s `/health` answers (a server started on a host: a sandbox server or
+    `codeloop serve`)."""
     end = time.monotonic() + deadline_s
     while True:
         try:
-            urllib.request.urlopen(url + route, timeout=2)
+            urllib.request.urlopen(url + "/health", timeout=2)
             return
         except OSError:
             if time.monotonic() > end:

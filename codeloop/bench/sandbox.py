@@ -189,7 +189,7 @@ async def _wait_healthy(client_url: str, process: subprocess.Popen[bytes]) -> No
             if process.poll() is not None:
                 raise RuntimeError("the sandbox server exited during start-up")
             try:
-                async with session.get(f"{client_url}/healthz") as response:
+                async with session.get(f"{client_url}/health") as response:
                     if response.status == 200:
                         return
             except aiohttp.ClientError:

@@ -25,7 +25,7 @@ scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a us
 `vllm:cache_config_info` num_gpu_blocks x block_size). Those vLLM/SGLang gauge names are from
 their docs, not checked against a live server.
 
-A server that cannot serve now (refused, silent for `SILENT_S`, cut off mid-answer, a 5xx, or
+A server that cannot serve now (refused, silent for `silent_s`, cut off mid-answer, a 5xx, or
 a 409 for other weights) raises `ServerUnavailable`, which the scheduler retries elsewhere or
 later; other failures (a 4xx, an unreadable answer) raise `EngineError`.
 """
@@ -52,7 +52,6 @@ _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
     "sglang": ("/update_weights_from_disk", "model_path"),
 }
 _VLLM_RELOAD = ("/collective_rpc", {"method": "reload_weights"})
-SILENT_S = 5.0  # a server host silent this long (no TCP acknowledgement) is taken as gone
 
 
 class EngineError(CodeloopError, RuntimeError):
@@ -72,19 +71,23 @@ class OpenAIEngine:
         backend: Backend = "codeloop",
         timeout_s: float = 3600.0,
         kv_capacity_tokens: int = 0,
+        silent_s: float = 5.0,
     ) -> None:
+        """`silent_s`: a server host silent this long (no TCP acknowledgement) is taken as gone
+        (`rollout.server_silent_s`)."""
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.backend = backend
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=SILENT_S)
+        self.silent_s = silent_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=silent_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = watched_connector(SILENT_S)
+            connector = watched_connector(self.silent_s)
             self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
         return self._session
 
@@ -152,7 +155,7 @@ class OpenAIEngine:
 
     async def served_version(self) -> int | None:
         """The weights version a `codeloop serve` holds (None: those it was started with)."""
-        quick = aiohttp.ClientTimeout(total=SILENT_S)
+        quick = aiohttp.ClientTimeout(total=self.silent_s)
         answer = await self._request("GET", "/health", timeout=quick)
         version = answer.get("version")
         return None if version is None else int(version)
@@ -199,7 +202,13 @@ async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
 def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIEngine]:
     """One engine per server URL, of the kind `rollout.server` names, serving `model`."""
     return [
-        OpenAIEngine(url, model, cfg.server, kv_capacity_tokens=cfg.kv_capacity_tokens)
+        OpenAIEngine(
+            url,
+            model,
+            cfg.server,
+            kv_capacity_tokens=cfg.kv_capacity_tokens,
+            silent_s=cfg.server_silent_s,
+        )
         for url in urls
     ]
 

@@ -38,7 +38,8 @@ from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import tiny_model
 from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
-from codeloop.intervals import accuracy_text, first_vs_last
+from codeloop.recipe.plot import plot
+from codeloop.recipe.points import accuracy_text, first_vs_last
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
@@ -274,35 +275,6 @@ def _print_point(point: dict[str, Any]) -> None:
         f"tool errors among correct {errors:.1f}%",
         flush=True,
     )
-
-
-def plot(points: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stages = [p["stage"] for p in points]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for ax, key, title in zip(
-        axes,
-        ("accuracy", "response_tokens", "tool_error_ratio_correct"),
-        ("held-out accuracy", "mean response tokens", "tool-error ratio among correct"),
-        strict=True,
-    ):
-        values = [p[key] for p in points]
-        bounds = [p.get(key + "_interval95") for p in points]
-        if all(bounds):  # the 95% interval as error bars
-            below = [v - b[0] for v, b in zip(values, bounds, strict=True)]  # type: ignore[index]
-            above = [b[1] - v for v, b in zip(values, bounds, strict=True)]  # type: ignore[index]
-            ax.errorbar(stages, values, yerr=[below, above], marker="o", capsize=4)
-        else:
-            ax.plot(stages, values, marker="o")
-        ax.set_title(title + (" (95% interval)" if all(bounds) else ""))
-        ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 VARIANTS = {

@@ -44,10 +44,11 @@ from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import load_policy
 from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
-from codeloop.intervals import accuracy_text, compare, first_vs_last, verdict
+from codeloop.intervals import compare, verdict
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
-from codeloop.recipe.demo import plot
+from codeloop.recipe.plot import plot
+from codeloop.recipe.points import accuracy_text, first_vs_last
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.prompt import PromptFormat

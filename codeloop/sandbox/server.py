@@ -2,7 +2,7 @@
 
 Endpoints: `POST /v1/execute` (one request object), `POST /v1/execute/batch` (a JSON list of
 request objects; results come back as a list in the same order), `POST /v1/sessions/close`
-(`{"session_id": ...}`: end a stateful session now), `GET /healthz`,
+(`{"session_id": ...}`: end a stateful session now), `GET /health`,
 `GET /metrics` (Prometheus text). A malformed body or a request outside the server's limits is
 a 400 with a message; when more than `max_queue` calls wait, new calls get 429 with
 Retry-After; while shutting down, 503. On SIGTERM/SIGINT the server stops listening, answers
@@ -105,7 +105,7 @@ class SandboxServer:
             return _error(400, 'body must be {"session_id": "..."}')
         return web.json_response({"closed": await self.pool.close_session(body["session_id"])})
 
-    async def healthz(self, request: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
         alive = sum(w.alive for w in self.pool.workers)
         body = {
             "ok": alive > 0 and not self.shutting_down,
@@ -150,7 +150,7 @@ def build_app(server: SandboxServer) -> web.Application:
             web.post("/v1/execute", server.execute),
             web.post("/v1/execute/batch", server.execute_batch),
             web.post("/v1/sessions/close", server.close_session),
-            web.get("/healthz", server.healthz),
+            web.get("/health", server.health),
             web.get("/metrics", server.metrics),
         ]
     )

@@ -374,3 +374,11 @@ def test_every_endpoint_is_checked_before_an_evaluation_starts() -> None:
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_the_silent_peer_limit_is_a_setting() -> None:
+    from codeloop.config import RolloutConfig
+    from codeloop.engine.openai_engine import servers
+
+    (engine,) = servers(["http://127.0.0.1:1"], RolloutConfig(server_silent_s=2.5), "m")
+    assert engine.silent_s == 2.5 and engine.timeout.sock_connect == 2.5

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codeloop.intervals import compare, first_vs_last, interval, verdict
+from codeloop.intervals import compare, interval, verdict
+from codeloop.recipe.points import first_vs_last
 
 
 def test_the_interval_of_equal_scores_is_that_score() -> None:

@@ -48,7 +48,7 @@ class Server:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stdout.read()  # type: ignore[union-attr]
             try:
-                if self.get("/healthz")[0] == 200:
+                if self.get("/health")[0] == 200:
                     return
             except OSError:
                 time.sleep(0.1)
@@ -98,8 +98,8 @@ def server() -> Iterator[Server]:
     srv.stop()
 
 
-def test_healthz_reports_isolation(server: Server) -> None:
-    status, body, _ = server.get("/healthz")
+def test_health_reports_isolation(server: Server) -> None:
+    status, body, _ = server.get("/health")
     assert status == 200 and body["ok"] and body["workers_alive"] == 1
     assert "network_namespace" in body["isolation"]["active"] + list(body["isolation"]["missing"])
 
@@ -231,12 +231,12 @@ def test_graceful_shutdown_answers_calls_in_flight() -> None:
     call.join(10)
     assert answers and answers[0][0] == 200 and answers[0][1]["stdout"] == "finished\n"
     with pytest.raises(OSError):
-        srv.get("/healthz")
+        srv.get("/health")
 
 
 def test_require_isolation_starts_on_a_capable_host() -> None:
     srv = Server("--require-isolation")
-    assert srv.get("/healthz")[1]["isolation"]["missing"] == {}
+    assert srv.get("/health")[1]["isolation"]["missing"] == {}
     assert srv.stop() == 0
 
 

@@ -135,7 +135,7 @@ class ClusterRun:
         for url in self.sandbox_urls():
             wait_healthy(url)
         for url in self.inference_urls():
-            wait_healthy(url, route="/health")
+            wait_healthy(url)
 
     def start_trainers(self, again: bool = False, unshared: bool = False) -> None:
         """Both trainer nodes; `again`: their logs apart from the first start's; `unshared`:
@@ -400,7 +400,7 @@ def test_an_inference_server_killed_and_restarted_mid_step(cluster_run: ClusterR
     run.cluster.kill(run.layout.inference[0])
     time.sleep(1)
     run.start_inference(0)  # the weights it starts with are the first step's, not the run's
-    wait_healthy(victim, route="/health")
+    wait_healthy(victim)
     run.check_finished()
     health = json.loads(urllib.request.urlopen(victim + "/health", timeout=5).read())
     assert health["version"] == run.steps  # brought up to date, and kept so
