@@ -135,6 +135,9 @@ class ReplayDecoder(SlotDecoder):
     def ensure_columns(self, needed: int) -> None:
         self.columns = max(self.columns, needed)
 
+    def refresh(self) -> None:
+        pass  # no weights
+
     def prefill(
         self, prompts: Sequence[Sequence[int]], slots: list[int], cached: list[int], pad_id: int
     ) -> torch.Tensor:

@@ -378,6 +378,8 @@ class TransformersEngine:
                 if name not in targets:
                     raise KeyError(f"update_weights: the model has no parameter {name!r}")
                 targets[name].copy_(tensor)
+            if self.slots is not None:
+                self.slots.refresh()  # its merged projections
 
     @torch.no_grad()
     def _step(self, joining: list[_Request]) -> list[_Request]:

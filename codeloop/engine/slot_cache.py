@@ -13,9 +13,13 @@ captured as a CUDA graph and replayed in one launch:
   nothing until the row writes it (the cache is zeroed when made, and what it holds after is
   the model's own finite output). Columns grow (doubling, from `MIN_COLUMNS`) when a request
   needs more; the graphs are captured again after.
-- The forward uses the model's own modules (embedding, norms, projections, MLP, output layer)
-  and its rotary tables, so new weights copied in place (`update_weights`) are what the next
-  step, replayed graphs included, computes with. Attention packs the query heads of each KV
+- The forward uses the model's own modules and weights (embedding, norms, output projection,
+  MLP down projection, output layer) and its rotary tables, with fewer operations a layer: q, k
+  and v in one matrix product, gate and up in another (merged copies of their weights, which
+  `refresh` updates in place after `update_weights`: the replayed graphs read them; they take
+  as much memory again as those projections), RMSNorm as `torch.nn.functional.rms_norm`,
+  rotary as a roll with the sign folded into the sine table (the same values as transformers'
+  `apply_rotary_pos_emb`), and the attention mask made once a step for every layer. Attention packs the query heads of each KV
   head together ([rows, KV heads, group x queries, head size]) and calls SDPA with a mask
   (`column <= position`), reading the first `width` columns: the smallest power of two (at
   least `MIN_WIDTH`) past every row's position.
@@ -38,7 +42,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 from codeloop.engine.protocol import SamplingParams
@@ -120,7 +123,40 @@ class SlotDecoder:
         self.captures = 0  # graphs captured since made (growth drops the held ones)
         self._pool: Any = None
         self.ladder = ladder(rows)
+        # q, k and v merged into one matrix a layer, gate and up into another: two matrix
+        # products instead of five. Copies of the model's weights, refreshed in place
+        # (`refresh`) when new weights arrive, since the captured graphs read them.
+        self.qkv = [self._qkv_weight(layer) for layer in self.layers]
+        self.qkv_bias = [self._qkv_bias(layer) for layer in self.layers]
+        self.gate_up = [self._gate_up_weight(layer) for layer in self.layers]
+        self.split = [self.heads * self.head_dim, *2 * [self.kv_heads * self.head_dim]]
         self.ensure_columns(MIN_COLUMNS)
+
+    @staticmethod
+    def _qkv_weight(layer: Any) -> torch.Tensor:
+        attn = layer.self_attn
+        return torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+
+    @staticmethod
+    def _qkv_bias(layer: Any) -> torch.Tensor | None:
+        attn = layer.self_attn
+        if attn.q_proj.bias is None:
+            return None
+        return torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+
+    @staticmethod
+    def _gate_up_weight(layer: Any) -> torch.Tensor:
+        return torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).detach()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the model's current weights into the merged projections, in place."""
+        for index, layer in enumerate(self.layers):
+            self.qkv[index].copy_(self._qkv_weight(layer))
+            bias = self.qkv_bias[index]
+            if bias is not None:
+                bias.copy_(self._qkv_bias(layer))  # type: ignore[arg-type]
+            self.gate_up[index].copy_(self._gate_up_weight(layer))
 
     def ensure_columns(self, needed: int) -> None:
         """Room for positions 0..needed-1 in every slot (the cache grows by doubling; the
@@ -140,7 +176,9 @@ class SlotDecoder:
         positions = torch.arange(columns, device=self.device).unsqueeze(0)  # [1, columns]
         probe = torch.empty(1, device=self.device, dtype=self.dtype)
         cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, columns, head_dim]
-        self.cos, self.sin = cos[0], sin[0]
+        # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * sin_signed
+        half = sin.shape[-1] // 2
+        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         # the old graphs go with their memory pool: a pool whose graphs are all freed cannot
         # take new captures (the caching allocator asserts `use_count > 0`)
         self._graphs.clear()
@@ -189,17 +227,22 @@ class SlotDecoder:
         cos, sin = self.cos[positions], self.sin[positions]  # [n, T, head_dim]
         columns = torch.arange(width, device=tokens.device)
         attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
-        mask = attend[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
+        # an additive mask made once for every layer (a boolean one is converted in each)
+        blocked = torch.zeros(attend.shape, dtype=self.dtype, device=tokens.device)
+        blocked.masked_fill_(~attend, float("-inf"))
+        mask = blocked[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
         where = slots.unsqueeze(1).expand(n, t)  # [n, T]
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
+            h = _rms_norm(layer.input_layernorm, x)
+            qkv = torch.nn.functional.linear(h, self.qkv[index], self.qkv_bias[index])
+            q, k, v = qkv.split(self.split, dim=-1)  # [n, T, heads x D], [n, T, KVH x D] x 2
+            q = q.view(n, t, self.heads, self.head_dim)
+            k = k.view(n, t, self.kv_heads, self.head_dim)
+            v = v.view(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)  # [n, T, heads, D]
+                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
+            q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)  # [n, T, heads, D]
             keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
             keys[where, :, positions] = k
             values[where, :, positions] = v
@@ -217,10 +260,12 @@ class SlotDecoder:
             )  # [n, KVH, G * T, D]
             out = out.view(n, self.kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
             x = x + attn.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            h = _rms_norm(layer.post_attention_layernorm, x)
+            gate, up = torch.nn.functional.linear(h, self.gate_up[index]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         rows = torch.arange(n, device=tokens.device)
         x = x[rows, last] if last is not None else x[:, -1]  # [n, hidden]
-        logits: torch.Tensor = self.model.lm_head(self.model.model.norm(x)).float()
+        logits: torch.Tensor = self.model.lm_head(_rms_norm(self.model.model.norm, x)).float()
         return logits
 
     def decode(self, tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
@@ -334,6 +379,22 @@ class SlotDecoder:
     def move(self, source: int, target: int, length: int) -> None:
         """Copy a slot's first `length` columns to another slot."""
         self.kv[:, :, target, :, :length] = self.kv[:, :, source, :, :length]
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """transformers' `apply_rotary_pos_emb` of x ([n, T, heads, D]) at the positions of cos and
+    sin ([n, T, D]), with rotate_half's negation folded into `sin_signed`: a roll instead of two
+    slices, a negation and a concatenation, to the same values."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    return x * cos.unsqueeze(2) + rolled * sin_signed.unsqueeze(2)
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """`norm` (a Llama-family RMSNorm: its weight and `variance_epsilon`) of `x`, computed in
+    float32 as transformers does, in one normalising op instead of five."""
+    normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    scaled: torch.Tensor = norm.weight * normed.to(x.dtype)
+    return scaled
 
 
 class SlotBatch:

@@ -271,3 +271,90 @@ def test_a_cache_that_cannot_fit_is_refused_with_its_sizes(monkeypatch: pytest.M
         "bytes a token) and the machine has 3.0 MiB free"
     )
     assert decoder.columns == 2048  # what it held is kept
+
+
+@pytest.mark.parametrize(
+    "config",
+    [LlamaConfig(**SMALL), Qwen2Config(**SMALL), Qwen3Config(head_dim=16, **SMALL)],
+    ids=["llama", "qwen2_bias", "qwen3_qk_norm"],
+)
+def test_the_merged_forward_in_bfloat16_matches_transformers(config: Any) -> None:
+    """Merged projections and the one-op RMSNorm round like transformers' own bfloat16
+    forward: the same greedy tokens, logits within bfloat16's resolution."""
+    model = _model(config).to(torch.bfloat16)
+    decoder = SlotDecoder(model, rows=4)
+    prompts = [[1, 2, 3, 4, 5], list(range(20, 60))]
+    batch, logits = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 64)
+    for prompt, row in zip(prompts, logits, strict=True):
+        expected = _last_logits(model, prompt)
+        torch.testing.assert_close(row, expected, atol=0.05, rtol=0.02)
+        assert int(row.argmax()) == int(expected.argmax())
+    tokens = [int(row.argmax()) for row in logits]
+    logits = batch.decode(None, torch.tensor(tokens))
+    for prompt, token, row in zip(prompts, tokens, logits, strict=True):
+        expected = _last_logits(model, [*prompt, token])
+        torch.testing.assert_close(row, expected, atol=0.05, rtol=0.02)
+
+
+def test_new_weights_reach_the_merged_projections(fmt: PromptFormat) -> None:
+    """`update_weights` copies into the model and then into the decoder's merged q/k/v and
+    gate/up matrices: the next tokens are the new weights' (the slots run eagerly here)."""
+    config = LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})
+    engine = TransformersEngine(_model(config), fmt.tokenizer, set(), slot_cache=True)
+    prompt = fmt.encode("What is 2 + 3?")
+    greedy = SamplingParams(12, temperature=0)
+    asyncio.run(engine.generate(prompt, greedy))
+    other = _model(config)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(3.0)
+    engine.update_weights(other.state_dict())
+    assert asyncio.run(engine.generate(prompt, greedy)).token_ids == _greedy(other, prompt, 12)
+
+
+# ops that only re-describe a tensor (no kernel on a GPU)
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "slice",
+    "select",
+    "unsqueeze",
+    "permute",
+    "expand",
+    "split",
+    "split_with_sizes",
+    "lift_fresh",
+    "alias",
+    "detach",
+}
+
+
+def test_a_decoding_step_stays_within_its_operation_count() -> None:
+    """The operations of one decoding step a layer, views aside, counted as torch dispatches
+    them on a CPU (where RMSNorm still runs as its parts): four matrix products (merged q/k/v,
+    output, merged gate/up, down), rotary as a roll and two products a tensor, the attention
+    mask made once for all layers; 31 operations in all (39 with separate projections,
+    transformers' rotary and a boolean mask). More mean a fusion was undone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def per_layer(layers: int) -> list[str]:
+        decoder = SlotDecoder(_model(LlamaConfig(**{**SMALL, "num_hidden_layers": layers})), 8)
+        SlotBatch.prefill(decoder, [[1, 2, 3], [4, 5]], PrefixCache(0), 0, 0, 64)
+        with torch.no_grad(), Count() as counted:
+            decoder.forward(torch.tensor([[3], [4]]), torch.tensor([[3], [2]]), None, 128)
+        return [op for op in counted.ops if op not in VIEWS]
+
+    one, three = per_layer(1), per_layer(3)
+    layer = {op: (three.count(op) - one.count(op)) // 2 for op in set(three)}
+    assert layer["mm"] == 4
+    assert sum(layer.values()) <= 31, layer
