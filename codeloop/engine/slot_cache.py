@@ -19,10 +19,10 @@ captured as a CUDA graph and replayed in one launch:
   `refresh` updates in place after `update_weights`: the replayed graphs read them; they take
   as much memory again as those projections), RMSNorm as `torch.nn.functional.rms_norm`,
   rotary as a roll with the sign folded into the sine table (the same values as transformers'
-  `apply_rotary_pos_emb`), and the attention mask made once a step for every layer. Attention packs the query heads of each KV
-  head together ([rows, KV heads, group x queries, head size]) and calls SDPA with a mask
-  (`column <= position`), reading the first `width` columns: the smallest power of two (at
-  least `MIN_WIDTH`) past every row's position.
+  `apply_rotary_pos_emb`), and the attention mask made once a step for every layer.
+  Attention packs the query heads of each KV head together ([rows, KV heads, group x queries,
+  head size]) and calls SDPA with a mask (`column <= position`), reading the first `width`
+  columns: the smallest power of two (at least `MIN_WIDTH`) past every row's position.
 - On CUDA a decoding step of `b` rows and `width` columns is captured once, lazily, for `b` on a
   ladder (1, 2, 4, 8, then multiples of 16) and replayed for any batch up to `b` (the extra rows
   decode a token 0 at position 0 in free slots). Prefill runs eagerly, right-padded, in chunks
