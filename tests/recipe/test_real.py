@@ -331,3 +331,19 @@ def test_policy_metrics_score_problems_and_leave_out_what_infrastructure_failed(
     assert metrics["accuracy"] == 0.5 and metrics["problems"] == 2
     assert metrics["infrastructure_failures"] == 3
     assert metrics["accuracy_interval95"] == [0.0, 1.0]  # two problems, 1 and 0
+
+
+def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
+    from codeloop.recipe.real import budget
+    from codeloop.recipe.sizes import GPU_CONFIG, GPU_SIZES
+
+    cfg = load_config(GPU_CONFIG, [])
+    # 500 x 4 evaluated in 100 s: 20 trajectories/s. The screen: 600 x 4 = 2,400 (120 s); a
+    # step: 32 prompts x 8 x 2 = 512 (25.6 s); the last evaluation 1.25 x 100 s; the trained
+    # problems, 60 expected, twice x 4 samples (24 s). 540 s less SFT's 60, the first
+    # evaluation's 100, 120, 125, 24 and 15 to finish: 96 s, three steps.
+    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
+    planned = sum(stage.steps for stage in cfg.recipe.stages)
+    assert "(20.0 trajectories/s)" in text and "the screen 2.0 min" in text
+    assert "an RL step's sampling 26 s" in text
+    assert text.endswith(f"room for about 3 of the {planned} RL steps")
