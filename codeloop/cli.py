@@ -60,7 +60,7 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    for key in ("host", "port", "workers"):
+    for key in ("host", "port", "workers", "token_file"):
         if getattr(args, key) is not None:
             set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
     if args.require_isolation:
@@ -84,7 +84,15 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.engine.server import serve
 
-    serve(args.model, args.host, args.port, args.max_batch, args.kv_capacity_tokens, args.dtype)
+    serve(
+        args.model,
+        args.host,
+        args.port,
+        max_batch=args.max_batch,
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        dtype=args.dtype,
+        token_file=args.token_file,
+    )
     return 0
 
 
@@ -111,6 +119,14 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         default="auto",
         help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU "
         "(bfloat16 decodes ~1.8x faster on CPUs with AMX-BF16)",
+    )
+    serve.add_argument(
+        "--token-file",
+        default="",
+        metavar="FILE",
+        help="a shared secret (its first line) that every request but /health must carry as "
+        "'Authorization: Bearer TOKEN' (default: CODELOOP_TOKEN when set, else none); "
+        "clients read it from rollout.server_token_file",
     )
     serve.set_defaults(run=_serve)
 
@@ -665,6 +681,12 @@ def _add_sandbox_commands(
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8800)")
     serve.add_argument("--workers", type=int, help="warm workers (default: one per core)")
+    serve.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a shared secret (its first line) that every request but /health must carry as "
+        "'Authorization: Bearer TOKEN' (sandbox.token_file; default: CODELOOP_TOKEN when set)",
+    )
     serve.add_argument(
         "--require-isolation",
         action="store_true",

@@ -80,6 +80,12 @@ class SandboxConfig:
     """Code execution: the warm worker pool, its limits, the HTTP server and the client."""
 
     urls: list[str] = knob([], "Sandbox servers to spread calls over; empty = in-process pool.")
+    token_file: str = knob(
+        "",
+        "A file whose first line is the sandbox servers' shared secret: the server asks every "
+        "request for it, the client sends it. Empty = the variable CODELOOP_TOKEN when set, "
+        "else none (any caller is served).",
+    )
     workers: int = knob(0, "Warm worker processes; 0 = one per CPU core.", ge=0)
     timeout_s: float = knob(10.0, "Default wall-clock limit of one call, seconds.", gt=0)
     memory_mb: int = knob(1024, "Default memory limit of one call, MiB.", ge=32)
@@ -164,6 +170,12 @@ class RolloutConfig:
         "Seconds a request is sent again while no server can serve it (down, cut off, "
         "restarting, or being brought up to the current weights) before its trajectory fails.",
         gt=0,
+    )
+    server_token_file: str = knob(
+        "",
+        "A file whose first line is the inference servers' shared secret (`codeloop serve "
+        "--token-file`, vLLM's --api-key), sent with every request. Empty = the variable "
+        "CODELOOP_TOKEN when set, else none.",
     )
     server_silent_s: float = knob(
         5.0,

@@ -26,6 +26,7 @@ RANK = {
     "helpformat": 0,
     "intervals": 0,
     "net": 0,
+    "auth": 0,
     "bench": 5,
     "sandbox": 1,
     "reward": 1,

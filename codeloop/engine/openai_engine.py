@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from codeloop.auth import bearer, read_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.protocol import EngineUnavailable, Generation, SamplingParams
 from codeloop.errors import CodeloopError
@@ -72,9 +73,11 @@ class OpenAIEngine:
         timeout_s: float = 3600.0,
         kv_capacity_tokens: int = 0,
         silent_s: float = 5.0,
+        token: str | None = None,
     ) -> None:
         """`silent_s`: a server host silent this long (no TCP acknowledgement) is taken as gone
-        (`rollout.server_silent_s`)."""
+        (`rollout.server_silent_s`); `token`: the servers' shared secret, sent with every
+        request (`rollout.server_token_file`)."""
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
@@ -82,13 +85,16 @@ class OpenAIEngine:
         self.model = model
         self.backend = backend
         self.silent_s = silent_s
+        self.headers = bearer(token)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=silent_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = watched_connector(self.silent_s)
-            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout, connector=connector, headers=self.headers
+            )
         return self._session
 
     async def close(self) -> None:
@@ -201,6 +207,7 @@ async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
 
 def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIEngine]:
     """One engine per server URL, of the kind `rollout.server` names, serving `model`."""
+    token = read_token(cfg.server_token_file, "rollout.server_token_file")
     return [
         OpenAIEngine(
             url,
@@ -208,6 +215,7 @@ def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIE
             cfg.server,
             kv_capacity_tokens=cfg.kv_capacity_tokens,
             silent_s=cfg.server_silent_s,
+            token=token,
         )
         for url in urls
     ]

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from codeloop.auth import read_token, require_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
 from codeloop.engine.model import default_device, load_policy
@@ -45,7 +46,9 @@ def _params(body: dict[str, Any]) -> SamplingParams:
     )
 
 
-def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
+def build_app(
+    engine: TransformersEngine, model_name: str, token: str | None = None
+) -> web.Application:
     completed = 0
     version: int | None = None  # of the weights last pushed
     tokenizer = engine.tokenizer
@@ -139,7 +142,7 @@ def build_app(engine: TransformersEngine, model_name: str) -> web.Application:
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "model": model_name, "version": version})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[require_token(token)])
     app.add_routes(
         [
             web.post("/v1/completions", completions),
@@ -156,16 +159,22 @@ def serve(
     model_path: str,
     host: str,
     port: int,
+    *,
     max_batch: int,
     kv_capacity_tokens: int,
     dtype: str = "float32",
+    token_file: str = "",
 ) -> None:
-    """Serve `model_path` with its weights in `dtype` (`trainer.dtype`'s values)."""
+    """Serve `model_path` with its weights in `dtype` (`trainer.dtype`'s values); with a token
+    (`token_file`, or `CODELOOP_TOKEN`), every route but /health asks for it."""
+    token = read_token(token_file, "--token-file")  # before the model: a bad file fails fast
     model, tokenizer = load_policy(model_path, dtype)  # a ModelError names what is missing
     device = default_device()
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
     engine = engine_from_config(model, tokenizer, rollout)
-    app = build_app(engine, model_path)
-    banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}"
+    app = build_app(engine, model_path, token)
+    banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}" + (
+        " (a token is required)" if token else ""
+    )
     web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))

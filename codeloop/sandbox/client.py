@@ -33,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from codeloop.auth import bearer, read_token
 from codeloop.config import SandboxConfig
 from codeloop.net import watched_connector
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
@@ -86,7 +87,8 @@ class SandboxClient:
 
     async def __aenter__(self) -> SandboxClient:
         connector = self._connector or watched_connector(self.cfg.client_connect_timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector)
+        token = read_token(self.cfg.token_file, "sandbox.token_file")
+        self._session = aiohttp.ClientSession(connector=connector, headers=bearer(token))
         return self
 
     async def __aexit__(self, *exc: object) -> None:

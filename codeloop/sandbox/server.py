@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from codeloop.auth import read_token, require_token
 from codeloop.config import SandboxConfig
 from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
 from codeloop.types import ExecRequest, ExecResult
@@ -143,8 +144,9 @@ def render_metrics(pool: WorkerPool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(server: SandboxServer) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+def build_app(server: SandboxServer, token: str | None = None) -> web.Application:
+    """The server's routes; with a `token`, all but `/health` ask for it (`codeloop.auth`)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[require_token(token)])
     app.add_routes(
         [
             web.post("/v1/execute", server.execute),
@@ -162,12 +164,18 @@ async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
     pool = WorkerPool(cfg)
     server = SandboxServer(pool, cfg)
     server.isolation = await pool.start()
-    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    token = read_token(cfg.token_file, "sandbox.token_file")
+    app = build_app(server, token)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     await site.start()
     log.info(
-        "sandbox serving on http://%s:%d with %d workers", cfg.host, cfg.port, len(pool.workers)
+        "sandbox serving on http://%s:%d with %d workers%s",
+        cfg.host,
+        cfg.port,
+        len(pool.workers),
+        " (a token is required)" if token else "",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import socket
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -382,3 +383,44 @@ def test_the_silent_peer_limit_is_a_setting() -> None:
 
     (engine,) = servers(["http://127.0.0.1:1"], RolloutConfig(server_silent_s=2.5), "m")
     assert engine.silent_s == 2.5 and engine.timeout.sock_connect == 2.5
+
+
+def test_a_served_model_with_a_token_takes_nothing_from_a_caller_without_it(
+    fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    from safetensors.torch import save
+
+    _tiny_model(fmt, 0).save_pretrained(tmp_path / "model")
+    fmt.tokenizer.save_pretrained(tmp_path / "model")
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-value\n")
+    weights = save({k: v.contiguous() for k, v in _tiny_model(fmt, 1).state_dict().items()})
+
+    def post(url: str, path: str, body: bytes, headers: dict[str, str]) -> int:
+        req = urllib.request.Request(url + path, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    with codeloop_serve(tmp_path / "model", "--token-file", str(secret)) as url:
+        push = {"X-Weights-Version": "7", "Content-Type": "application/octet-stream"}
+        assert post(url, "/v1/weights", weights, push) == 401
+        reload = json.dumps({"path": str(tmp_path / "model")}).encode()
+        assert post(url, "/v1/reload", reload, {"Authorization": "Bearer wrong"}) == 401
+        completion = json.dumps({"prompt": [1, 2], "max_tokens": 2}).encode()
+        assert post(url, "/v1/completions", completion, {}) == 401
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+        assert health["version"] is None  # the refused push replaced nothing
+
+        async def with_the_token() -> tuple[int, int | None]:
+            engine = OpenAIEngine(url, token="s3cret-value")
+            try:
+                generation = await engine.generate([1, 2, 3], SamplingParams(4, seed=0))
+                await engine.push_weights(weights, 7)
+                return len(generation.token_ids), await engine.served_version()
+            finally:
+                await engine.close()
+
+        assert asyncio.run(with_the_token()) == (4, 7)

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,3 +248,48 @@ def test_sessions_over_http(server: Server) -> None:
     after = server.post("/v1/execute", {"code": "k", "session_id": "h1"})[1]
     assert after["error_type"] == "NameError"
     assert server.post("/v1/sessions/close", {"id": 1})[0] == 400
+
+
+def test_a_server_with_a_token_runs_nothing_for_a_caller_without_it(tmp_path: Path) -> None:
+    import asyncio
+
+    from codeloop.config import SandboxConfig
+    from codeloop.sandbox.client import SandboxClient
+    from codeloop.types import ExecRequest
+
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-value\n")
+    srv = Server("--token-file", str(secret))
+
+    def call(path: str, payload: Any = None, token: str = "") -> tuple[int, str]:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        body = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(srv.url + path, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    try:
+        assert call("/v1/execute", {"code": "print(1)"})[0] == 401
+        assert call("/v1/execute/batch", [{"code": "print(1)"}], "wrong")[0] == 401
+        assert call("/metrics")[0] == 401 and call("/health")[0] == 200
+        status, metrics = call("/metrics", token="s3cret-value")
+        assert status == 200 and "sandbox_calls_total{" not in metrics  # nothing ran
+        status, body = call("/v1/execute", {"code": "print(1)"}, "s3cret-value")
+        assert status == 200 and json.loads(body)["stdout"] == "1\n"
+
+        async def through_the_client() -> str:
+            cfg = SandboxConfig(token_file=str(secret))
+            async with SandboxClient([srv.url], cfg) as client:
+                return (await client.execute(ExecRequest("print(2)"))).stdout
+
+        assert asyncio.run(through_the_client()) == "2\n"
+        assert 'sandbox_calls_total{status="ok"} 2' in call("/metrics", token="s3cret-value")[1]
+    finally:
+        srv.stop()
+    printed = srv.process.stdout.read()  # type: ignore[union-attr]
+    assert "a token is required" in printed and "s3cret-value" not in printed

@@ -1,0 +1,57 @@
+"""A shared secret between codeloop's servers and their clients: a bearer token.
+
+A server started with a token (`--token-file FILE`, or the variable `CODELOOP_TOKEN`) answers
+401 to every request but `GET /health` that does not carry `Authorization: Bearer <token>`,
+before it reads the body: nothing runs, loads or queues. The comparison takes the same time
+whatever the guess. Clients read the same file or variable (`sandbox.token_file`,
+`rollout.server_token_file`) and send the header on every request. The token itself is never
+printed, logged or written anywhere by codeloop. It keeps out those who can reach a server but
+do not hold the secret; it does not hide the traffic (put TLS or a proxy in front for that).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from codeloop.errors import read_text_input
+
+ENV = "CODELOOP_TOKEN"
+OPEN_ROUTES = frozenset({"/health"})  # a load balancer's or a test's probe needs no secret
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def read_token(token_file: str, what: str) -> str | None:
+    """The token in `token_file` (its first line that is not blank), else `CODELOOP_TOKEN`,
+    else None (no token: requests are not checked). `what` names the setting in errors (a
+    file that is missing, empty or not text)."""
+    if token_file:
+        return read_text_input(token_file, what).strip().splitlines()[0].strip()
+    return os.environ.get(ENV) or None
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    """The header a client sends (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def require_token(token: str | None) -> Middleware:
+    """An aiohttp middleware that refuses requests without the token (all pass without one)."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is not None and request.path not in OPEN_ROUTES:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response(
+                    {"error": f"unauthorized: send the server's token (--token-file or {ENV})"},
+                    status=401,
+                )
+        return await handler(request)
+
+    return check
