@@ -5,19 +5,24 @@ A server started with a token (`--token-file FILE`, or the variable `CODELOOP_TO
 before it reads the body: nothing runs, loads or queues. The comparison takes the same time
 whatever the guess. Clients read the same file or variable (`sandbox.token_file`,
 `rollout.server_token_file`) and send the header on every request. The token itself is never
-printed, logged or written anywhere by codeloop. It keeps out those who can reach a server but
-do not hold the secret; it does not hide the traffic (put TLS or a proxy in front for that).
+printed, logged or written anywhere by codeloop. A server asked to bind an address other than
+loopback without a token refuses to start (`check_exposure`) unless told `--insecure-no-token`.
+The token keeps out those who can reach a server but do not hold the secret; it does not hide
+the traffic (put TLS or a proxy in front for that).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
+import sys
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from codeloop.config import ConfigError
 from codeloop.errors import read_text_input
 
 ENV = "CODELOOP_TOKEN"
@@ -32,6 +37,34 @@ def read_token(token_file: str, what: str) -> str | None:
     if token_file:
         return read_text_input(token_file, what).strip().splitlines()[0].strip()
     return os.environ.get(ENV) or None
+
+
+def check_exposure(command: str, host: str, token: str | None, insecure: bool) -> None:
+    """Refuse (a `ConfigError`, one line naming the flags) to serve an address other than
+    loopback without a token, unless `insecure` (`--insecure-no-token`): then `command` warns
+    at start."""
+    if token or _loopback(host):
+        return
+    if not insecure:
+        raise ConfigError(
+            f"--host {host} can be reached from other machines and no token is "
+            f"set: give --token-file FILE (or {ENV}), or --insecure-no-token to serve anyone"
+        )
+    print(
+        f"{command}: warning: serving {host} without a token (--insecure-no-token): anyone who "
+        "can reach it is served",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to, it is not known to be loopback
+        return False
 
 
 def bearer(token: str | None) -> dict[str, str]:

@@ -68,7 +68,11 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from codeloop.auth import check_exposure, read_token
     from codeloop.sandbox.server import serve
+
+    token = read_token(cfg.sandbox.token_file, "sandbox.token_file")
+    check_exposure("codeloop sandbox serve", cfg.sandbox.host, token, args.insecure_no_token)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(cfg.sandbox))
@@ -82,8 +86,11 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from codeloop.auth import check_exposure, read_token
     from codeloop.engine.server import serve
 
+    token = read_token(args.token_file, "--token-file")
+    check_exposure("codeloop serve", args.host, token, args.insecure_no_token)
     serve(
         args.model,
         args.host,
@@ -127,6 +134,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         help="a shared secret (its first line) that every request but /health must carry as "
         "'Authorization: Bearer TOKEN' (default: CODELOOP_TOKEN when set, else none); "
         "clients read it from rollout.server_token_file",
+    )
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve an address other than loopback without a token (anyone who can reach it "
+        "is served; a warning says so at start)",
     )
     serve.set_defaults(run=_serve)
 
@@ -686,6 +699,12 @@ def _add_sandbox_commands(
         metavar="FILE",
         help="a shared secret (its first line) that every request but /health must carry as "
         "'Authorization: Bearer TOKEN' (sandbox.token_file; default: CODELOOP_TOKEN when set)",
+    )
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve an address other than loopback without a token (anyone who can reach it "
+        "is served; a warning says so at start)",
     )
     serve.add_argument(
         "--require-isolation",

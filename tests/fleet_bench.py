@@ -57,6 +57,7 @@ async def main(calls: int, concurrency: int, out_dir: Path) -> None:
                     "serve",
                     "--host",
                     cluster.address(host),
+                    "--insecure-no-token",
                     "--port",
                     "8800",
                 ],

@@ -56,3 +56,45 @@ def test_only_the_exact_bearer_token_passes_and_health_needs_none() -> None:
 
     assert asyncio.run(main()) == [401, 401, 401, 401, 200, 200]
     assert ran == ["/v1/work", "/health"]  # the refused requests reached no handler
+
+
+@pytest.mark.parametrize(
+    ("command", "flag_home"),
+    [
+        (["sandbox", "serve", "--host", "0.0.0.0"], "codeloop sandbox serve"),
+        (["serve", "--model", "no/such/model", "--host", "10.1.2.3"], "codeloop serve"),
+    ],
+)
+def test_a_server_open_to_other_machines_needs_a_token_or_says_it_has_none(
+    command: list[str], flag_home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both refuse at once (exit 2, one line naming the flags, nothing started: the model is
+    not even looked for)."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(ENV, raising=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "codeloop", *command], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"{flag_home}: --host ") and "can be reached from other machines" in line
+    assert "--token-file FILE" in line and "--insecure-no-token" in line
+
+
+def test_loopback_needs_no_token_and_the_way_out_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    from codeloop.auth import check_exposure
+    from codeloop.config import ConfigError
+
+    for host in ("127.0.0.1", "127.0.0.5", "::1", "localhost"):
+        check_exposure("codeloop serve", host, None, insecure=False)  # nothing raised
+    check_exposure("codeloop serve", "0.0.0.0", "a-token", insecure=False)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match="--host my-host.example can be reached"):
+        check_exposure("codeloop serve", "my-host.example", None, insecure=False)
+    check_exposure("codeloop serve", "0.0.0.0", None, insecure=True)
+    assert capsys.readouterr().err == (
+        "codeloop serve: warning: serving 0.0.0.0 without a token (--insecure-no-token): "
+        "anyone who can reach it is served\n"
+    )

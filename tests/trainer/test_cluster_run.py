@@ -108,6 +108,7 @@ class ClusterRun:
                 "serve",
                 "--host",
                 self.cluster.address(host),
+                "--insecure-no-token",
                 "--port",
                 str(port),
                 "--workers",
@@ -121,7 +122,7 @@ class ClusterRun:
         host, port = self.layout.inference[index], self.layout.inference_ports[index]
         serve = (
             f"exec {sys.executable} -m codeloop serve --model {self.root / 'served'} "
-            f"--host {self.cluster.address(host)} --port {port} --max-batch 1"
+            f"--host {self.cluster.address(host)} --port {port} --max-batch 1 --insecure-no-token"
         )
         self.cluster.start(
             host, hidden_from_trainer(self.root, serve), log=self.root / f"inference{index}.log"
