@@ -80,32 +80,19 @@ TARGETS: dict[str, tuple[list[str] | None, list[str]]] = {
             "tests/engine/test_hf_engine.py::test_draws_are_a_hash_of_seed_and_counter",
             "tests/engine/test_hf_engine.py::test_sampling_follows_temperature_and_top_p",
             "tests/engine/test_hf_engine.py::test_a_draw_picks_where_the_cdf_passes_it",
-            "tests/engine/test_hf_engine.py::test_a_row_stops_at_max_tokens_and_not_before",
             "tests/engine/test_hf_engine.py::"
             "test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution",
-            "tests/engine/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
             "tests/engine/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
             "tests/engine/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
             "tests/engine/test_hf_engine.py::"
             "test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample",
-            "tests/rollout/test_real_tokenizer.py::"
-            "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
     ),
     "codeloop/engine/stops.py": (
         ["finish_reason", "may_complete", "completing_ids"],
         [
-            "tests/engine/test_hf_engine.py::test_draws_are_a_hash_of_seed_and_counter",
-            "tests/engine/test_hf_engine.py::test_sampling_follows_temperature_and_top_p",
-            "tests/engine/test_hf_engine.py::test_a_draw_picks_where_the_cdf_passes_it",
             "tests/engine/test_hf_engine.py::test_a_row_stops_at_max_tokens_and_not_before",
-            "tests/engine/test_hf_engine.py::"
-            "test_top_p_reaches_past_the_64_most_likely_tokens_of_a_flat_distribution",
             "tests/engine/test_hf_engine.py::test_stop_strings_and_end_of_turn_tokens",
-            "tests/engine/test_hf_engine.py::test_top_p_keeps_the_most_likely_token",
-            "tests/engine/test_hf_engine.py::test_seeded_sampling_does_not_depend_on_the_batch",
-            "tests/engine/test_hf_engine.py::"
-            "test_a_batch_of_one_setting_samples_what_rows_of_their_own_settings_sample",
             "tests/rollout/test_real_tokenizer.py::"
             "test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string",
         ],
