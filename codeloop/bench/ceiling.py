@@ -38,6 +38,7 @@ import torch
 from codeloop.config import Config, RolloutConfig, eval_rollout_config, load_config, stage_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import JOIN_WAIT_STEPS, TransformersEngine
+from codeloop.engine.kv_batch import _common_prefix
 from codeloop.engine.model import tiny_model
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.slot_cache import SlotDecoder
@@ -107,14 +108,12 @@ class Scripts:
 
 
 def _common_length(prompts: Sequence[Sequence[int]]) -> int:
-    first = prompts[0]
-    shared = len(first)
-    for prompt in prompts[1:]:
-        n = 0
-        while n < min(shared, len(prompt)) and prompt[n] == first[n]:
-            n += 1
-        shared = n
-    return shared
+    """The length of the prefix every prompt shares (`kv_batch._common_prefix`, pairwise)."""
+    first = tuple(prompts[0])
+    return min(
+        (_common_prefix(first, tuple(p), min(len(first), len(p))) for p in prompts[1:]),
+        default=len(first),
+    )
 
 
 class ReplayDecoder(SlotDecoder):
