@@ -265,17 +265,17 @@ def _eval(args: argparse.Namespace) -> int:
 
     summary = asyncio.run(_with_tools(cfg, run))
     print(json.dumps(summary, indent=2))
-    k, scored = summary["k"], f"avg@{summary['k']}"
+    bounds = (summary["pass@1_low"], summary["pass@1_high"])
     print(
-        f"{scored} {percent(summary[scored], summary[scored + '_interval95'])} "
-        f"(95% interval) over {summary['problems']} problems x {k} samples"
+        f"pass@1 {percent(summary['pass@1'], bounds)} (95% interval) over "
+        f"{summary['problems']} problems x {summary['k']} samples"
     )
     print(f"per-problem results in {out}/results.jsonl; browse with: codeloop view {out}")
-    if failed := summary.get("infrastructure_failures"):
+    if failed := summary["infrastructure_failures"]:
         print(
-            f"codeloop eval: {failed['trajectories']} trajectories of {failed['problems']} "
-            "problems failed in the engine, the server or the sandbox and are not scored; "
-            "run the same command again to sample them again",
+            f"codeloop eval: {failed} trajectories failed in the engine, the server or the "
+            "sandbox and are left out of the score; run the same command again to sample the "
+            "problems that kept no sample",
             file=sys.stderr,
         )
         return 1
@@ -288,7 +288,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     from codeloop.errors import InputFileError
     from codeloop.eval.evaluate import read_done
-    from codeloop.intervals import compare, interval, percent, problem_scores, verdict
+    from codeloop.intervals import compare, interval, percent, verdict
+    from codeloop.rollout.score import Scores
 
     scores = []
     for given in (args.a, args.b):
@@ -299,7 +300,9 @@ def _compare(args: argparse.Namespace) -> int:
                 f"{given}: no results.jsonl (give a codeloop eval output "
                 "directory or its results.jsonl)"
             )
-        scores.append(problem_scores(list(read_done(folder).values())))
+        scores.append(
+            Scores.merged(map(Scores.from_result, read_done(folder).values())).per_problem
+        )
     a, b = scores
     if not set(a) & set(b):
         raise InputFileError(f"{args.a} and {args.b} share no problem id: nothing to pair")
@@ -323,7 +326,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     evaluate = commands.add_parser(
         "eval",
-        help="evaluate a model: avg@k, pass@k, maj@k, lengths, tool statistics",
+        help="evaluate a model: pass@1 (avg@k), pass@k, maj@k, lengths, tool statistics",
         usage="codeloop eval (--model PATH | --endpoint URL [URL ...] --tokenizer PATH) "
         "--data FILE [--k 16] [--out DIR] [--eval.temperature 0.6 ...]",
     )
@@ -339,7 +342,7 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     paired = commands.add_parser(
         "compare",
         help="B against A on the problems both evaluated: the paired difference in "
-        "avg@k with its 95%% interval and p-value",
+        "pass@1 (avg@k) with its 95%% interval and p-value",
         usage="codeloop compare A B [--json]",
     )
     paired.add_argument("a", metavar="A", help="a codeloop eval output directory (the baseline)")
@@ -470,7 +473,7 @@ async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any])
                 verifier,
                 low,
                 high,
-                args.seed,
+                seed=args.seed,
             ),
         )
     finally:

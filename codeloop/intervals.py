@@ -51,11 +51,6 @@ def interval(scores: Sequence[float], seed: int = 0) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def problem_scores(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Each problem's share of correct samples, by id, from `results.jsonl` records."""
-    return {str(r["id"]): sum(r["correct"]) / len(r["correct"]) for r in results}
-
-
 def compare(a: Mapping[str, float], b: Mapping[str, float], seed: int = 0) -> dict[str, Any]:
     """B - A over the problems both scored: means, difference, its 95% interval and p-value."""
     common = sorted(set(a) & set(b))

@@ -373,8 +373,8 @@ def _recipe_figures(run_dir: Path) -> dict[str, Any]:
 def _point(point: dict[str, Any]) -> dict[str, Any]:
     return {
         "stage": point["stage"],
-        "pass_at_1": 100 * point["accuracy"],
-        "interval95": [100 * x for x in point["accuracy_interval95"]],
+        "pass_at_1": 100 * point["pass@1"],
+        "interval95": [100 * point["pass@1_low"], 100 * point["pass@1_high"]],
     }
 
 

@@ -4,20 +4,22 @@ The report's protocol is the default (`[eval]`: temperature 0.6, top-p 0.95, up 
 32K response budget, k = 16). Output directory:
 
 - `results.jsonl`: one line per finished problem (answers, correctness, statuses, lengths, tool
-  counts). A problem's line is written after its trajectories, so the line marks it done: a
-  killed evaluation continues with the problems that have none.
-- `trajectories.jsonl`: every trajectory (token ids, masks, logprobs, tool calls, text) with its
-  problem and gold answer; `codeloop view` and `codeloop entropy` read it.
-- `summary.json`: avg@k (pass@1) with its 95% interval over problems (`intervals.py`),
-  unbiased pass@k for k = 1, 2, 4, ... up to k, maj@k, mean response and policy tokens and
-  turns, tool calls per trajectory, tool-error ratio, statuses, the share of trajectories that
+  counts, and `failed`: its samples the infrastructure failed). A problem's line is written
+  after its trajectories, so the line marks it done: a killed evaluation continues with the
+  problems that have none.
+- `trajectories.jsonl`: every scored trajectory (token ids, masks, logprobs, tool calls, text)
+  with its problem and gold answer; `codeloop view` and `codeloop entropy` read it.
+- `summary.json`: the score of `rollout/score.py` (`pass@1`: avg@k, with its 95% interval
+  `pass@1_low` and `pass@1_high`, `problems`, `infrastructure_failures`), unbiased pass@k for
+  k = 2, 4, ... up to the samples every problem kept, maj@k, mean response and policy tokens,
+  turns and tool calls per trajectory, tool-error ratio, statuses, the share of trajectories that
   call the tool (`tool_use`) and of those cut off inside a call (`cut_off_in_call`), and the
   share of calls that are malformed (`rollout/stats.py`, as RL logs them).
 
-A problem with a trajectory that infrastructure failed (the engine or server failed, or the
-sandbox failed a call: `Trajectory.unscorable`) gets no results line and is not scored; the
-summary counts them (`infrastructure_failures`), and running the same command again samples
-them again.
+A trajectory that the infrastructure failed (the engine or server failed, or the sandbox failed a
+call: `Trajectory.unscorable`) is left out of its problem's score and counted, as everywhere a
+policy is scored (`rollout/score.py`). A problem with no sample left gets no results line, so
+running the same command again samples it again.
 
 Samples are seeded by (seed, problem id, sample index), so a resumed run samples what the
 uninterrupted one would have.
@@ -39,11 +41,12 @@ from codeloop.engine.scheduler import Scheduler
 from codeloop.errors import RunError
 from codeloop.eval.metrics import majority_correct, summarise
 from codeloop.files import write_atomic
-from codeloop.intervals import METHOD, interval, problem_scores
+from codeloop.intervals import METHOD
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.score import Scores, score
 from codeloop.rollout.stats import sample, stats
 from codeloop.rollout.tools import ToolExecutor
 from codeloop.types import Trajectory
@@ -95,46 +98,54 @@ async def close_policy(engine: Engine | Scheduler) -> None:
             await one.close()
 
 
-def problem_result(problem: Problem, samples: Sequence[Trajectory]) -> dict[str, Any]:
-    """The per-problem line of `results.jsonl`: correctness and answers (pass@k, maj@k) and
-    each sample's record for the statistics (`rollout/stats.py`)."""
+def problem_result(problem: Problem, found: Scores) -> dict[str, Any]:
+    """The per-problem line of `results.jsonl`: correctness and answers of the scored samples
+    (pass@k, maj@k), each one's record for the statistics (`rollout/stats.py`), and how many
+    samples the infrastructure failed."""
+    samples = found.trajectories
     return {
         "id": problem.id,
         "gold": problem.answer,
         "correct": [t.reward == 1.0 for t in samples],
         "answers": [t.final_answer for t in samples],
         "samples": [sample(t) for t in samples],
+        "failed": found.failed,
     }
 
 
-def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Benchmark metrics over per-problem results (all with the same k)."""
-    k = len(results[0]["correct"])
-    k_values = [2**i for i in range(k.bit_length()) if 2**i <= k]
+def summary(results: Sequence[dict[str, Any]], lost: int = 0) -> dict[str, Any]:
+    """Benchmark metrics over per-problem results; `lost`: trajectories of problems left
+    without a line (the infrastructure failed all their samples)."""
+    found = Scores.merged(Scores.from_result(r) for r in results)
+    kept = min(len(r["correct"]) for r in results)
+    k_values = [2**i for i in range(1, kept.bit_length()) if 2**i <= kept]
     samples = [s for r in results for s in r["samples"]]
-    found = stats(samples)
+    means = stats(samples)
     statuses = Counter(s["status"] for s in samples)
+    k = max(len(r["correct"]) + r["failed"] for r in results)
     return {
-        "problems": len(results),
+        **found.metrics(),
+        "infrastructure_failures": found.failed + lost,
         "k": k,
-        **{
-            ("avg@" + str(k) if key == "avg" else key): value
-            for key, value in summarise([r["correct"] for r in results], k_values).items()
-        },
-        f"avg@{k}_interval95": list(interval(list(problem_scores(results).values()))),
         "interval_method": METHOD,
+        **summarise([r["correct"] for r in results], k_values),
         f"maj@{k}": sum(majority_correct(r["answers"], r["correct"]) for r in results)
         / len(results),
-        "response_tokens": found["response_tokens"],
-        "policy_tokens": found["policy_tokens"],
-        "turns": found["turns"],
-        "tool_calls_per_trajectory": found["tool_calls"],
-        "tool_error_ratio": found["tool_error_ratio"],
+        **{key: means[key] for key in STATISTICS},
         "statuses": {s: statuses[s] / len(samples) for s in sorted(statuses)},
-        "tool_use": found["tool_use"],
-        "cut_off_in_call": found["cut_off_in_call"],
-        "malformed_calls": found["malformed_calls"],
     }
+
+
+STATISTICS = (
+    "response_tokens",
+    "policy_tokens",
+    "turns",
+    "tool_calls",
+    "tool_error_ratio",
+    "tool_use",
+    "cut_off_in_call",
+    "malformed_calls",
+)
 
 
 def _complete_lines(path: Path) -> list[str]:
@@ -154,16 +165,19 @@ def _complete_lines(path: Path) -> list[str]:
     return lines
 
 
+RESULT_KEYS = ("id", "correct", "answers", "samples", "failed")
+
+
 def read_done(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Finished problems of an earlier run, by id."""
     path = out_dir / "results.jsonl"
     done = {}
     for number, line in enumerate(_complete_lines(path), 1):
         record = json.loads(line)
-        if "samples" not in record:
+        if missing := [key for key in RESULT_KEYS if key not in record]:
             raise DataError(
-                f"{path}:{number}: a line without per-sample records (written by an "
-                "older codeloop): evaluate into a new directory"
+                f"{path}:{number}: a line without {', '.join(missing)} (written by an older "
+                "codeloop): evaluate into a new directory"
             )
         done[record["id"]] = record
     return done
@@ -192,7 +206,7 @@ async def evaluate(
     if len(set(ids)) != len(ids):
         raise DataError("evaluate: problem ids must be unique (set data.id_field)")
     done = read_done(out)
-    if any(len(r["correct"]) != cfg.eval.k for r in done.values()):
+    if any(len(r["correct"]) + r["failed"] != cfg.eval.k for r in done.values()):
         raise DataError(
             f"{out}/results.jsonl: holds results with another k than eval.k = "
             f"{cfg.eval.k}; use a new output directory"
@@ -208,7 +222,7 @@ async def evaluate(
             return problem, groups[0]
 
     todo = [p for p in problems if p.id not in done]
-    failed = Counter[str]()
+    lost = 0  # trajectories of problems left without a line
     try:
         with (
             (out / "trajectories.jsonl").open("a") as traj_file,
@@ -220,25 +234,24 @@ async def evaluate(
             for finished in asyncio.as_completed([one(p) for p in todo]):
                 problem, samples = await finished
                 bar.update()
-                if lost := sum(t.unscorable for t in samples):  # a rerun samples it again
-                    failed.update(problems=1, trajectories=lost)
+                found = score([samples])
+                if not found.per_problem:  # a rerun samples it again
+                    lost += found.failed
                     continue
-                for t in samples:
+                for t in found.trajectories:
                     record = {**t.to_dict(), "problem": problem.problem, "gold": problem.answer}
                     traj_file.write(json.dumps(record) + "\n")
                 traj_file.flush()
-                done[problem.id] = problem_result(problem, samples)
+                done[problem.id] = problem_result(problem, found)
                 results_file.write(json.dumps(done[problem.id]) + "\n")
                 results_file.flush()
     finally:
         verifier.close()
     if not done:
         raise RunError(
-            f"no problem could be scored: {failed['trajectories']} trajectories "
+            f"no problem could be scored: {lost} trajectories "
             "failed in the engine, the server or the sandbox (see the log above)"
         )
-    result = summary([done[i] for i in ids if i in done])
-    if failed:
-        result["infrastructure_failures"] = dict(failed)
+    result = summary([done[i] for i in ids if i in done], lost)
     write_atomic(out / "summary.json", json.dumps(result, indent=2) + "\n")
     return result

@@ -38,12 +38,10 @@ def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> 
 def summarise(
     per_problem: Sequence[Sequence[bool]], k_values: Sequence[int] = (1,)
 ) -> dict[str, float]:
-    """avg@n and pass@k over problems, each given as the correctness of its n samples."""
+    """pass@k over problems, each given as the correctness of its n samples (pass@1 is avg@n)."""
     if not per_problem:
         raise ValueError("summarise: no problems")
-    summary = {"avg": sum(sum(s) / len(s) for s in per_problem) / len(per_problem)}
-    for k in k_values:
-        summary[f"pass@{k}"] = sum(pass_at_k(len(s), sum(s), k) for s in per_problem) / len(
-            per_problem
-        )
-    return summary
+    return {
+        f"pass@{k}": sum(pass_at_k(len(s), sum(s), k) for s in per_problem) / len(per_problem)
+        for k in k_values
+    }

@@ -11,7 +11,7 @@
 4. Stages 1-3: the recipe in `demo.toml` beside this file (GRPO-RoC with the real sandbox,
    verifier and trainer; stage 3 refilters to the problems the policy still fails and resets
    the optimiser).
-5. After SFT and after each stage: held-out accuracy, mean response length and the tool-error
+5. After SFT and after each stage: held-out pass@1, mean response length and the tool-error
    ratio among correct trajectories; a PNG of those curves and `summary.json` in the run dir.
 """
 
@@ -30,16 +30,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from codeloop.config import POLICY_TEMPLATE, Config, SandboxConfig, SFTConfig, load_config
-from codeloop.data.problems import Problem
+from codeloop.config import POLICY_TEMPLATE, SandboxConfig, SFTConfig, load_config
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
-from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import tiny_model
-from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.recipe.plot import plot
-from codeloop.recipe.points import accuracy_text, first_vs_last
+from codeloop.recipe.points import first_vs_last, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
@@ -137,22 +134,6 @@ def exact_share(model: Any, samples: list[Sample], pad_id: int) -> float:
     return float(exact.float().mean())
 
 
-async def evaluate(
-    engine: TransformersEngine,
-    fmt: PromptFormat,
-    held_out: list[Problem],
-    tools: Any,
-    cfg: Config,
-    samples: int,
-) -> dict[str, Any]:
-    """Held-out metrics of the policy in `engine` (the run's own): `samples` trajectories per
-    problem at the rollout settings, seeded by `trainer.seed`."""
-    groups = await score_policy(
-        engine, fmt, held_out, tools, cfg.rollout, cfg.reward, samples, cfg.trainer.seed
-    )
-    return policy_metrics(groups)
-
-
 async def run_demo(
     run_dir: Path,
     sizes: Sizes = Sizes(),
@@ -177,7 +158,16 @@ async def run_demo(
         engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
 
         async def measure(stage: str) -> None:
-            metrics = await evaluate(engine, fmt, held_out, tools, cfg, sizes.eval_samples)
+            metrics = await score_point(
+                engine,
+                fmt,
+                held_out,
+                tools,
+                rollout=cfg.rollout,
+                reward=cfg.reward,
+                samples=sizes.eval_samples,
+                seed=seed,
+            )
             points.append({"stage": stage, **metrics})
             _print_point(points[-1])
 
@@ -270,7 +260,7 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
 def _print_point(point: dict[str, Any]) -> None:
     errors = 100 * point["tool_error_ratio_correct"]
     print(
-        f"[{point['stage']}] held-out accuracy {accuracy_text(point)}, "
+        f"[{point['stage']}] held-out pass@1 {score_text(point)}, "
         f"response {point['response_tokens']:.0f} tokens, "
         f"tool errors among correct {errors:.1f}%",
         flush=True,
@@ -310,16 +300,16 @@ async def run_ablation(
 
 def _print_ablation(results: dict[str, Any], seeds: list[int]) -> None:
     print(
-        f"\n{'variant':15} {'accuracy':>9} {'response tokens':>16} {'policy tokens':>14} "
+        f"\n{'variant':15} {'pass@1':>9} {'response tokens':>16} {'policy tokens':>14} "
         f"{'tool errors | correct':>22}"
     )
-    keys = ("accuracy", "response_tokens", "policy_tokens", "tool_error_ratio_correct")
+    keys = ("pass@1", "response_tokens", "policy_tokens", "tool_error_ratio_correct")
     for variant in VARIANTS:
         rows = [results[f"{variant}-seed{s}"] for s in seeds]
         mean = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
         errors = 100 * mean["tool_error_ratio_correct"]
         print(
-            f"{variant:15} {100 * mean['accuracy']:>8.1f}% {mean['response_tokens']:>16.1f} "
+            f"{variant:15} {100 * mean['pass@1']:>8.1f}% {mean['response_tokens']:>16.1f} "
             f"{mean['policy_tokens']:>14.1f} {errors:>21.1f}%  (seeds {seeds})"
         )
 
@@ -360,14 +350,14 @@ def _print_modes(results: dict[str, Any]) -> None:
     base = 0.0
     print(
         f"\n{'mode':6} {'RL s':>7} {'trained tokens':>15} {'tokens/s':>9} {'vs sync':>8}  "
-        "held-out accuracy after SFT, then each stage (trained tokens)"
+        "held-out pass@1 after SFT, then each stage (trained tokens)"
     )
     for mode, summary in results.items():
         last = summary["points"][-1]
         rate = last["trained_tokens"] / max(last["rl_seconds"], 1e-9)
         base = base or rate
         curve = ", ".join(
-            f"{100 * p['accuracy']:.1f}%" + (f" ({p['trained_tokens']:.0f})" if i else "")
+            f"{100 * p['pass@1']:.1f}%" + (f" ({p['trained_tokens']:.0f})" if i else "")
             for i, p in enumerate(summary["points"])
         )
         print(
@@ -387,13 +377,13 @@ def _plot_modes(results: dict[str, Any], path: Path) -> None:
         points = summary["points"]
         tokens = [p.get("trained_tokens", 0.0) for p in points]
         seconds = [p.get("rl_seconds", 0.0) for p in points]
-        accuracy = [p["accuracy"] for p in points]
+        accuracy = [p["pass@1"] for p in points]
         axes[0].plot(tokens, accuracy, marker="o", label=mode)
         axes[1].plot(seconds, accuracy, marker="o", label=mode)
     axes[0].set_xlabel("trained tokens")
     axes[1].set_xlabel("seconds of RL steps")
     for ax in axes:
-        ax.set_ylabel("held-out accuracy")
+        ax.set_ylabel("held-out pass@1")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -409,8 +399,8 @@ def main(run_dir: str, overrides: list[str]) -> int:
     summary = asyncio.run(run_demo(Path(run_dir), overrides=overrides))
     first, last = summary["points"][0], summary["points"][-1]
     print(
-        f"\ndemo: {summary['minutes']:.1f} min; held-out accuracy {accuracy_text(first)} after "
-        f"SFT -> {accuracy_text(last)} after RL; plot {run_dir}/curves.png"
+        f"\ndemo: {summary['minutes']:.1f} min; held-out pass@1 {score_text(first)} after "
+        f"SFT -> {score_text(last)} after RL; plot {run_dir}/curves.png"
     )
-    print(first_vs_last(summary["points"], "held-out accuracy"))
+    print(first_vs_last(summary["points"], "held-out pass@1"))
     return 0

@@ -42,23 +42,21 @@ from codeloop.config import Config, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import load_policy
-from codeloop.eval.passrate import policy_metrics, score_policy
 from codeloop.files import directory_atomic, write_atomic
 from codeloop.intervals import compare, verdict
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.plot import plot
-from codeloop.recipe.points import accuracy_text, first_vs_last
+from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.stats import trajectory_stats
+from codeloop.rollout.score import SCORE
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import train_sft
-from codeloop.types import Trajectory
 
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
 
@@ -91,48 +89,35 @@ def write_problems(path: Path, problems: list[Problem]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def tool_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
-    """The share of trajectories that call the tool (a complete call, run in the sandbox), of
-    those that ran out of tokens inside a call they had opened (a cell repeating itself up to
-    the length limit: never run, so not counted as calling the tool), and of calls that are
-    malformed (`rollout/stats.py`)."""
-    found = trajectory_stats([t for g in groups for t in g if not t.unscorable])
-    return {key: found[key] for key in ("tool_use", "cut_off_in_call", "malformed_calls")}
-
-
 async def evaluate(
     engine: TransformersEngine,
     fmt: PromptFormat,
     problems: list[Problem],
     tools: Any,
+    *,
     cfg: Config,
     samples: int,
-    *,
     seed: int | None = None,
 ) -> dict[str, Any]:
-    """Development-split metrics of the policy in `engine` (the run's own) at the `[eval]`
-    sampling settings, with what the engine did (`engine`); samples drawn with `seed`
-    (default `trainer.seed`)."""
+    """Development-split point of the policy in `engine` (the run's own) at the `[eval]`
+    sampling settings (`score_point`); samples drawn with `seed` (default `trainer.seed`)."""
     # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
     # set): unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation
     # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
     # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
     on_gpu = next(engine.model.parameters()).device.type == "cuda"
-    found: dict[str, float] = {}
-    groups = await score_policy(
+    return await score_point(
         engine,
         fmt,
         problems,
         tools,
-        eval_rollout_config(cfg),
-        cfg.reward,
-        samples,
-        cfg.trainer.seed if seed is None else seed,
-        "eval",
-        cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
-        found,
+        rollout=eval_rollout_config(cfg),
+        reward=cfg.reward,
+        samples=samples,
+        seed=cfg.trainer.seed if seed is None else seed,
+        max_kv_tokens=cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
+        progress="eval",
     )
-    return {**policy_metrics(groups), **tool_metrics(groups), "engine": found}
 
 
 def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:
@@ -219,9 +204,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     if warning := disk_warning(run_dir, needed):
         print(warning, file=sys.stderr, flush=True)
     points_file = run_dir / "points.json"
-    points: list[dict[str, Any]] = (
-        json.loads(points_file.read_text()) if points_file.is_file() else []
-    )
+    points = read_points(points_file)
     held_out = dev[: sizes.eval_problems]
     world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
     async with LocalSandbox(cfg.sandbox) as tools:
@@ -230,7 +213,9 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if any(p["stage"] == stage for p in points):
                 return
             began = time.perf_counter()
-            metrics = await evaluate(engine, fmt, held_out, tools, cfg, sizes.eval_samples)
+            metrics = await evaluate(
+                engine, fmt, held_out, tools, cfg=cfg, samples=sizes.eval_samples
+            )
             points.append({"stage": stage, **metrics, "seconds": time.perf_counter() - began})
             write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1])
@@ -384,9 +369,10 @@ async def _score_trained(
     if sft is None:
         sft = load_policy(str(run_dir / "sft_model"), "float32")[0].state_dict()
     engine.update_weights(sft)
-    before = await evaluate(engine, fmt, trained, tools, cfg, sizes.trained_samples, seed=seed)
+    samples = sizes.trained_samples
+    before = await evaluate(engine, fmt, trained, tools, cfg=cfg, samples=samples, seed=seed)
     engine.update_weights(final)
-    after = await evaluate(engine, fmt, trained, tools, cfg, sizes.trained_samples, seed=seed)
+    after = await evaluate(engine, fmt, trained, tools, cfg=cfg, samples=samples, seed=seed)
     paired = compare(before["per_problem"], after["per_problem"])
     print(
         f"trained problems ({sizes.trained_samples} fresh samples each): "
@@ -396,10 +382,10 @@ async def _score_trained(
     result = {
         "problems": paired["problems"],
         "samples": sizes.trained_samples,
-        "before": before["accuracy"],
-        "before_interval95": before["accuracy_interval95"],
-        "after": after["accuracy"],
-        "after_interval95": after["accuracy_interval95"],
+        "before": before[SCORE],
+        "before_interval95": [before[SCORE + "_low"], before[SCORE + "_high"]],
+        "after": after[SCORE],
+        "after_interval95": [after[SCORE + "_low"], after[SCORE + "_high"]],
         "difference": 100 * paired["difference"],
         "interval95": [100 * x for x in paired["interval95"]],
         "p_value": paired["p_value"],
@@ -410,12 +396,11 @@ async def _score_trained(
 
 
 def _print_point(point: dict[str, Any]) -> None:
-    cut_off = point.get("cut_off_in_call")  # not in the points of runs of older versions
     print(
-        f"[{point['stage']}] dev pass@1 {accuracy_text(point)}, "
+        f"[{point['stage']}] dev pass@1 {score_text(point)}, "
         f"tool use {100 * point['tool_use']:.0f}%, "
-        + ("" if cut_off is None else f"cut off inside a call {100 * cut_off:.0f}%, ")
-        + f"malformed calls {100 * point['malformed_calls']:.1f}%, "
+        f"cut off inside a call {100 * point['cut_off_in_call']:.0f}%, "
+        f"malformed calls {100 * point['malformed_calls']:.1f}%, "
         f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
         f"response {point['response_tokens']:.0f} tokens",
         flush=True,
@@ -428,8 +413,8 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
     summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
     print(
-        f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {accuracy_text(first)} after SFT -> "
-        f"{accuracy_text(last)} after RL ({last['stage']}); "
+        f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {score_text(first)} after SFT -> "
+        f"{score_text(last)} after RL ({last['stage']}); "
         f"{cfg.trainer.output_dir}/summary.json"
     )
     print(first_vs_last(summary["points"], "dev pass@1"))

@@ -151,16 +151,23 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -
         return problems
     samples = stage.refilter_samples
     low, high = stage.refilter_min_pass_rate, stage.refilter_max_pass_rate
-    rates = await run.pass_rates(problems, samples, f"{stage.name or 'stage'} refilter")
-    kept = [p for p in problems if low <= rates[p.id] <= high]
+    found = await run.score(problems, samples, f"{stage.name or 'stage'} refilter")
+    rates = found.per_problem
+    kept = [p for p in problems if p.id in rates and low <= rates[p.id] <= high]
     band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"
     if run.world.is_main:
+        unscored = len(problems) - len(rates)
         print(
             f"refilter: kept {len(kept)} of {len(problems)} problems "
             f"(pass rate {band} over {samples} samples)"
+            + (
+                f"; {unscored} left out, the infrastructure failed all their samples"
+                if unscored
+                else ""
+            )
         )
     if not kept:
-        too_easy = sum(rates[p.id] > high for p in problems)
+        too_easy = sum(rates.get(p.id, 0.0) > high for p in problems)
         raise RunError(
             f"refilter kept no problems ({too_easy} of {len(problems)} solved "
             f"more often than {high}, the rest less often than {low}): widen "

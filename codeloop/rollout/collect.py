@@ -123,19 +123,3 @@ async def collect(
             *(sample(p, key, i) for p, key in zip(problems, keys, strict=True) for i in range(k))
         )
     return [list(flat[j * k : (j + 1) * k]) for j in range(len(problems))]
-
-
-async def pass_rates(
-    agent: Agent,
-    problems: Sequence[Problem],
-    k: int,
-    verifier: Verifier,
-    seed: int = 0,
-    progress: str = "",
-) -> dict[str, float]:
-    """{problem id: fraction of its k samples that are correct}; a progress bar labelled
-    `progress` when given."""
-    groups = await collect(agent, problems, k, verifier, seed, progress=progress)
-    return {
-        p.id: sum(t.reward or 0.0 for t in g) / k for p, g in zip(problems, groups, strict=True)
-    }

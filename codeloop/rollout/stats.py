@@ -4,7 +4,7 @@
 A trajectory is first reduced to its `sample` record (JSON: what `codeloop eval` keeps of each
 sample in `results.jsonl`, so that a resumed evaluation summarises the lines it reads back as it
 would the trajectories); `stats` gives the means and shares over any set of records:
-- `accuracy` (the mean reward: avg@k over an evaluation), `response_tokens` (sampled and tool
+- `reward` (the mean reward), `response_tokens` (sampled and tool
   tokens), `policy_tokens` (the model's own), `turns`, `tool_calls` per trajectory;
 - `tool_error_ratio`: the share of calls that failed through the model (`ToolCallRecord.failed`:
   infrastructure faults are not its errors), `tool_error_ratio_correct` among right answers
@@ -57,7 +57,7 @@ def stats(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
         return sum(float(s[key]) for s in samples) / n
 
     result = {
-        "accuracy": mean("reward"),
+        "reward": mean("reward"),
         "response_tokens": mean("response_tokens"),
         "policy_tokens": mean("policy_tokens"),
         "turns": mean("turns"),
@@ -79,16 +79,3 @@ def stats(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
 def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """`stats` of scored trajectories."""
     return stats([sample(t) for t in trajectories])
-
-
-def problem_shares(groups: Sequence[Sequence[Trajectory]]) -> tuple[dict[str, float], int]:
-    """({problem id: share of its samples that are correct}, trajectories left out): the
-    samples that infrastructure failed (`Trajectory.unscorable`) are not scored; a problem
-    with none left is not in the result."""
-    shares, failed = {}, 0
-    for group in groups:
-        kept = [t for t in group if not t.unscorable]
-        failed += len(group) - len(kept)
-        if kept:
-            shares[kept[0].prompt_id] = sum(t.reward == 1.0 for t in kept) / len(kept)
-    return shares, failed

@@ -2,10 +2,10 @@
 now hold it, samples `eval.k` trajectories of each problem of `eval.data` at the `[eval]`
 settings, and the step's log gets:
 
-- `eval/pass@1`: avg@k over the problems, with its 95% interval (`eval/pass@1_low`,
-  `eval/pass@1_high`; `intervals.py`: bootstrap over problems, a problem's samples together);
-- `eval/problems` scored and `eval/infrastructure_failures` (trajectories that the engine, a
-  server or the sandbox failed: left out of the score, as `codeloop eval` leaves them out);
+- the metrics of `rollout/score.py` under `eval/`: `eval/pass@1` (avg@k over the problems) with
+  its 95% interval (`eval/pass@1_low`, `eval/pass@1_high`), `eval/problems` scored and
+  `eval/infrastructure_failures` (trajectories that the engine, a server or the sandbox failed:
+  left out of the score);
 - `timing/eval_s` (part of the step's time).
 
 Each rank scores its share of the problems with its engines; the shares are gathered so that
@@ -19,9 +19,7 @@ from collections.abc import Sequence
 
 from codeloop.config import Config, ConfigError, eval_rollout_config
 from codeloop.data.problems import Problem, load_problems
-from codeloop.intervals import interval
-from codeloop.rollout.collect import collect
-from codeloop.rollout.stats import problem_shares
+from codeloop.rollout.score import Scores, score_policy
 from codeloop.trainer.distributed import World, all_gather
 from codeloop.trainer.rollout_side import RolloutSide
 
@@ -46,26 +44,13 @@ class HeldOut:
         return bool(self.problems) and every > 0 and step % every == 0
 
     async def score(self, rollout: RolloutSide, world: World) -> dict[str, float]:
-        """The `eval/` metrics of the policy the engines now sample from."""
+        """The `eval/` metrics of the policy the engines now sample from
+        (`rollout/score.py`)."""
         mine = self.problems[world.rank :: world.size]
         agent = rollout.agent(rollout=eval_rollout_config(self.cfg))
-        groups = await collect(
-            agent, mine, self.cfg.eval.k, rollout.verifier, self.cfg.trainer.seed
+        found = await score_policy(
+            agent, mine, self.cfg.eval.k, rollout.verifier, seed=self.cfg.trainer.seed
         )
-        shares: dict[str, float] = {}
-        failed = 0
-        for rank_shares, rank_failed in all_gather(problem_shares(groups), world):
-            shares |= rank_shares
-            failed += rank_failed
-        metrics = {
-            "eval/problems": float(len(shares)),
-            "eval/infrastructure_failures": float(failed),
-        }
-        if shares:
-            low, high = interval(list(shares.values()))
-            metrics |= {
-                "eval/pass@1": sum(shares.values()) / len(shares),
-                "eval/pass@1_low": low,
-                "eval/pass@1_high": high,
-            }
-        return metrics
+        shares = Scores(found.per_problem, found.failed)  # the trajectories stay on this rank
+        merged = Scores.merged(all_gather(shares, world))
+        return {f"eval/{key}": value for key, value in merged.metrics().items()}

@@ -33,8 +33,8 @@ from codeloop.config import Config, ConfigError
 from codeloop.data.problems import DataError, Problem
 from codeloop.engine.hf_engine import EngineStats, TransformersEngine
 from codeloop.progress import progress_bar
-from codeloop.rollout.collect import pass_rates
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.score import Scores, score_policy
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.async_rl import AsyncGroups
@@ -250,19 +250,23 @@ class RLRun:
             self.learner.load_optimizer_state(carried)
         self.state.carry_on_from(carried["state"], problem_digest(self.problems))
 
-    async def pass_rates(
-        self, problems: Sequence[Problem], k: int, progress: str = ""
-    ) -> dict[str, float]:
-        """Each problem's share of `k` samples of the current policy that are correct, this
-        rank sampling its share of them (all ranks call it and get all the rates)."""
+    async def score(self, problems: Sequence[Problem], k: int, progress: str = "") -> Scores:
+        """`k` samples of each problem from the current policy, scored (`rollout/score.py`),
+        this rank sampling its share of them (all ranks call it and get all the shares; the
+        trajectories stay on the rank that sampled them)."""
         await self.sync_weights()
         world = self.world
         mine = list(problems)[world.rank :: world.size]
-        label = progress if world.is_main else ""
-        rates = await pass_rates(
-            self.rollout.agent(), mine, k, self.rollout.verifier, self.cfg.trainer.seed, label
+        found = await score_policy(
+            self.rollout.agent(),
+            mine,
+            k,
+            self.rollout.verifier,
+            seed=self.cfg.trainer.seed,
+            progress=progress if world.is_main else "",
         )
-        return {key: v for part in all_gather(rates, world) for key, v in part.items()}
+        shares = Scores.merged(all_gather(Scores(found.per_problem, found.failed), world))
+        return Scores(shares.per_problem, shares.failed, found.trajectories)
 
 
 @contextlib.asynccontextmanager
@@ -352,13 +356,13 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     sampled = trajectory_stats([t for g in groups for t in g.sampled])
     kept = trajectory_stats([t for g in groups for t in g.kept])
     metrics = {
-        "reward/mean": sampled["accuracy"],
-        "reward/kept_mean": kept["accuracy"],
+        "reward/mean": sampled["reward"],
+        "reward/kept_mean": kept["reward"],
         "roc/tool_error_ratio_correct": sampled["tool_error_ratio_correct"],
         "roc/tool_error_ratio_kept_correct": kept["tool_error_ratio_correct"],
     }
     for key, value in sampled.items():
-        if key not in ("accuracy", "tool_error_ratio_correct"):
+        if key not in ("reward", "tool_error_ratio_correct"):
             metrics[f"rollout/{key}"] = value
     return metrics
 

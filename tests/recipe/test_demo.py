@@ -65,7 +65,7 @@ def test_the_demo_runs_every_stage_and_reports(
     stages = [p["stage"] for p in summary["points"]]
     assert stages == ["sft", "stage1-short", "stage2-longer", "stage3-hard"]
     for point in summary["points"]:
-        assert 0 <= point["accuracy"] <= 1 and point["response_tokens"] > 0
+        assert 0 <= point["pass@1"] <= 1 and point["response_tokens"] > 0
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert (tmp_path / "sft" / "model" / "config.json").is_file()

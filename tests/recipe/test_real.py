@@ -17,8 +17,10 @@ from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
 from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
-from codeloop.recipe.real import disk_needed, disk_warning, run_real, tool_metrics
+from codeloop.recipe.real import disk_needed, disk_warning, run_real
 from codeloop.recipe.sizes import Sizes
+from codeloop.rollout.score import score
+from codeloop.rollout.stats import trajectory_stats
 from codeloop.rollout.tools import PYTHON_TOOL
 from codeloop.trainer.checkpoint import save_checkpoint
 from codeloop.types import (
@@ -92,10 +94,9 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     stages = [p["stage"] for p in summary["points"]]
     assert stages == ["sft", "stage3-hard"]  # after SFT and the last stage, not in between
     for point in summary["points"]:
-        assert 0 <= point["accuracy"] <= 1 and 0 <= point["tool_use"] <= 1
+        assert 0 <= point["pass@1"] <= 1 and 0 <= point["tool_use"] <= 1
         assert 0 <= point["malformed_calls"] <= 1
-        low, high = point["accuracy_interval95"]
-        assert 0 <= low <= point["accuracy"] <= high <= 1
+        assert 0 <= point["pass@1_low"] <= point["pass@1"] <= point["pass@1_high"] <= 1
         assert sorted(point["per_problem"]) == sorted(p.id for p in dev[:2])
         assert point["problems"] == 2 and point["infrastructure_failures"] == 0
         assert point["engine"]["steps"] > 0 and point["engine"]["prefills"] > 0  # its counters
@@ -224,13 +225,17 @@ def test_tool_metrics_tell_a_call_cut_off_by_the_length_limit_from_no_call() -> 
             ),
         ]
     ]
-    metrics = tool_metrics(groups)
+    metrics = {
+        key: value
+        for key, value in trajectory_stats(groups[0]).items()
+        if key in ("tool_use", "cut_off_in_call", "malformed_calls")
+    }
     # a call that ran: 1st, 2nd (its second call was cut off), 5th (malformed, but answered)
     assert metrics["tool_use"] == pytest.approx(3 / 5)
     assert metrics["cut_off_in_call"] == pytest.approx(2 / 5)  # the 2nd and 3rd
     assert metrics["malformed_calls"] == pytest.approx(1 / 3)
     # codeloop eval's summary counts the same from its per-problem results
-    shares = eval_summary([problem_result(Problem("p", "q", "1"), groups[0])])
+    shares = eval_summary([problem_result(Problem("p", "q", "1"), score(groups))])
     assert {k: shares[k] for k in metrics} == pytest.approx(metrics)
 
 
@@ -308,29 +313,6 @@ def test_the_gpu_config_loads_with_the_engines_slots() -> None:
     assert cfg.rollout.engine_max_batch == 256
     assert [s.name for s in cfg.recipe.stages] == ["stage1-short", "stage2-long"]
     assert cfg.trainer.output_dir == "runs/real-gpu"
-
-
-def test_policy_metrics_score_problems_and_leave_out_what_infrastructure_failed() -> None:
-    from codeloop.eval.passrate import policy_metrics
-
-    def sample(problem: str, reward: float, status: RolloutStatus) -> Trajectory:
-        t = Trajectory(problem, 0, [1], [2], [1], [0.0], status, [], text="<answer>1</answer>")
-        t.reward = reward
-        return t
-
-    right, wrong, failed = RolloutStatus.ANSWERED, RolloutStatus.ANSWERED, RolloutStatus.ERROR
-    groups = [
-        [sample("a", 1.0, right), sample("a", 1.0, right)],
-        [sample("b", 0.0, wrong), sample("b", 1.0, failed)],  # the engine failed one
-        [sample("c", 1.0, failed), sample("c", 1.0, failed)],
-    ]
-    metrics = policy_metrics(groups)
-    # a: 2 of 2, b: 0 of 1 scored, c: nothing scored; avg@k over problems (1 + 0) / 2, not the
-    # trajectories' 2 of 3, and the failed ones' rewards count for nothing
-    assert metrics["per_problem"] == {"a": 1.0, "b": 0.0}
-    assert metrics["accuracy"] == 0.5 and metrics["problems"] == 2
-    assert metrics["infrastructure_failures"] == 3
-    assert metrics["accuracy_interval95"] == [0.0, 1.0]  # two problems, 1 and 0
 
 
 def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:

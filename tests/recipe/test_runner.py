@@ -18,8 +18,9 @@ from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.errors import RunError
 from codeloop.recipe.runner import _stage_problems, run_recipe
 from codeloop.reward import Verifier
-from codeloop.rollout.collect import Agent, pass_rates
+from codeloop.rollout.collect import Agent
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.score import Scores, score_policy
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer import rl
 from codeloop.trainer.checkpoint import read_state
@@ -109,11 +110,11 @@ def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
     below say); stage 2 trains on those, not on all four; a rerun samples no pass rates again."""
     sampled: list[list[str]] = []
 
-    async def rates(agent: object, problems: list[Problem], *args: object) -> dict[str, float]:
+    async def rates(agent: object, problems: list[Problem], *args: object, **kw: object) -> Scores:
         sampled.append([p.id for p in problems])
-        return {p.id: 1.0 if p.id == "p2" else 0.0 for p in problems}
+        return Scores({p.id: 1.0 if p.id == "p2" else 0.0 for p in problems})
 
-    monkeypatch.setattr(rl, "pass_rates", rates)  # what RLRun.pass_rates samples with
+    monkeypatch.setattr(rl, "score_policy", rates)  # what RLRun.score samples with
     cfg = _config(tmp_path)
     cfg.recipe.stages = [
         StageConfig(
@@ -156,7 +157,7 @@ def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
 
     with Verifier() as verifier:
         agent = Agent(Answers(), NoTools(), fmt, _config(Path("/tmp")).rollout)  # type: ignore[arg-type]
-        rates = asyncio.run(pass_rates(agent, PROBLEMS, 3, verifier))
+        rates = asyncio.run(score_policy(agent, PROBLEMS, 3, verifier)).per_problem
     assert rates == {"p0": 0.0, "p1": 0.0, "p2": 1.0, "p3": 0.0}
 
 

@@ -68,7 +68,7 @@ def test_statistics_of_four_trajectories_worked_by_hand() -> None:
         ),
     ]
     found = trajectory_stats(trajectories)
-    assert found["accuracy"] == 0.5
+    assert found["reward"] == 0.5
     assert found["response_tokens"] == pytest.approx((4 + 2 + 3 + 5) / 4)
     assert found["policy_tokens"] == pytest.approx((3 + 2 + 2 + 5) / 4)
     assert found["turns"] == pytest.approx((3 + 1 + 3 + 1) / 4)

@@ -13,6 +13,7 @@ from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.score import Scores
 from codeloop.trainer.distributed import World
 from codeloop.trainer.held_out import HeldOut
 from codeloop.types import ExecRequest, ExecResult
@@ -96,7 +97,7 @@ def test_every_ranks_failures_and_problems_are_summed(
     a second rank's share, scored elsewhere, is what all_gather brings back beside this one's)."""
     from codeloop.trainer import held_out
 
-    other_rank = ({"q10": 1.0, "q11": 0.0}, 3)
+    other_rank = Scores({"q10": 1.0, "q11": 0.0}, 3)
     monkeypatch.setattr(held_out, "all_gather", lambda mine, world: [mine, other_rank])
     problems = [Problem(f"q{a}", f"What is {a} + 1?", str(a + 1)) for a in range(6)]
     side = _Side(_Answers(trainer_fmt), trainer_fmt)
