@@ -88,17 +88,20 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.auth import check_exposure, read_token
     from codeloop.engine.server import serve
+    from codeloop.rollout.policy import Policy
 
-    token = read_token(args.token_file, "--token-file")
+    token = read_token(args.token_file, "--token-file")  # before the model: a bad file fails fast
     check_exposure("codeloop serve", args.host, token, args.insecure_no_token)
+    policy = Policy.load(args.model, dtype=args.dtype)  # a ModelError names what is missing
     serve(
-        args.model,
-        args.host,
-        args.port,
+        policy.model,
+        policy.tokenizer,
+        name=args.model,
+        host=args.host,
+        port=args.port,
         max_batch=args.max_batch,
         kv_capacity_tokens=args.kv_capacity_tokens,
-        dtype=args.dtype,
-        token_file=args.token_file,
+        token=token,
     )
     return 0
 
@@ -396,12 +399,20 @@ def _entropy(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from codeloop.engine.model import default_device, load_policy
+    from codeloop.engine.model import default_device
     from codeloop.eval.entropy import analyse_file
+    from codeloop.rollout.policy import Policy
 
-    model, tokenizer = load_policy(args.model, "float32")
-    model.to(default_device())
-    result = analyse_file(model, tokenizer, args.trajectories, args.top, args.window, args.limit)
+    policy = Policy.load(args.model)
+    policy.model.to(default_device())
+    result = analyse_file(
+        policy.model,
+        policy.tokenizer,
+        args.trajectories,
+        top_fraction=args.top,
+        window=args.window,
+        limit=args.limit,
+    )
     out = Path(args.out or Path(args.trajectories).with_name("entropy.json"))
     out.write_text(json.dumps(result))
     report = result["report"]

@@ -92,8 +92,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     return tokenizer
 
 
-def load_policy(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
-    """(model, tokenizer) from a directory or a hub name, with `from_pretrained`."""
+def load_pretrained(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
+    """(model, tokenizer) from a directory or a hub name, with `from_pretrained` (a policy with
+    its prompt format: `rollout.policy.Policy.load`)."""
     check_source(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
     try:

@@ -28,11 +28,12 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import read_token, require_token
+from codeloop.auth import require_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
-from codeloop.engine.model import default_device, load_policy
+from codeloop.engine.model import default_device, load_pretrained
 from codeloop.engine.protocol import SamplingParams
+from codeloop.errors import ModelError
 
 
 def _params(body: dict[str, Any]) -> SamplingParams:
@@ -111,16 +112,14 @@ def build_app(
         return web.json_response({"ok": True, "version": version})
 
     async def reload(request: web.Request) -> web.Response:
-        from transformers import AutoModelForCausalLM
-
         body = await request.json()
         path = body.get("path")
         if not isinstance(path, str):
             return web.json_response({"error": {"message": 'expected {"path": DIR}'}}, status=400)
         try:
-            dtype = next(engine.model.parameters()).dtype
-            fresh = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        except (OSError, ValueError) as err:
+            dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+            fresh, _ = load_pretrained(path, dtype)
+        except ModelError as err:
             return web.json_response(
                 {"error": {"message": f"cannot load {path}: {err}"}}, status=400
             )
@@ -156,25 +155,24 @@ def build_app(
 
 
 def serve(
-    model_path: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    name: str,
     host: str,
     port: int,
-    *,
     max_batch: int,
     kv_capacity_tokens: int,
-    dtype: str = "float32",
-    token_file: str = "",
+    token: str | None = None,
 ) -> None:
-    """Serve `model_path` with its weights in `dtype` (`trainer.dtype`'s values); with a token
-    (`token_file`, or `CODELOOP_TOKEN`), every route but /health asks for it."""
-    token = read_token(token_file, "--token-file")  # before the model: a bad file fails fast
-    model, tokenizer = load_policy(model_path, dtype)  # a ModelError names what is missing
+    """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
+    `token`, every route but /health asks for it."""
     device = default_device()
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
     engine = engine_from_config(model, tokenizer, rollout)
-    app = build_app(engine, model_path, token)
-    banner = f"codeloop serve: {model_path} ({device}) on http://{host}:{port}" + (
+    app = build_app(engine, name, token)
+    banner = f"codeloop serve: {name} ({device}) on http://{host}:{port}" + (
         " (a token is required)" if token else ""
     )
     web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))

@@ -94,6 +94,7 @@ def analyse_file(
     model: Any,
     tokenizer: Any,
     path: str | Path,
+    *,
     top_fraction: float = 0.2,
     window: int = 8,
     limit: int = 0,

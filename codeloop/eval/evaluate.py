@@ -45,6 +45,7 @@ from codeloop.intervals import METHOD
 from codeloop.progress import progress_bar
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import Scores, score
 from codeloop.rollout.stats import sample, stats
@@ -62,7 +63,7 @@ def open_policy(
     `rollout.kv_capacity_tokens`); the prompt is rendered here with `tokenizer` (a directory or
     hub name; defaults to `model`).
     """
-    from codeloop.engine.model import default_device, load_policy, load_tokenizer
+    from codeloop.engine.model import default_device, load_tokenizer
     from codeloop.errors import ModelError
 
     endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
@@ -79,13 +80,12 @@ def open_policy(
         raise ModelError("give a model path (--model) or a server (--endpoint)")
     from codeloop.engine.hf_engine import engine_from_config
 
-    policy, loaded = load_policy(model, cfg.trainer.dtype)
-    policy.to(default_device())
-    fmt = PromptFormat.from_config(loaded, cfg.rollout)
+    policy = Policy.load(model, cfg, dtype=cfg.trainer.dtype)
+    policy.model.to(default_device())
     engine = engine_from_config(
-        policy, fmt.tokenizer, cfg.rollout, longest_response=cfg.eval.max_response_tokens
+        policy.model, policy.tokenizer, cfg.rollout, longest_response=cfg.eval.max_response_tokens
     )
-    return engine, fmt
+    return engine, policy.fmt
 
 
 async def close_policy(engine: Engine | Scheduler) -> None:

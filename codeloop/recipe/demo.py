@@ -30,14 +30,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from codeloop.config import POLICY_TEMPLATE, SandboxConfig, SFTConfig, load_config
+from codeloop.config import SandboxConfig, SFTConfig, load_config
 from codeloop.data.synthetic import Split, demonstration, problems, tasks
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
-from codeloop.files import directory_atomic, write_atomic
+from codeloop.files import write_atomic
 from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, score_point, score_text
 from codeloop.recipe.runner import run_recipe
+from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
@@ -189,10 +190,8 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
     them: the policy carries its tokenizer)."""
     saved = run_dir / "sft" / "model"
     if (saved / "config.json").is_file():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        fmt = demo_format(AutoTokenizer.from_pretrained(saved), saved / POLICY_TEMPLATE)
-        return AutoModelForCausalLM.from_pretrained(saved), fmt
+        policy = Policy.load(saved)
+        return policy.model, policy.fmt
     fmt = build_format(seed)
     model = tiny_model(
         len(fmt.tokenizer), hidden_size=128, layers=2, heads=4, max_positions=1024, seed=seed
@@ -251,9 +250,7 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
             )
     finally:
         logger.close()
-    with directory_atomic(saved) as partial:
-        model.save_pretrained(partial)
-        fmt.save_pretrained(partial)
+    Policy(model, fmt).save(saved)
     return model, fmt
 
 

@@ -41,8 +41,7 @@ import torch
 from codeloop.config import Config, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import TransformersEngine
-from codeloop.engine.model import load_policy
-from codeloop.files import directory_atomic, write_atomic
+from codeloop.files import write_atomic
 from codeloop.intervals import compare, verdict
 from codeloop.memory import trim_when_above
 from codeloop.recipe import gsm8k_sft
@@ -50,6 +49,7 @@ from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
+from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE
 from codeloop.sandbox.pool import LocalSandbox
@@ -145,7 +145,7 @@ async def _sft(
     """Stage 0; the SFT policy, loaded when `sft_model/` exists."""
     saved = run_dir / "sft_model"
     if (saved / "config.json").is_file():
-        return load_policy(str(saved), "float32")[0]
+        return Policy.load(saved, cfg).model
     data = run_dir / "sft.jsonl"
     if data.is_file():
         conversations = [json.loads(line)["messages"] for line in data.read_text().splitlines()]
@@ -174,9 +174,7 @@ async def _sft(
         )
     finally:
         logger.close()
-    with directory_atomic(saved) as partial:
-        model.save_pretrained(partial)
-        fmt.save_pretrained(partial)
+    Policy(model, fmt).save(saved)
     trim_when_above(0.0)  # SFT's freed activations go back before the engines take memory
     return model
 
@@ -197,8 +195,8 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
 
         cfg.trainer.model = str(smollm2())
     train, dev = _splits(cfg, run_dir, sizes)
-    model, tokenizer = load_policy(cfg.trainer.model, "float32")
-    fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
+    pretrained = Policy.load(cfg.trainer.model, cfg)
+    model, fmt = pretrained.model, pretrained.fmt
     parameters = sum(p.numel() for p in model.parameters())
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
     if warning := disk_warning(run_dir, needed):
@@ -270,10 +268,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
                 f"of {stopped['stage']}; rerun to go on",
                 flush=True,
             )
-    final = run_dir / "final_model"
-    with directory_atomic(final) as partial:
-        model.save_pretrained(partial)
-        fmt.save_pretrained(partial)
+    Policy(model, fmt).save(run_dir / "final_model")
     summary = {
         "model": cfg.trainer.model,
         "sizes": asdict(sizes),
@@ -367,7 +362,7 @@ async def _score_trained(
     sft, model = policies
     final = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if sft is None:
-        sft = load_policy(str(run_dir / "sft_model"), "float32")[0].state_dict()
+        sft = Policy.load(run_dir / "sft_model", cfg).model.state_dict()
     engine.update_weights(sft)
     samples = sizes.trained_samples
     before = await evaluate(engine, fmt, trained, tools, cfg=cfg, samples=samples, seed=seed)

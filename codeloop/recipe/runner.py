@@ -33,9 +33,10 @@ from codeloop.data.problems import DataError, Problem
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
 from codeloop.files import write_atomic
+from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import ToolExecutor
-from codeloop.trainer.checkpoint import latest_checkpoint, read_state
+from codeloop.trainer.checkpoint import latest_checkpoint, read_state, read_weights
 from codeloop.trainer.distributed import World, barrier, one_process
 from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.rl import RLRun, opened_run
@@ -209,24 +210,19 @@ def _final_checkpoint(stage_dir: Path) -> Path:
 
 def _final_model(stage_dir: Path) -> Any:
     """A fresh, unsharded model with a finished stage's final (float32) weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    path = _final_checkpoint(stage_dir) / "model"
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return Policy.load(_final_checkpoint(stage_dir) / "model").model
 
 
 def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     """Load a finished stage's final weights into `model`; return its optimiser, schedule and
     run state."""
-    model.load_state_dict(_final_model(stage_dir).state_dict())
-    state = read_state(_final_checkpoint(stage_dir))
-    run_state = RunState()
-    run_state.load_state_dict(state["extra"])
+    path = _final_checkpoint(stage_dir)
+    model.load_state_dict(read_weights(path))
+    state = read_state(path)
     return {
         "optimizer": state["optimizer"],
         "lr_schedule": state["lr_schedule"],
-        "state": run_state,
+        "state": RunState.restored(state["extra"]),
     }
 
 

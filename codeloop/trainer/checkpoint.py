@@ -1,10 +1,10 @@
 """Checkpoints for exact resume: model, optimiser, LR schedule, RNG states, data position, step.
 
-`checkpoints/step_NNNNNN/` holds `model/` (save_pretrained, with the tokenizer when given: a
-transformers directory that `codeloop eval --model`, `codeloop serve` and `from_pretrained` load)
-and `state.pt` (everything else). A checkpoint is written to a scratch directory and renamed
-(`files.directory_atomic`), so a killed run never leaves a half-written one; the oldest beyond
-`keep` are removed.
+`checkpoints/step_NNNNNN/` holds `model/` (the policy: `rollout/policy.py`, a transformers
+directory with its tokenizer and prompt format that `codeloop eval --model`, `codeloop serve`
+and `from_pretrained` load) and `state.pt` (everything else). A checkpoint is written to a
+scratch directory and renamed (`files.directory_atomic`), so a killed run never leaves a
+half-written one; the oldest beyond `keep` are removed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from codeloop.files import directory_atomic
+from codeloop.rollout.policy import Policy
 
 STATE = "state.pt"  # beside model/ in a checkpoint: written by save_checkpoint, read by read_state
 
@@ -43,26 +44,26 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
-    model: Any,
+    policy: Policy,
+    *,
     optimizer: Any,
-    scheduler: Any,
+    lr_schedule: Any,
     extra: dict[str, Any],
     keep: int,
-    model_state: dict[str, Any] | None = None,
+    weights: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
-    tokenizer: Any = None,
 ) -> Path:
-    """`model_state`/`optimizer_state`: full (unsharded) states gathered by an FSDP run."""
+    """Step `step`'s checkpoint: the policy in `model/` (`Policy.write`), the rest in `state.pt`;
+    the newest `keep` are kept. `weights`/`optimizer_state`: the full (unsharded) states an FSDP
+    run gathered."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     with directory_atomic(final) as partial:
-        model.save_pretrained(partial / "model", state_dict=model_state)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(partial / "model")
+        policy.write(partial / "model", weights=weights)
         state = {
             "step": step,
             "optimizer": optimizer_state or optimizer.state_dict(),
-            "lr_schedule": scheduler.state_dict(),
+            "lr_schedule": lr_schedule.state_dict(),
             "rng": _rng_state(),
             "extra": extra,
         }
@@ -73,11 +74,14 @@ def save_checkpoint(
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's `state.pt`: `step`, `optimizer`, `lr_schedule`, `rng`, `extra` (the
-    schedule of a checkpoint written before it had that name is under `scheduler`)."""
+    """A checkpoint's `state.pt`: `step`, `optimizer`, `lr_schedule`, `rng`, `extra`."""
     state: dict[str, Any] = torch.load(Path(path) / STATE, map_location="cpu", weights_only=False)
-    if "scheduler" in state:
-        state["lr_schedule"] = state.pop("scheduler")
+    return state
+
+
+def read_weights(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's policy weights (float32), as a full state dict."""
+    state: dict[str, Any] = Policy.load(Path(path) / "model").model.state_dict()
     return state
 
 
@@ -91,11 +95,7 @@ def load_checkpoint(
 ) -> tuple[int, dict[str, Any]]:
     """Restore everything into the given objects; return (step, extra). `sharded`: the model
     and optimiser are FSDP2's and take the full states through `torch.distributed.checkpoint`."""
-    from transformers import AutoModelForCausalLM
-
-    path = Path(path)
-    saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    state = read_state(path)
+    weights, state = read_weights(path), read_state(path)
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -104,10 +104,10 @@ def load_checkpoint(
         )
 
         full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, saved.state_dict(), options=full)
+        set_model_state_dict(model, weights, options=full)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=full)
     else:
-        model.load_state_dict(saved.state_dict())
+        model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["lr_schedule"])
     _set_rng_state(state["rng"])

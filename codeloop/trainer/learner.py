@@ -33,6 +33,8 @@ import torch
 from codeloop.algo.loss import LOSSES, behaviour_weights
 from codeloop.config import Config, ConfigError
 from codeloop.memory import trim_when_above
+from codeloop.rollout.policy import Policy
+from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
 from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
@@ -202,25 +204,23 @@ class Learner:
         self.lr_schedule.load_state_dict(state["lr_schedule"])
 
     def save(
-        self, run_dir: str | Path, step: int, extra: dict[str, Any], tokenizer: Any = None
+        self, run_dir: str | Path, step: int, extra: dict[str, Any], fmt: PromptFormat
     ) -> None:
-        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra` (and,
-        through `tokenizer.save_pretrained`, the tokenizer beside the weights, so that the
-        checkpoint's model loads on its own: a `PromptFormat` adds how it is prompted)."""
-        model_state = full_state_dict(self.model, self.world, everywhere=False)
+        """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra`; the
+        policy (this model prompted with `fmt`) loads on its own from its `model/`."""
+        weights = full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:
             save_checkpoint(
                 run_dir,
                 step,
-                self.model,
-                self.optimizer,
-                self.lr_schedule,
-                extra,
-                self.cfg.trainer.keep_checkpoints,
-                model_state,
-                optimizer_state,
-                tokenizer,
+                Policy(self.model, fmt),
+                optimizer=self.optimizer,
+                lr_schedule=self.lr_schedule,
+                extra=extra,
+                keep=self.cfg.trainer.keep_checkpoints,
+                weights=weights,
+                optimizer_state=optimizer_state,
             )
         barrier(self.world)
 

@@ -9,8 +9,7 @@ from typing import Any
 from codeloop.config import Config
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
-from codeloop.engine.model import load_policy
-from codeloop.files import directory_atomic
+from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import distributed
 from codeloop.trainer.logs import RunLogger
@@ -22,9 +21,8 @@ def run_sft(cfg: Config) -> Path:
     """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
     world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     named = load_conversations(cfg.sft.data)
-    model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
-    model = distributed.shard(model, world)
-    fmt = PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval)
+    policy = Policy.load(cfg.trainer.model, cfg)  # trained in float32
+    model, fmt = distributed.shard(policy.model, world), policy.fmt
     logger = RunLogger.for_run(cfg, cfg.trainer.output_dir) if world.is_main else None
     try:
         train_sft(
@@ -43,10 +41,8 @@ def run_sft(cfg: Config) -> Path:
             logger.close()
     out = Path(cfg.trainer.output_dir) / "sft_model"
     weights = distributed.full_state_dict(model, world, everywhere=False)
-    if world.is_main:
-        with directory_atomic(out) as partial:  # whole or absent, should the run be killed
-            model.save_pretrained(partial, state_dict=weights)
-            fmt.save_pretrained(partial)  # the tokenizer, the prompt format, the eval settings
+    if world.is_main:  # the tokenizer, the prompt format and the eval settings beside it
+        Policy(model, fmt).save(out, weights=weights)
     distributed.barrier(world)
     return out
 
@@ -66,8 +62,8 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
             + (f" (removed: {why})" * bool(why))
         )
     problems = kept
-    model, tokenizer = load_policy(cfg.trainer.model, "float32")  # trained in float32
-    return model, PromptFormat.from_config(tokenizer, cfg.rollout, cfg.eval), problems
+    policy = Policy.load(cfg.trainer.model, cfg)  # trained in float32
+    return policy.model, policy.fmt, problems
 
 
 async def run_rl(cfg: Config) -> list[dict[str, float]]:

@@ -20,10 +20,6 @@ from typing import Any
 
 from codeloop.data.problems import Problem
 
-# keys of checkpoints written before the sources kept their own state: the asynchronous
-# source's, at the top level
-_ASYNC_KEYS = {"pending": "pending", "async_next": "next"}
-
 
 def problem_digest(problems: Sequence[Problem]) -> int:
     """A checksum of the problems' ids in order: which list a data position indexes."""
@@ -52,11 +48,15 @@ class RunState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data_position = int(state["data_position"])
         self.roc_rng.setstate(state["roc_rng"])
-        self.problems = int(state.get("problems") or 0)
-        self.sources = copy.deepcopy(state.get("sources", {}))
-        older = {new: state[old] for old, new in _ASYNC_KEYS.items() if old in state}
-        if older:
-            self.sources.setdefault("async", older)
+        self.problems = int(state["problems"])
+        self.sources = copy.deepcopy(state["sources"])
+
+    @classmethod
+    def restored(cls, state: dict[str, Any]) -> RunState:
+        """A run state from its `state_dict` (a checkpoint's `extra`)."""
+        restored = cls()
+        restored.load_state_dict(state)
+        return restored
 
     def carry_on_from(self, before: RunState, problems: int) -> None:
         """A new stage goes on drawing where `before` (the stage before it) stopped, when it

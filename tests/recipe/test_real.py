@@ -19,6 +19,8 @@ from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
 from codeloop.recipe.real import disk_needed, disk_warning, run_real
 from codeloop.recipe.sizes import Sizes
+from codeloop.rollout.policy import Policy
+from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import score
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.rollout.tools import PYTHON_TOOL
@@ -247,8 +249,17 @@ def test_the_disk_estimate_matches_a_saved_checkpoint(tmp_path: Path) -> None:
     model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
     optimizer.step()  # the moments exist only after a step
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    checkpoint = save_checkpoint(tmp_path / "run", 1, model, optimizer, schedule, {}, keep=1)
-    model.save_pretrained(tmp_path / "policy")
+    fmt = PromptFormat(train_tokenizer(["a b c"], vocab_size=300))
+    checkpoint = save_checkpoint(
+        tmp_path / "run",
+        1,
+        Policy(model, fmt),
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        extra={},
+        keep=1,
+    )
+    Policy(model, fmt).save(tmp_path / "policy")
 
     def size(directory: Path) -> int:
         return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())

@@ -29,19 +29,6 @@ def test_the_state_goes_into_a_checkpoint_and_back() -> None:
     assert back.roc_rng.random() == expected
 
 
-def test_a_checkpoint_from_before_the_sources_kept_their_own_state_loads() -> None:
-    older = {
-        "data_position": 5,
-        "roc_rng": random.Random(0).getstate(),
-        "problems": 1,
-        "pending": [3, 4],
-        "async_next": [2, 3],
-    }
-    back = RunState(0)
-    back.load_state_dict(older)
-    assert back.sources == {"async": {"pending": [3, 4], "next": [2, 3]}}
-
-
 def test_a_stage_goes_on_drawing_only_over_the_same_problems() -> None:
     before = RunState(
         1, data_position=9, problems=problem_digest(PROBLEMS), sources={"async": {"pending": [8]}}
