@@ -261,7 +261,14 @@ def _eval(args: argparse.Namespace) -> int:
     async def run(tools: Any) -> dict[str, Any]:
         try:
             return await evaluate(
-                engine, tools, fmt, problems, cfg, out, args.concurrency, args.seed
+                engine,
+                tools,
+                fmt,
+                problems,
+                cfg=cfg,
+                out_dir=out,
+                concurrency=args.concurrency,
+                seed=args.seed,
             )
         finally:
             await close_policy(engine)
@@ -287,42 +294,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
-    from codeloop.errors import InputFileError
-    from codeloop.eval.evaluate import read_done
-    from codeloop.intervals import compare, interval, percent, verdict
-    from codeloop.rollout.score import Scores
+    from codeloop.eval.compare import compare_runs, comparison_lines
 
-    scores = []
-    for given in (args.a, args.b):
-        path = Path(given)
-        folder = path.parent if path.name == "results.jsonl" else path
-        if not (folder / "results.jsonl").is_file():
-            raise InputFileError(
-                f"{given}: no results.jsonl (give a codeloop eval output "
-                "directory or its results.jsonl)"
-            )
-        scores.append(
-            Scores.merged(map(Scores.from_result, read_done(folder).values())).per_problem
-        )
-    a, b = scores
-    if not set(a) & set(b):
-        raise InputFileError(f"{args.a} and {args.b} share no problem id: nothing to pair")
-    result = compare(a, b, args.seed)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    common = sorted(set(a) & set(b))
-    for name, given, values in (("A", args.a, a), ("B", args.b, b)):
-        shares = [values[i] for i in common]
-        print(f"{name}: {percent(result[name.lower()], interval(shares, args.seed))}  {given}")
-    if result["only_in_a"] or result["only_in_b"]:
-        print(
-            f"paired over the {result['problems']} problems both scored (left out: "
-            f"{result['only_in_a']} only in A, {result['only_in_b']} only in B)"
-        )
-    print(verdict(result))
+    result = compare_runs(args.a, args.b, seed=args.seed)
+    print(json.dumps(result, indent=2) if args.json else "\n".join(comparison_lines(result)))
     return 0
 
 
@@ -448,7 +424,7 @@ def _data_filter(args: argparse.Namespace) -> int:
         not (decontaminate or args.keep_non_integer),
         not (decontaminate or args.keep_duplicates),
         benchmarks,
-        args.ngram,
+        n=args.ngram,
     )
     if not decontaminate and args.pass_band:
         kept, out = asyncio.run(_pass_band(args, cfg, kept))
@@ -482,8 +458,8 @@ async def _pass_band(args: argparse.Namespace, cfg: Config, problems: list[Any])
                 problems,
                 args.k,
                 verifier,
-                low,
-                high,
+                low=low,
+                high=high,
                 seed=args.seed,
             ),
         )

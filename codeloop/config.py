@@ -337,7 +337,7 @@ class TrainerConfig:
         "(eval/pass@1_low, eval/pass@1_high). 0: none.",
         ge=0,
     )
-    loggers: list[str] = knob(
+    loggers: list[Literal["tensorboard", "wandb"]] = knob(
         ["tensorboard"],
         'Where metrics go besides metrics.jsonl: "tensorboard" and/or "wandb" (Weights & '
         "Biases, the wandb extra: pip install 'codeloop[wandb]'; WANDB_MODE=offline works "

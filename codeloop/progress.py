@@ -38,6 +38,7 @@ class Lines:
         total: float | None = None,
         initial: float = 0,
         desc: str = "",
+        *,
         unit: str = "it",
         leave: bool = True,
         **_ignored: Any,

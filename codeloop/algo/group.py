@@ -43,6 +43,7 @@ def make_group(
     sampled: list[Trajectory],
     algo: AlgoConfig,
     rng: random.Random,
+    *,
     position: int = 0,
 ) -> Group:
     """The scored samples of one prompt, resampled to the G that train, with advantages."""

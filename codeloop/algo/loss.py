@@ -40,6 +40,7 @@ def policy_loss(
     old_logprobs: torch.Tensor,  # [B, T] of the policy that sampled
     advantages: torch.Tensor,  # [B] one per trajectory
     loss_mask: torch.Tensor,  # [B, T] 1 = a token the policy sampled
+    *,
     denominator: int,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
@@ -69,6 +70,7 @@ def sequence_loss(
     old_logprobs: torch.Tensor,  # [B, T] of the policy that sampled
     advantages: torch.Tensor,  # [B] one per trajectory
     loss_mask: torch.Tensor,  # [B, T] 1 = a token the policy sampled
+    *,
     denominator: int,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,

@@ -259,12 +259,16 @@ async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         }
         scripts = Scripts(fmt, turns)
         dev, rl = [p for p in dev if p.problem in turns], [p for p in rl if p.problem in turns]
-        phases = _phases(cfg, dev, rl, scaled, args.rl_steps, sizes.eval_samples)
+        phases = _phases(
+            cfg, dev, rl, scaled, rl_steps=args.rl_steps, eval_samples=sizes.eval_samples
+        )
         engine, decoder = _engine(fmt, scripts, max_batch, args)
         tools = TimedTools(sandbox)
         with Verifier(cfg.reward) as verifier:
             for phase in phases:
-                phase.figures = await _run_phase(phase, engine, decoder, fmt, tools, verifier)
+                phase.figures = await _run_phase(
+                    phase, engine, decoder, fmt, tools=tools, verifier=verifier
+                )
     total = _totals([p.figures for p in phases])
     return {
         "config": args.config or GPU_CONFIG,
@@ -291,6 +295,7 @@ def _phases(
     dev: list[Problem],
     rl: list[Problem],
     scaled: Any,
+    *,
     rl_steps: int | None,
     eval_samples: int,
 ) -> list[Phase]:
@@ -333,6 +338,7 @@ async def _run_phase(
     engine: TransformersEngine,
     decoder: ReplayDecoder,
     fmt: PromptFormat,
+    *,
     tools: TimedTools,
     verifier: Verifier,
 ) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
             report,
         )
         report["shapes"][shape] = _shape_figures(file)
-    _recipe(args, model, work, deadline, logs, report)
+    _recipe(args, model, work, deadline, logs=logs, report=report)
     report["minutes"] = (time.monotonic() - began) / 60
     written = _write(report, out)
     print(f"bench gpu: {report['minutes']:.1f} min; report {written} (and .md)", flush=True)
@@ -200,6 +200,7 @@ def _recipe(
     model: str,
     work: Path,
     deadline: float,
+    *,
     logs: Path,
     report: dict[str, Any],
 ) -> None:

@@ -34,7 +34,7 @@ PHASES = [  # (name, code, calls, in flight, timeout_s)
 
 
 async def _calls(
-    client: SandboxClient, codes: list[str], conc: int, timeout_s: float, expected: list[str]
+    client: SandboxClient, codes: list[str], conc: int, timeout_s: float, *, expected: list[str]
 ) -> dict[str, Any]:
     """Run every code with at most `conc` in flight; count statuses and wrong outputs."""
     results: list[ExecResult | None] = [None] * len(codes)
@@ -74,7 +74,7 @@ async def four_phases(client: SandboxClient, runs: int) -> list[dict[str, Any]]:
     for run in range(1, runs + 1):
         for name, code, calls, conc, timeout_s in PHASES:
             out = "[2, 3]\n" if code == SYMPY else "2\n"
-            row = await _calls(client, [code] * calls, conc, timeout_s, [out] * calls)
+            row = await _calls(client, [code] * calls, conc, timeout_s, expected=[out] * calls)
             rows.append({"run": run, "phase": name, **row})
             _print(f"run {run} {name}", row)
     return rows
@@ -98,7 +98,7 @@ def cpu_load(processes: int) -> Iterator[None]:
 async def loaded_soak(client: SandboxClient, calls: int, hogs: int) -> dict[str, Any]:
     codes = [f"print({i})" for i in range(calls)]
     with cpu_load(hogs):
-        row = await _calls(client, codes, 256, 4.0, [f"{i}\n" for i in range(calls)])
+        row = await _calls(client, codes, 256, 4.0, expected=[f"{i}\n" for i in range(calls)])
     row["cpu_bound_processes"] = hogs
     _print(f"soak x{calls} @256 t=4s, {hogs} CPU-bound processes beside", row)
     return row

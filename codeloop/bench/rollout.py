@@ -65,15 +65,10 @@ from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
 from codeloop.rollout.tools import ToolExecutor
 from codeloop.trainer.profile import device_seconds, op_table, op_times, profiler, raw_events
-from codeloop.types import ExecRequest, ExecResult, ExecStatus
+from codeloop.types import ExecRequest, ExecResult
 
 T = TypeVar("T")
 TURN_SEED = 1000  # trajectory i samples turn t with seed i * TURN_SEED + t
-
-
-class _NoTools:
-    async def execute(self, request: ExecRequest) -> ExecResult:
-        return ExecResult(ExecStatus.OK)
 
 
 class _Gate:
@@ -102,7 +97,7 @@ class _ToolCalling:
     """The model samples each turn; every turn but the last ends in a fixed tool call."""
 
     def __init__(
-        self, engine: Engine, fmt: PromptFormat, tool_turns: int, tool_s: float, gate: _Gate
+        self, engine: Engine, fmt: PromptFormat, tool_turns: int, tool_s: float, *, gate: _Gate
     ) -> None:
         self.engine, self.fmt, self.tool_turns, self.tool_s, self.gate = (
             engine,
@@ -153,7 +148,7 @@ async def _measure_tools(
     from codeloop.sandbox.pool import LocalSandbox
 
     gate = _Gate(serialised)
-    wrapped = _ToolCalling(engine, fmt, args.tool_turns, args.tool_s, gate)
+    wrapped = _ToolCalling(engine, fmt, args.tool_turns, args.tool_s, gate=gate)
     cfg = RolloutConfig(
         max_response_tokens=100_000, max_turns=args.tool_turns + 1, max_tokens_per_turn=args.tokens
     )
@@ -165,7 +160,16 @@ async def _measure_tools(
         tools = _GatedTools(sandbox, gate)
         start = time.perf_counter()
         runs = [
-            run_trajectory(wrapped, tools, fmt, cfg, "p", i, prompt, seed=i * TURN_SEED)
+            run_trajectory(
+                wrapped,
+                tools,
+                fmt,
+                cfg,
+                prompt_id="p",
+                sample_index=i,
+                prompt_ids=prompt,
+                seed=i * TURN_SEED,
+            )
             for i in range(args.trajectories)
         ]
         trajectories = await asyncio.gather(*runs)
@@ -257,7 +261,8 @@ def host_work(tokenizer: Any, rows: int, steps: int = 50) -> dict[str, float]:
         "draws_ms": per_step(lambda end: uniforms(seeds, torch.full((rows,), end))),
         "stops_ms": per_step(
             lambda end: [
-                finish_reason(tokenizer, set(), row[:end], params, completers) for row in ids
+                finish_reason(tokenizer, set(), row[:end], params, completers=completers)
+                for row in ids
             ]
         ),
         "every_tail_ms": per_step(
@@ -563,6 +568,7 @@ def _plain_rows(
     fmt: PromptFormat,
     prompts: list[list[int]],
     args: argparse.Namespace,
+    *,
     cpu: bool,
     record: Callable[[str, Any], None],
     record_stats: Callable[[str, Any], None],
@@ -639,6 +645,7 @@ def _diagnostics(
     fmt: PromptFormat,
     prompts: list[list[int]],
     sampled: list[Generation],
+    *,
     max_batch: int,
 ) -> dict[str, Any]:
     """The logprob gap against float32 scoring, the engine's host work a step, and its host
@@ -780,7 +787,16 @@ def main(argv: list[str]) -> int:
     sampled: list[Generation] = []
     cpu = device.type == "cpu"
     with torch.no_grad():
-        _plain_rows(model, fmt, prompts, args, cpu, record, record_stats, sampled)
+        _plain_rows(
+            model,
+            fmt,
+            prompts,
+            args,
+            cpu=cpu,
+            record=record,
+            record_stats=record_stats,
+            sampled=sampled,
+        )
     if args.profile:
         engine = TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
         try:
@@ -801,7 +817,11 @@ def main(argv: list[str]) -> int:
         f", generate at {100 * rows['generate']['tokens_per_s'] / bound['tokens_per_s']:.0f}%",
         flush=True,
     )
-    found = {} if args.quick else _diagnostics(reference, fmt, prompts, sampled, args.max_batch)
+    found = (
+        {}
+        if args.quick
+        else _diagnostics(reference, fmt, prompts, sampled, max_batch=args.max_batch)
+    )
     print(
         f"agent workload: {args.trajectories} trajectories, {args.tool_turns} tool calls each "
         f"of {args.tool_s} s on average",

@@ -66,6 +66,7 @@ def _summarise(
     conc: int,
     latencies: list[float],
     statuses: list[str],
+    *,
     seconds: float,
     expected: ExecStatus,
 ) -> Cell:
@@ -114,7 +115,9 @@ async def _sandbox_cell(client: SandboxClient, name: str, conc: int, n: int) -> 
         return await client.execute(request)
 
     latencies, results, seconds = await _drive(n, conc, call)
-    return _summarise(name, conc, latencies, [str(r.status) for r in results], seconds, expected)
+    return _summarise(
+        name, conc, latencies, [str(r.status) for r in results], seconds=seconds, expected=expected
+    )
 
 
 async def _baseline_cell(name: str, conc: int, n: int) -> Cell:
@@ -142,7 +145,7 @@ async def _baseline_cell(name: str, conc: int, n: int) -> Cell:
         return "memory" if b"MemoryError" in err else "error"
 
     latencies, statuses, seconds = await _drive(n, conc, call)
-    return _summarise(name, conc, latencies, statuses, seconds, expected)
+    return _summarise(name, conc, latencies, statuses, seconds=seconds, expected=expected)
 
 
 def _limit_memory(memory_mb: int) -> None:

@@ -126,6 +126,7 @@ class SimEngine:
         step_ms: float,
         saturation: int,
         prefill_ms: float,
+        *,
         max_running: int = 256,
     ) -> None:
         self.capacity, self.step_s, self.saturation = capacity, step_ms / 1000, saturation
@@ -198,7 +199,7 @@ MIXES = {"heavy": (0.8, 1.0), "light": (0.2, 0.4)}  # sigma of difficulty, of tu
 
 
 def workload(
-    mix: str, prompts: int, group: int, budget: int, turn_cap: int, seed: int
+    mix: str, prompts: int, group: int, budget: int, *, turn_cap: int, seed: int
 ) -> list[Trajectory]:
     """See the module docstring."""
     rng = random.Random(seed)
@@ -498,7 +499,9 @@ def main(argv: list[str]) -> int:
     )
     for mix in args.mix:
         for seed in range(args.seeds):
-            trajectories = workload(mix, args.prompts, args.group, args.budget, args.turn_cap, seed)
+            trajectories = workload(
+                mix, args.prompts, args.group, args.budget, turn_cap=args.turn_cap, seed=seed
+            )
             bound = lower_bound(trajectories, args)
             static_s = 0.0
             for policy in ("static", *[p for p in POLICIES if p != "static"]):
@@ -550,8 +553,8 @@ def _training_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 args.prompts * (args.steps + extra),
                 args.group,
                 args.budget,
-                args.turn_cap,
-                seed,
+                turn_cap=args.turn_cap,
+                seed=seed,
             )
             groups = [flat[i : i + args.group] for i in range(0, len(flat), args.group)]
             bound = training_bound(groups, args)

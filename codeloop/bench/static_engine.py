@@ -37,6 +37,7 @@ class StaticBatchEngine:
         tokenizer: Any,
         stop_token_ids: Iterable[int],
         max_batch: int = 32,
+        *,
         batch_window_ms: float = 5.0,
     ) -> None:
         self.model = model.eval()

@@ -93,7 +93,7 @@ def _sync() -> None:
 
 
 def _sft(
-    model: Any, samples: list[Sample], steps: int, budget: int, packing: str, world: World
+    model: Any, samples: list[Sample], steps: int, budget: int, *, packing: str, world: World
 ) -> float:
     """Seconds per SFT step (forward, backward, AdamW) over the samples."""
     from codeloop.trainer.sft import sft_step
@@ -104,7 +104,7 @@ def _sft(
         if i == WARMUP_STEPS:
             _sync()
             start = time.perf_counter()
-        sft_step(model, samples, 0, budget, world, packing)
+        sft_step(model, samples, 0, budget, world=world, packing=packing)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     _sync()
@@ -150,12 +150,25 @@ def main(argv: list[str] | None = None) -> int:
 
     base_s = _baseline(model(), samples, args.steps, world)
     sft_s = {
-        packing: _sft(model(), samples, args.steps, args.micro_batch_tokens, packing, world)
+        packing: _sft(
+            model(), samples, args.steps, args.micro_batch_tokens, packing=packing, world=world
+        )
         for packing in ("off", "on")
     }
     with tempfile.TemporaryDirectory() as tmp:
         problems = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
-        split = asyncio.run(_rl(cfg, model(), fmt, problems, samples, args.steps, tmp, world))
+        split = asyncio.run(
+            _rl(
+                cfg,
+                model(),
+                fmt,
+                problems,
+                samples=samples,
+                steps=args.steps,
+                run_dir=tmp,
+                world=world,
+            )
+        )
     update_s = split.pop("update_only_s")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
@@ -207,6 +220,7 @@ async def _rl(
     model: Any,
     fmt: PromptFormat,
     problems: list[Problem],
+    *,
     samples: list[Sample],
     steps: int,
     run_dir: str,
@@ -214,8 +228,8 @@ async def _rl(
 ) -> dict[str, float]:
     cfg.trainer.output_dir = run_dir
     async with LocalSandbox(cfg.sandbox) as tools:
-        logger = RunLogger(run_dir, tensorboard=False)
-        run = build_run(cfg, model, fmt, problems, tools, logger, world=world)
+        logger = RunLogger(run_dir)
+        run = build_run(cfg, model, fmt, problems, tools=tools, logger=logger, world=world)
         try:
             start = time.perf_counter()
             for _ in range(steps):

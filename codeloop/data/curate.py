@@ -106,6 +106,7 @@ def curate(
     integer_answers: bool = True,
     unique: bool = True,
     benchmarks: Sequence[Problem] = (),
+    *,
     n: int = 8,
 ) -> tuple[list[Problem], list[Removal]]:
     """The report's filters in order: integer answers, duplicates, benchmark n-gram overlap."""

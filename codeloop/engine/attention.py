@@ -29,7 +29,7 @@ NAME = "codeloop_decode"
 _UNHANDLED = ("softcap", "sliding_window", "position_bias", "s_aux")  # options left to SDPA
 
 
-def decode_attention(
+def decode_attention(  # the signature of transformers' attention interface, which calls it
     module: Any,
     query: torch.Tensor,
     key: torch.Tensor,

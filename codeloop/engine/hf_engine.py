@@ -176,6 +176,7 @@ class TransformersEngine:
         tokenizer: Any,
         stop_token_ids: Iterable[int],
         max_batch: int = 64,
+        *,
         max_kv_tokens: int = 0,
         prefix_cache_tokens: int | None = None,
         batch_window_ms: float = 5.0,
@@ -233,14 +234,6 @@ class TransformersEngine:
         # transformers 5 renamed `past_key_values` to `cache` (and warns on the old name)
         forward = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
-
-    @property
-    def steps_run(self) -> int:
-        return self._stats.steps
-
-    @property
-    def prefills_run(self) -> int:
-        return self._stats.prefills
 
     def stats(self) -> EngineStats:
         """What the engine did since it was made (a copy)."""
@@ -427,10 +420,17 @@ class TransformersEngine:
         merge) and their next-token logits [n, V]."""
         prompts = [r.prompt_ids for r in joining]
         if self.slots is None:
-            return KVBatch.prefill(self._forward, prompts, self.prefixes, self.pad_id, device)
+            return KVBatch.prefill(
+                self._forward, prompts, self.prefixes, pad_id=self.pad_id, device=device
+            )
         columns = max(r.reserved_tokens for r in [*self._running, *joining])
         return SlotBatch.prefill(
-            self.slots, prompts, self.prefixes, self.pad_id, len(self._running), columns
+            self.slots,
+            prompts,
+            self.prefixes,
+            pad_id=self.pad_id,
+            offset=len(self._running),
+            columns=columns,
         )
 
     def _forward(self, cache: DynamicCache, **inputs: torch.Tensor) -> torch.Tensor:
@@ -462,7 +462,7 @@ class TransformersEngine:
                     self.stop_token_ids,
                     request.out_ids,
                     request.params,
-                    request.completers,
+                    completers=request.completers,
                 )
             )
         keep = [i for i, r in enumerate(rows) if r.finish is None]

@@ -177,6 +177,7 @@ class KVBatch:
         forward: Forward,
         prompts: list[list[int]],
         prefixes: PrefixCache,
+        *,
         pad_id: int,
         device: torch.device,
     ) -> tuple[KVBatch, torch.Tensor]:
@@ -281,7 +282,9 @@ def _share_common_prefix(
     if common - prefixes.peek(prompts[0][:common]) < SHARED_PREFIX_MIN:
         return
     head = list(prompts[0][:common])
-    batch, _ = KVBatch.prefill(forward, [head + [0]], prefixes, 0, device)  # one spare token
+    batch, _ = KVBatch.prefill(
+        forward, [head + [0]], prefixes, pad_id=0, device=device
+    )  # one spare token
     prefixes.store(tuple(head), [(k[:, :common], v[:, :common]) for k, v in batch.row_kv(0)])
 
 

@@ -109,6 +109,7 @@ def tiny_model(
     hidden_size: int = 64,
     layers: int = 2,
     heads: int = 4,
+    *,
     max_positions: int = 4096,
     seed: int = 0,
 ) -> Any:

@@ -71,6 +71,7 @@ class OpenAIEngine:
         model: str = "",
         backend: Backend = "codeloop",
         timeout_s: float = 3600.0,
+        *,
         kv_capacity_tokens: int = 0,
         silent_s: float = 5.0,
         token: str | None = None,

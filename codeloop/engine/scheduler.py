@@ -106,6 +106,7 @@ class Scheduler:
         policy: str = "kv_aware",
         capacity_tokens: int | Sequence[int] = 1 << 20,
         batch_size: int = 0,
+        *,
         move_share: float = 0.25,
         poll_s: float = 0.05,
         retry_s: float = 120.0,

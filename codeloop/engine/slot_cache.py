@@ -212,6 +212,7 @@ class SlotDecoder:
         positions: torch.Tensor,
         slots: torch.Tensor | None,
         width: int,
+        *,
         last: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Feed `tokens` [n, T] at `positions` [n, T] into `slots` [n] (None: the first n,
@@ -304,10 +305,6 @@ class SlotDecoder:
             self.captures += 1
         return self._graphs[key]
 
-    @property
-    def graphs_captured(self) -> int:
-        return len(self._graphs)
-
     def prefill(
         self, prompts: Sequence[Sequence[int]], slots: list[int], cached: list[int], pad_id: int
     ) -> torch.Tensor:
@@ -348,7 +345,7 @@ class SlotDecoder:
             positions.to(self.device),
             torch.tensor(slots, device=self.device),
             width,
-            last.to(self.device),
+            last=last.to(self.device),
         )
 
     def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -410,6 +407,7 @@ class SlotBatch:
         decoder: SlotDecoder,
         prompts: list[list[int]],
         prefixes: PrefixCache,
+        *,
         pad_id: int,
         offset: int,
         columns: int,
@@ -422,7 +420,7 @@ class SlotBatch:
         for row, prompt in enumerate(prompts):
             first.setdefault(tuple(prompt), row)
         unique = list(first)
-        _share_common_prefix(decoder, unique, prefixes, pad_id, offset)
+        _share_common_prefix(decoder, unique, prefixes, pad_id, slot=offset)
         cached = []
         for key in unique:
             n, entry = prefixes.lookup(key)
@@ -484,6 +482,7 @@ def _share_common_prefix(
     prompts: list[tuple[int, ...]],
     prefixes: PrefixCache,
     pad_id: int,
+    *,
     slot: int,
 ) -> None:
     """Prefill the prompts' common prefix (a system prompt, say) once, in `slot`, and cache

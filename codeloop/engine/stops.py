@@ -21,6 +21,7 @@ def finish_reason(
     stop_token_ids: set[int],
     generated: list[int],
     params: SamplingParams,
+    *,
     completers: Completers | None = None,
 ) -> Literal["stop", "length"] | None:
     """Why a row that sampled `generated` stops now, or None: an end-of-turn token, a stop

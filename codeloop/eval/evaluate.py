@@ -194,6 +194,7 @@ async def evaluate(
     tools: ToolExecutor,
     fmt: PromptFormat,
     problems: Sequence[Problem],
+    *,
     cfg: Config,
     out_dir: str | Path,
     concurrency: int = 32,
@@ -218,7 +219,7 @@ async def evaluate(
 
     async def one(problem: Problem) -> tuple[Problem, list[Trajectory]]:
         async with limit:
-            groups = await collect(agent, [problem], cfg.eval.k, verifier, seed)
+            groups = await collect(agent, [problem], cfg.eval.k, verifier, seed=seed)
             return problem, groups[0]
 
     todo = [p for p in problems if p.id not in done]

@@ -17,9 +17,9 @@ async def pass_band(
     problems: Sequence[Problem],
     k: int,
     verifier: Verifier,
+    *,
     low: float,
     high: float,
-    *,
     seed: int = 0,
 ) -> tuple[list[Problem], list[Removal]]:
     """Keep problems whose pass rate over k samples (`rollout/score.py`) lies in [low, high];

@@ -43,7 +43,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
 from codeloop.trainer.distributed import one_process
-from codeloop.trainer.logs import RunLogger, read_metrics
+from codeloop.trainer.logs import RunLogger, TensorBoardSink, read_metrics
 from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import encode_conversation, train_sft
 
@@ -105,6 +105,7 @@ def sft_conversations(
     seed: int,
     count: int,
     error_share: float,
+    *,
     no_tool_share: float,
     skip: int = 0,
     split: Split = "train",
@@ -173,7 +174,9 @@ async def run_demo(
             _print_point(points[-1])
 
         await measure("sft")
-        await run_recipe(cfg, model, fmt, train, tools, world, engine=engine, after_stage=measure)
+        await run_recipe(
+            cfg, model, fmt, train, tools=tools, world=world, engine=engine, after_stage=measure
+        )
     summary = {
         "seed": seed,
         "resample": cfg.algo.resample,
@@ -200,10 +203,16 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
     check = [
         encode_conversation(fmt, c)
         for c in sft_conversations(
-            fmt, seed, 60, 0.0, 0.0, skip=sizes.heldout_per_difficulty, split="heldout"
+            fmt,
+            seed,
+            60,
+            0.0,
+            no_tool_share=0.0,
+            skip=sizes.heldout_per_difficulty,
+            split="heldout",
         )
     ]
-    logger = RunLogger(run_dir / "sft")
+    logger = RunLogger(run_dir / "sft", [TensorBoardSink(run_dir / "sft")])
 
     def mastered(steps: int) -> bool:
         if steps % sizes.sft_check_every:
@@ -235,15 +244,17 @@ def stage0(run_dir: Path, seed: int, sizes: Sizes) -> tuple[Any, PromptFormat]:
     try:
         done = 0
         for count, error_share, no_tool_share, skip, stop_when in phases:
-            conversations = sft_conversations(fmt, seed, count, error_share, no_tool_share, skip)
+            conversations = sft_conversations(
+                fmt, seed, count, error_share, no_tool_share=no_tool_share, skip=skip
+            )
             done += len(
                 train_sft(
                     model,
                     fmt,
                     conversations,
                     cfg,
-                    logger,
-                    seed,
+                    logger=logger,
+                    seed=seed,
                     first_step=done,
                     stop_when=stop_when,
                 )

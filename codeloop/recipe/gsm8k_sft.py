@@ -108,6 +108,7 @@ async def build(
     tools: ToolExecutor,
     fmt: PromptFormat,
     error_share: float = 0.15,
+    *,
     seed: int = 0,
     max_tool_chars: int = 2048,
     concurrency: int = 32,

@@ -49,9 +49,8 @@ async def score_point(
     """The policy in `engine` (the run's own, with its current weights) scored on `problems`
     with `samples` trajectories each at the `rollout` settings, admitting at most
     `max_kv_tokens` reserved tokens (0: what the engine admits): the score
-    (`rollout/score.py`), each problem's share (`per_problem`, for paired comparisons), the
-    `STATISTICS` of the scored trajectories, and what the engine did (`engine`)."""
-    before = engine.stats()
+    (`rollout/score.py`), each problem's share (`per_problem`, for paired comparisons) and the
+    `STATISTICS` of the scored trajectories."""
     with engine.reserving_at_most(max_kv_tokens), Verifier(reward) as verifier:
         agent = Agent(engine, tools, fmt, rollout)
         found = await score_policy(agent, problems, samples, verifier, seed=seed, progress=progress)
@@ -64,7 +63,6 @@ async def score_point(
         **found.metrics(),
         **{key: means[key] for key in STATISTICS},
         "per_problem": found.per_problem,
-        "engine": engine.stats().since(before).metrics(),
     }
 
 

@@ -54,7 +54,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.distributed import World, one_process
-from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.logs import RunLogger, TensorBoardSink
 from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import train_sft
 
@@ -100,13 +100,15 @@ async def evaluate(
     seed: int | None = None,
 ) -> dict[str, Any]:
     """Development-split point of the policy in `engine` (the run's own) at the `[eval]`
-    sampling settings (`score_point`); samples drawn with `seed` (default `trainer.seed`)."""
+    sampling settings (`score_point`), with what the engine did (`engine`); samples drawn with
+    `seed` (default `trainer.seed`)."""
     # On a CPU a reservation cap bounds the batch's KV memory (rollout.kv_capacity_tokens when
     # set): unbounded, 64 rows of up to 1,200 tokens, left-padded, grew a SmolLM2 evaluation
     # past 19 GB on a 24 GB machine. A GPU's slots are allocated for the whole batch, so there
     # the engine admits up to its batch (the cap held an evaluation to ~50 of 256 rows).
     on_gpu = next(engine.model.parameters()).device.type == "cuda"
-    return await score_point(
+    before = engine.stats()
+    point = await score_point(
         engine,
         fmt,
         problems,
@@ -118,6 +120,7 @@ async def evaluate(
         max_kv_tokens=cfg.rollout.kv_capacity_tokens or (0 if on_gpu else EVAL_KV_TOKENS),
         progress="eval",
     )
+    return {**point, "engine": engine.stats().since(before).metrics()}
 
 
 def _splits(cfg: Config, run_dir: Path, sizes: Sizes) -> tuple[list[Problem], list[Problem]]:
@@ -137,6 +140,7 @@ async def _sft(
     model: Any,
     fmt: PromptFormat,
     train: list[Problem],
+    *,
     tools: Any,
     run_dir: Path,
     sizes: Sizes,
@@ -151,7 +155,7 @@ async def _sft(
         conversations = [json.loads(line)["messages"] for line in data.read_text().splitlines()]
     else:
         built = await gsm8k_sft.build(
-            train[: sizes.sft_problems], tools, fmt, sizes.error_share, cfg.trainer.seed
+            train[: sizes.sft_problems], tools, fmt, sizes.error_share, seed=cfg.trainer.seed
         )
         conversations = built.conversations
         print(
@@ -160,17 +164,17 @@ async def _sft(
             flush=True,
         )
         write_atomic(data, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
-    logger = RunLogger(run_dir / "sft")
+    logger = RunLogger(run_dir / "sft", [TensorBoardSink(run_dir / "sft")])
     try:
         train_sft(
             model.to(world.device),
             fmt,
             conversations,
             cfg.sft,
-            logger,
-            cfg.trainer.seed,
-            cfg.trainer.grad_clip,
-            world,
+            logger=logger,
+            seed=cfg.trainer.seed,
+            grad_clip=cfg.trainer.grad_clip,
+            world=world,
         )
     finally:
         logger.close()
@@ -226,7 +230,9 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
             return end - EVAL_MARGIN * longest - FINISH_S
 
-        model = await _sft(cfg, model, fmt, train, tools, run_dir, sizes, world)
+        model = await _sft(
+            cfg, model, fmt, train, tools=tools, run_dir=run_dir, sizes=sizes, world=world
+        )
         # the SFT policy's weights, to score the problems RL trains on before and after it
         sft_weights = (
             None
@@ -237,7 +243,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         sft_s = time.perf_counter() - start
         await measure("sft")
         if end is not None:
-            print(budget(cfg, sizes, minutes, sft_s, points[0]["seconds"]), flush=True)
+            print(budget(cfg, sizes, minutes, sft_s, eval_s=points[0]["seconds"]), flush=True)
         rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
         policy = "sft"  # what the model is now: scored at the end, after each stage if asked
 
@@ -248,7 +254,15 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
                 await measure(name)
 
         stages = await run_recipe(
-            cfg, model, fmt, rl_problems, tools, world, rl_deadline, engine, after_stage
+            cfg,
+            model,
+            fmt,
+            rl_problems,
+            tools=tools,
+            world=world,
+            deadline=rl_deadline,
+            engine=engine,
+            after_stage=after_stage,
         )
         last = stages[-1]
         stopped: dict[str, Any] | None = None
@@ -260,7 +274,16 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         trained = [p for p in rl_problems if p.id in _trained_ids(stages)]
         left_s = None if end is None else end - FINISH_S - time.perf_counter()
         trained_result = await _score_trained(
-            engine, fmt, trained, tools, cfg, sizes, run_dir, (sft_weights, model), left_s, points
+            engine,
+            fmt,
+            trained,
+            tools,
+            cfg=cfg,
+            sizes=sizes,
+            run_dir=run_dir,
+            policies=(sft_weights, model),
+            left_s=left_s,
+            points=points,
         )
         if stopped is not None:
             print(
@@ -282,7 +305,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     return summary
 
 
-def budget(cfg: Config, sizes: Sizes, minutes: float, sft_s: float, eval_s: float) -> str:
+def budget(cfg: Config, sizes: Sizes, minutes: float, sft_s: float, *, eval_s: float) -> str:
     """The run's plan in time, from the first evaluation's rate (trajectories a second): the
     screen, an RL step's sampling and the last evaluation at that rate (RL's training and its
     shorter budgets aside), and the RL steps that fit in what is left of `minutes`."""
@@ -330,6 +353,7 @@ async def _score_trained(
     fmt: PromptFormat,
     trained: list[Problem],
     tools: Any,
+    *,
     cfg: Config,
     sizes: Sizes,
     run_dir: Path,

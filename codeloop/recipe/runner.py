@@ -50,6 +50,7 @@ async def run_recipe(
     model: Any,
     fmt: PromptFormat,
     problems: Sequence[Problem],
+    *,
     tools: ToolExecutor,
     world: World | None = None,
     deadline: Deadline = None,
@@ -97,7 +98,9 @@ async def run_recipe(
                 }
             )
             break
-        async with opened_run(scfg, model, fmt, current, tools, stage_dir, world, engine) as run:
+        async with opened_run(
+            scfg, model, fmt, current, tools=tools, run_dir=stage_dir, world=world, engine=engine
+        ) as run:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
             if kept is None:
                 kept = list(await _stage_problems(run, stage, current))
@@ -234,4 +237,4 @@ async def run_recipe_from_config(cfg: Config) -> list[dict[str, Any]]:
     world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     model, fmt, problems = prepare(cfg)
     async with tools_for(cfg) as tools:
-        return await run_recipe(cfg, model, fmt, problems, tools, world)
+        return await run_recipe(cfg, model, fmt, problems, tools=tools, world=world)

@@ -210,7 +210,8 @@ def _roots(rng: random.Random) -> tuple[str, Forms]:
 def _matrix(rng: random.Random) -> tuple[str, Forms]:
     a, b, c, d = rng.sample(range(-9, 10), 4)
 
-    def m(env: str, x: int, y: int, z: int, w: int) -> str:
+    def m(env: str, *entries: int) -> str:
+        x, y, z, w = entries
         return f"\\begin{{{env}}} {x} & {y} \\\\ {z} & {w} \\end{{{env}}}"
 
     return m("pmatrix", a, b, c, d), [

@@ -121,10 +121,6 @@ class VerifierPool:
                 continue
             self._workers[i] = self._replace(worker)
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self._workers]
-
     def close(self) -> None:
         for worker in self._workers:
             worker.conn.close()

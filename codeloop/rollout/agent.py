@@ -54,6 +54,7 @@ async def run_trajectory(
     tools: ToolExecutor | Toolbox | Sequence[Tool],
     fmt: PromptFormat,
     cfg: RolloutConfig,
+    *,
     prompt_id: str,
     sample_index: int,
     prompt_ids: list[int],

@@ -74,6 +74,7 @@ async def collect(
     problems: Sequence[Problem],
     k: int,
     verifier: Verifier,
+    *,
     seed: int = 0,
     keys: Sequence[str | int] | None = None,
     progress: str = "",
@@ -104,10 +105,10 @@ async def collect(
                 agent.tools,
                 agent.fmt,
                 agent.rollout,
-                problem.id,
-                index,
-                prompt,
-                seed_of(seed, key, index),
+                prompt_id=problem.id,
+                sample_index=index,
+                prompt_ids=prompt,
+                seed=seed_of(seed, key, index),
             )
         result = await verifier.score_async(trajectory, problem.answer)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted

@@ -55,6 +55,7 @@ class PromptFormat:
         template_path: str = "",
         system_prompt: str = SYSTEM_PROMPT,
         user_instruction: str = USER_INSTRUCTION,
+        *,
         tools: Sequence[dict[str, Any]] = (PYTHON_SCHEMA,),
     ) -> None:
         """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`)."""
@@ -80,7 +81,7 @@ class PromptFormat:
             cfg.chat_template,
             cfg.system_prompt or SYSTEM_PROMPT,
             cfg.user_instruction or USER_INSTRUCTION,
-            tool_schemas(cfg.tools),
+            tools=tool_schemas(cfg.tools),
         )
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
         fmt.turn_settings = {key: copy.copy(getattr(cfg, key)) for key in TURN_SETTINGS}

@@ -91,4 +91,4 @@ async def score_policy(
 ) -> Scores:
     """k samples of each problem through the agent loop (seeded by `seed`, the problem id and
     the sample: `collect`), scored; a progress bar labelled `progress` when given."""
-    return score(await collect(agent, problems, k, verifier, seed, progress=progress))
+    return score(await collect(agent, problems, k, verifier, seed=seed, progress=progress))

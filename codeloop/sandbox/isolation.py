@@ -52,11 +52,15 @@ def setns(fd: int, nstype: int) -> None:
     _check(_libc.setns(fd, nstype), "setns")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int, *, data: str = ""
+) -> None:
     def enc(s: str | None) -> bytes | None:
         return None if s is None else s.encode()
 
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), flags, data=enc(data)), f"mount {target}"
+    )
 
 
 def prctl(option: int, arg: int) -> None:
@@ -126,7 +130,7 @@ def _covered(path: str, mounted: list[str]) -> bool:
 def _build_root(tmpfs_mb: int) -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
     os.makedirs(ROOT, exist_ok=True)
-    mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=755")
+    mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, data=f"size={tmpfs_mb}m,mode=755")
     mounted: list[str] = []
     for path in [*SYSTEM_PATHS, *python_paths(), *ETC_FILES, *DEVICES]:
         if os.path.islink(path) or (os.path.exists(path) and not _covered(path, mounted)):

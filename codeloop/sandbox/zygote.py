@@ -254,7 +254,7 @@ class Zygote:
             os.mkdir(workdir, 0o700)
             if self.root.can_setuid:
                 os.chown(workdir, uid, uid)
-            child = self._fork(request, call, uid, workdir, fds, session_id)
+            child = self._fork(request, call, uid, workdir, fds=fds, session_id=session_id)
         except OSError as err:
             for fd in fds:
                 os.close(fd)
@@ -274,6 +274,7 @@ class Zygote:
         call: Call,
         uid: int,
         workdir: str,
+        *,
         fds: list[int],
         session_id: str | None,
     ) -> Child:

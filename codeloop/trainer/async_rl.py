@@ -192,6 +192,7 @@ class Producer:
         world: World,
         state: RunState,
         order: Callable[[int], Problem],
+        *,
         rollout: RolloutSide,
         version: int,
         on_scored: Callable[[Trajectory], None],
@@ -307,13 +308,13 @@ class Producer:
                 [problem],
                 algo.group_size * algo.oversample,
                 self.verifier,
-                self.cfg.trainer.seed,
+                seed=self.cfg.trainer.seed,
                 keys=[position],
                 on_trajectory=self.on_scored,
             )
         finally:
             self.activity.stop()
-        group = make_group(problem, sampled[0], algo, self.state.roc_rng, position)
+        group = make_group(problem, sampled[0], algo, self.state.roc_rng, position=position)
         self.ready.put_nowait(group)
 
     def _done(self, task: asyncio.Task[None]) -> None:
@@ -430,6 +431,7 @@ class AsyncGroups:
         world: World,
         state: RunState,
         order: Callable[[int], Problem],
+        *,
         rollout: RolloutSide,
         version: int,
     ) -> None:
@@ -441,7 +443,9 @@ class AsyncGroups:
             )
         self.cfg, self.world = cfg, world
         self.intake = Intake(cfg, world)
-        self.producer = Producer(cfg, world, state, order, rollout, version, self.intake.scored)
+        self.producer = Producer(
+            cfg, world, state, order, rollout=rollout, version=version, on_scored=self.intake.scored
+        )
         self._staleness: list[int] = []  # of the last step's kept trajectories
 
     def save(self, state: RunState) -> None:

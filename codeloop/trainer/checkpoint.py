@@ -91,7 +91,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: str | Path, model: Any, optimizer: Any, scheduler: Any, sharded: bool = False
+    path: str | Path, model: Any, optimizer: Any, scheduler: Any, *, sharded: bool = False
 ) -> tuple[int, dict[str, Any]]:
     """Restore everything into the given objects; return (step, extra). `sharded`: the model
     and optimiser are FSDP2's and take the full states through `torch.distributed.checkpoint`."""

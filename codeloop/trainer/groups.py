@@ -100,6 +100,7 @@ class SyncGroups:
         world: World,
         state: RunState,
         order: Callable[[int], Problem],
+        *,
         rollout: RolloutSide | None,
     ) -> None:
         self.cfg, self.world, self.state, self.order = cfg, world, state, order
@@ -183,11 +184,11 @@ class SyncGroups:
             [p for _, p in problems],
             n,
             self.rollout.verifier,
-            self.cfg.trainer.seed,
+            seed=self.cfg.trainer.seed,
             keys=positions,
             progress="rollout" if self.world.is_main else "",
         )
         return [
-            make_group(problem, sampled, algo, self.state.roc_rng, position)
+            make_group(problem, sampled, algo, self.state.roc_rng, position=position)
             for (position, problem), sampled in zip(problems, scored, strict=True)
         ]

@@ -1,5 +1,6 @@
-"""A run's logs: scalar metrics to `metrics.jsonl` and to the `trainer.loggers` (TensorBoard,
-Weights & Biases), trajectories per step.
+"""A run's logs: scalar metrics to `metrics.jsonl` and to sinks (`trainer.loggers`:
+`TensorBoardSink`, `WandbSink`; anything with `log`, `rewind` and `close` can be one),
+trajectories per step.
 
 Metric keys are namespaced (`rollout/`, `reward/`, `roc/`, `loss/`, `sandbox/`, `timing/`,
 `sft/`). `trajectories/step_NNNNNN.jsonl` holds each step's trajectories for the viewer.
@@ -14,15 +15,53 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from codeloop.config import Config, ConfigError
 from codeloop.files import write_atomic
 
 METRICS = "metrics.jsonl"
-LOGGERS = ("tensorboard", "wandb")
 WANDB_ID = "wandb_id"  # in the run directory: a resumed run goes on in the same W&B run
+
+
+class Sink(Protocol):
+    """Where a run's scalar metrics go besides `metrics.jsonl`."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def rewind(self, step: int) -> None:
+        """A resumed run redoes the steps after `step`: hide or forget what was logged past it."""
+
+    def close(self) -> None: ...
+
+
+class TensorBoardSink:
+    """The metrics as TensorBoard scalars under `<run_dir>/tensorboard`; a rewound run's later
+    events are hidden from its views by a purge marker."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.directory = run_dir / "tensorboard"
+        self._writer: Any = None
+        self._purge_step: int | None = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.directory), purge_step=self._purge_step)
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+
+    def rewind(self, step: int) -> None:
+        self.close()
+        self._purge_step = step + 1
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 class WandbSink:
@@ -59,37 +98,35 @@ class WandbSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
 
+    def rewind(self, step: int) -> None:
+        """W&B keeps the last value logged at a step: the redone steps replace the old ones."""
+
     def close(self) -> None:
         self.run.finish()
 
 
 class RunLogger:
-    def __init__(
-        self, run_dir: str | Path, tensorboard: bool = True, wandb: WandbSink | None = None
-    ) -> None:
+    def __init__(self, run_dir: str | Path, sinks: Sequence[Sink] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.run_dir / METRICS).open("a")
-        self._tensorboard = tensorboard
-        self._writer: Any = None
-        self._purge_step: int | None = None
-        self._wandb = wandb
+        self.sinks = list(sinks)
 
     @classmethod
     def for_run(cls, cfg: Config, run_dir: str | Path, is_main: bool = True) -> RunLogger:
-        """The logger `trainer.loggers` asks for (only the main rank writes to the loggers)."""
-        unknown = [name for name in cfg.trainer.loggers if name not in LOGGERS]
-        if unknown:
-            raise ConfigError(f"trainer.loggers: unknown {unknown}; choose from {list(LOGGERS)}")
-        wandb = None
+        """The logger with the sinks `trainer.loggers` names (only the main rank has sinks)."""
+        run_dir = Path(run_dir)
+        sinks: list[Sink] = []
+        if is_main and "tensorboard" in cfg.trainer.loggers:
+            sinks.append(TensorBoardSink(run_dir))
         if is_main and "wandb" in cfg.trainer.loggers:
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
-            wandb = WandbSink(cfg.trainer.wandb_project, Path(run_dir), dataclasses.asdict(cfg))
-        return cls(run_dir, is_main and "tensorboard" in cfg.trainer.loggers, wandb)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            sinks.append(WandbSink(cfg.trainer.wandb_project, run_dir, dataclasses.asdict(cfg)))
+        return cls(run_dir, sinks)
 
     def rewind(self, step: int) -> None:
-        """Forget everything logged after `step`: metrics records, trajectory files and
-        TensorBoard events (hidden from its views by a purge marker)."""
+        """Forget everything logged after `step`: metrics records, trajectory files, and what
+        the sinks logged past it."""
         self._jsonl.close()
         write_atomic(
             self.run_dir / METRICS,
@@ -99,29 +136,14 @@ class RunLogger:
         for path in (self.run_dir / "trajectories").glob("step_*.jsonl"):
             if int(path.stem.removeprefix("step_")) > step:
                 path.unlink()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._purge_step = step + 1
+        for sink in self.sinks:
+            sink.rewind(step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self._jsonl.flush()
-        if self._tensorboard:
-            writer = self._tensorboard_writer()
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, step)
-        if self._wandb is not None:
-            self._wandb.log(step, metrics)
-
-    def _tensorboard_writer(self) -> Any:
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(
-                str(self.run_dir / "tensorboard"), purge_step=self._purge_step
-            )
-        return self._writer
+        for sink in self.sinks:
+            sink.log(step, metrics)
 
     def trajectories(self, step: int, records: list[dict[str, Any]]) -> Path:
         path = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
@@ -131,10 +153,8 @@ class RunLogger:
 
     def close(self) -> None:
         self._jsonl.close()
-        if self._writer is not None:
-            self._writer.close()
-        if self._wandb is not None:
-            self._wandb.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

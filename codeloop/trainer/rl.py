@@ -59,6 +59,7 @@ class RLRun:
         learner: Learner,
         rollout: RolloutSide,
         fmt: PromptFormat,
+        *,
         problems: Sequence[Problem],
         logger: RunLogger,
         world: World,
@@ -194,10 +195,10 @@ class RLRun:
         return problem_at(self.problems, self.cfg.trainer.seed, position)
 
     def _new_source(self) -> GroupSource:
-        args = (self.cfg, self.world, self.state, self.problem_at, self.rollout)
+        args = (self.cfg, self.world, self.state, self.problem_at)
         if self.cfg.trainer.mode == "async":
-            return AsyncGroups(*args, version=self.step_index)
-        return SyncGroups(*args)
+            return AsyncGroups(*args, rollout=self.rollout, version=self.step_index)
+        return SyncGroups(*args, rollout=self.rollout)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -275,6 +276,7 @@ async def opened_run(
     model: Any,
     fmt: PromptFormat,
     problems: Sequence[Problem],
+    *,
     tools: ToolExecutor,
     run_dir: str | Path,
     world: World | None = None,
@@ -286,7 +288,9 @@ async def opened_run(
     world = world or World()
     logger = RunLogger.for_run(cfg, run_dir, world.is_main)
     try:
-        run = build_run(cfg, model, fmt, problems, tools, logger, engine, world=world)
+        run = build_run(
+            cfg, model, fmt, problems, tools=tools, logger=logger, engine=engine, world=world
+        )
     except BaseException:
         logger.close()
         raise
@@ -303,6 +307,7 @@ def build_run(
     model: Any,
     fmt: PromptFormat,
     problems: Sequence[Problem],
+    *,
     tools: ToolExecutor,
     logger: RunLogger,
     engine: TransformersEngine | None = None,
@@ -317,9 +322,20 @@ def build_run(
     if world.distributed and cfg.trainer.prompts_per_step < world.size:
         raise ConfigError(f"{world.size} ranks need trainer.prompts_per_step >= {world.size}")
     probe = fmt.prompt_ids(problems[0].problem)  # a server's reload is checked on it
-    rollout = build_rollout(cfg, model, fmt, tools, world, logger.run_dir, probe, engine)
+    rollout = build_rollout(
+        cfg, model, fmt, tools, world=world, run_dir=logger.run_dir, probe=probe, engine=engine
+    )
     learner = Learner(model, cfg, world, fmt.tokenizer.pad_token_id or 0)  # after the copy
-    return RLRun(cfg, learner, rollout, fmt, problems, logger, world, HeldOut.from_config(cfg))
+    return RLRun(
+        cfg,
+        learner,
+        rollout,
+        fmt,
+        problems=problems,
+        logger=logger,
+        world=world,
+        held_out=HeldOut.from_config(cfg),
+    )
 
 
 class Clock:

@@ -74,6 +74,7 @@ def build_rollout(
     model: Any,
     fmt: PromptFormat,
     tools: ToolExecutor,
+    *,
     world: World,
     run_dir: str | Path,
     probe: list[int],
@@ -93,10 +94,10 @@ def build_rollout(
             mine,
             Path(r.weights_dir or Path(run_dir) / "weights"),
             model,
-            fmt.tokenizer,
-            world,
-            not r.kv_capacity_tokens,
-            check if r.reload_check_tol else None,
+            tokenizer=fmt.tokenizer,
+            world=world,
+            read_capacity=not r.kv_capacity_tokens,
+            check=check if r.reload_check_tol else None,
         )
         engines: list[Engine] = list(mine)
     else:

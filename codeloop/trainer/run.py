@@ -30,10 +30,10 @@ def run_sft(cfg: Config) -> Path:
             fmt,
             [c for _, c in named],
             cfg.sft,
-            logger,
-            cfg.trainer.seed,
-            cfg.trainer.grad_clip,
-            world,
+            logger=logger,
+            seed=cfg.trainer.seed,
+            grad_clip=cfg.trainer.grad_clip,
+            world=world,
             sources=[where for where, _ in named],
         )
     finally:
@@ -52,7 +52,7 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     problems = load_problems(cfg.data.train, cfg.data)
     benchmarks = [b for path in cfg.data.decontaminate for b in load_problems(path, cfg.data)]
     kept, removed = curate(
-        problems, cfg.data.integer_answers_only, False, benchmarks, cfg.data.ngram
+        problems, cfg.data.integer_answers_only, False, benchmarks, n=cfg.data.ngram
     )
     reasons = Counter(r.reason for r in removed)
     if distributed.launched_main():
@@ -72,7 +72,9 @@ async def run_rl(cfg: Config) -> list[dict[str, float]]:
     model, fmt, problems = prepare(cfg)
     async with (
         tools_for(cfg) as tools,
-        opened_run(cfg, model, fmt, problems, tools, cfg.trainer.output_dir, world) as run,
+        opened_run(
+            cfg, model, fmt, problems, tools=tools, run_dir=cfg.trainer.output_dir, world=world
+        ) as run,
     ):
         if run.resume():
             print(f"resumed from step {run.step_index}")

@@ -129,6 +129,7 @@ def sft_step(
     samples: Sequence[Sample],
     pad_id: int,
     token_budget: int,
+    *,
     world: World | None = None,
     packing: str = "auto",
 ) -> dict[str, float]:
@@ -157,6 +158,7 @@ def train_sft(
     fmt: PromptFormat,
     conversations: Sequence[Conversation],
     cfg: SFTConfig,
+    *,
     logger: RunLogger | None = None,
     seed: int = 0,
     grad_clip: float = 1.0,
@@ -201,8 +203,8 @@ def train_sft(
                 [samples[i] for i in mine],
                 pad_id,
                 cfg.micro_batch_tokens,
-                world,
-                cfg.packing,
+                world=world,
+                packing=cfg.packing,
             )
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm

@@ -113,6 +113,7 @@ class ServerSink:
         mine: Sequence[OpenAIEngine],
         path: Path,
         model: Any,
+        *,
         tokenizer: Any,
         world: World,
         read_capacity: bool,

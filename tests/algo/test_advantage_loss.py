@@ -117,7 +117,9 @@ def test_micro_batches_accumulate_to_the_token_mean() -> None:
     whole, _ = policy_loss(logprobs, old, adv, mask, denominator=5)
     parts = sum(
         float(
-            policy_loss(logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], 5)[0]
+            policy_loss(
+                logprobs[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], denominator=5
+            )[0]
         )
         for i in range(2)
     )
@@ -138,7 +140,9 @@ def test_entropy_of_uniform_and_certain_distributions() -> None:
 
 def test_the_denominator_must_be_positive() -> None:
     with pytest.raises(ValueError, match="denominator"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), 0)
+        policy_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), denominator=0
+        )
 
 
 def test_gspo_clips_the_geometric_mean_ratio_of_each_sequence() -> None:
@@ -148,7 +152,9 @@ def test_gspo_clips_the_geometric_mean_ratio_of_each_sequence() -> None:
     old = torch.zeros(2, 3)
     new = torch.log(torch.tensor([[1.5, 1.0, 1.0], [0.5, 50.0, 1.1]])).requires_grad_()
     mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
-    loss, sums = sequence_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2, 0.2, 0.28)
+    loss, sums = sequence_loss(
+        new, old, torch.tensor([1.0, -1.0]), mask, denominator=2, clip_low=0.2, clip_high=0.28
+    )
     assert loss.item() == pytest.approx((-math.sqrt(1.5) + 0.8) / 2, rel=1e-5)
     assert sums.clipped_tokens == 2  # B's two tokens
     loss.backward()
@@ -164,8 +170,12 @@ def test_gspo_differs_from_the_token_loss_where_ratios_spread() -> None:
     # (-1.28 - 0.5) / 2 = -0.89; sequence-level s = sqrt(2 * 0.5) = 1: -1
     new, old = torch.log(torch.tensor([[2.0, 0.5]])), torch.zeros(1, 2)
     mask, adv = torch.ones(1, 2), torch.tensor([1.0])
-    assert policy_loss(new, old, adv, mask, 2, 0.2, 0.28)[0].item() == pytest.approx(-0.89)
-    assert sequence_loss(new, old, adv, mask, 1, 0.2, 0.28)[0].item() == pytest.approx(-1.0)
+    assert policy_loss(new, old, adv, mask, denominator=2, clip_low=0.2, clip_high=0.28)[
+        0
+    ].item() == pytest.approx(-0.89)
+    assert sequence_loss(new, old, adv, mask, denominator=1, clip_low=0.2, clip_high=0.28)[
+        0
+    ].item() == pytest.approx(-1.0)
     assert (LOSSES["token"].per, LOSSES["gspo"].per) == ("token", "sequence")
 
 
@@ -176,7 +186,7 @@ def test_gspo_refuses_token_weights_and_skips_empty_rows() -> None:
             torch.zeros(1, 1),
             torch.ones(1),
             torch.ones(1, 1),
-            1,
+            denominator=1,
             weights=torch.ones(1, 1),
         )
     # a row with no policy token (all masked) adds nothing, whatever its advantage
@@ -185,7 +195,7 @@ def test_gspo_refuses_token_weights_and_skips_empty_rows() -> None:
         torch.zeros(2, 2),
         torch.tensor([1.0, 5.0]),
         torch.tensor([[1, 1], [0, 0]]),
-        1,
+        denominator=1,
     )
     assert loss.item() == pytest.approx(-1.0)
 
@@ -199,14 +209,20 @@ def test_gspo_dual_clip_caps_a_negative_advantage_at_c_times_it() -> None:
         torch.zeros(2, 2),
         torch.tensor([-2.0, 0.5]),
         torch.ones(2, 2),
-        1,
-        0.2,
-        0.28,
+        denominator=1,
+        clip_low=0.2,
+        clip_high=0.28,
         dual_clip=3.0,
     )
     assert loss.item() == pytest.approx(6.0 - 0.5)
     plain, _ = sequence_loss(
-        new[:1], torch.zeros(1, 2), torch.tensor([-2.0]), torch.ones(1, 2), 1, 0.2, 0.28
+        new[:1],
+        torch.zeros(1, 2),
+        torch.tensor([-2.0]),
+        torch.ones(1, 2),
+        denominator=1,
+        clip_low=0.2,
+        clip_high=0.28,
     )
     assert plain.item() == pytest.approx(8.0)
 
@@ -216,7 +232,15 @@ def test_gspo_clips_above_and_counts_a_one_token_sequence() -> None:
     # A = +1: s = 1.1 (its own ratio), kept: (-1.28 - 1.1) / 2
     new = torch.log(torch.tensor([[2.0, 2.0], [1.1, 1.0]]))
     mask = torch.tensor([[1, 1], [1, 0]])
-    loss, _ = sequence_loss(new, torch.zeros(2, 2), torch.tensor([1.0, 1.0]), mask, 2, 0.2, 0.28)
+    loss, _ = sequence_loss(
+        new,
+        torch.zeros(2, 2),
+        torch.tensor([1.0, 1.0]),
+        mask,
+        denominator=2,
+        clip_low=0.2,
+        clip_high=0.28,
+    )
     assert loss.item() == pytest.approx((-1.28 - 1.1) / 2)
 
 
@@ -228,7 +252,7 @@ def test_gspo_clips_by_its_own_ranges_unless_told() -> None:
         torch.zeros(1, 1),
         torch.tensor([1.0]),
         torch.ones(1, 1),
-        1,
+        denominator=1,
     )
     assert up.item() == pytest.approx(-1.0004, abs=1e-7)
     down, _ = sequence_loss(
@@ -236,7 +260,7 @@ def test_gspo_clips_by_its_own_ranges_unless_told() -> None:
         torch.zeros(1, 1),
         torch.tensor([-1.0]),
         torch.ones(1, 1),
-        1,
+        denominator=1,
     )
     assert down.item() == pytest.approx(0.9997, abs=1e-7)
 

@@ -109,11 +109,12 @@ def test_the_recipe_figures_pair_the_problems_and_count_rl_steps_only(tmp_path: 
     sft = {"1": 0.0, "2": 0.5, "3": 1.0}
     rl = {"1": 1.0, "2": 0.5, "3": 1.0}  # one problem gained a whole sample: +33.3 points
     points = [
-        {"stage": "sft", "accuracy": 0.5, "accuracy_interval95": [0.1, 0.9], "per_problem": sft},
+        {"stage": "sft", "pass@1": 0.5, "pass@1_low": 0.1, "pass@1_high": 0.9, "per_problem": sft},
         {
             "stage": "stage1",
-            "accuracy": 2.5 / 3,
-            "accuracy_interval95": [0.5, 1.0],
+            "pass@1": 2.5 / 3,
+            "pass@1_low": 0.5,
+            "pass@1_high": 1.0,
             "per_problem": rl,
         },
     ]

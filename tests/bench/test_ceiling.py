@@ -77,7 +77,7 @@ def test_the_engine_on_the_replay_samples_each_problems_turns(fmt: PromptFormat)
     assert answer.token_ids[:-1] == fmt.encode(TURNS["What is 1 + 3?"][0])
     assert answer.token_ids[-1] in fmt.end_of_turn_ids and answer.finish_reason == "stop"
     assert set(call.logprobs) == {0.0}
-    assert engine.slots.slept_s == pytest.approx(0.001 * engine.steps_run)
+    assert engine.slots.slept_s == pytest.approx(0.001 * engine.stats().steps)
 
 
 @pytest.mark.slow

@@ -54,9 +54,9 @@ def test_batched_logprobs_match_a_full_forward_pass(
 ) -> None:
     prompts = [fmt.encode("What is 2 + 3?"), fmt.encode("x"), fmt.encode("def f(n): return n ** 2")]
     params = [SamplingParams(12, temperature=0.7, seed=i) for i in range(3)]
-    before = engine.prefills_run
+    before = engine.stats().prefills
     gens = asyncio.run(_many(engine, prompts, params))
-    assert engine.prefills_run == before + 1  # the three requests were prefilled together
+    assert engine.stats().prefills == before + 1  # the three requests were prefilled together
     for prompt, gen in zip(prompts, gens, strict=True):
         assert len(gen.token_ids) == len(gen.logprobs) == 12 and gen.finish_reason == "length"
         assert gen.logprobs == pytest.approx(_recompute(engine, prompt, gen, 0.7), abs=1e-4)
@@ -128,13 +128,18 @@ def test_the_agent_loop_on_the_engine(engine: TransformersEngine, fmt: PromptFor
 
     async def main() -> list[Trajectory]:
         tools = NoTools()
-        runs = [run_trajectory(engine, tools, fmt, cfg, "p", i, prompt, seed=i) for i in range(4)]
+        runs = [
+            run_trajectory(
+                engine, tools, fmt, cfg, prompt_id="p", sample_index=i, prompt_ids=prompt, seed=i
+            )
+            for i in range(4)
+        ]
         return list(await asyncio.gather(*runs))
 
-    before = engine.steps_run
+    before = engine.stats().steps
     trajectories = asyncio.run(main())
     sampled = sum(sum(t.loss_mask) for t in trajectories)
-    assert engine.steps_run - before < sampled  # trajectories shared decoding steps
+    assert engine.stats().steps - before < sampled  # trajectories shared decoding steps
     for t in trajectories:
         assert len(t.response_ids) <= 24 and t.status in set(RolloutStatus)
         sampled = [lp for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m]
@@ -431,18 +436,18 @@ def test_a_request_joins_the_running_batch_and_leaves_when_it_stops(
             return gen
 
         first = asyncio.create_task(run("long", long_prompt, SamplingParams(60, seed=1)))
-        while engine.steps_run == steps_before:  # the long one is decoding
+        while engine.stats().steps == steps_before:  # the long one is decoding
             await asyncio.sleep(0.001)
         short = await run("short", short_prompt, SamplingParams(4, seed=5))
         assert engine.running == 1  # the short one left; the long one runs on
         assert short.token_ids == alone.token_ids  # joining mid-batch changed nothing
         await first
 
-    steps_before = engine.steps_run
+    steps_before = engine.stats().steps
     asyncio.run(main())
     assert finished == ["short", "long"]
     # the short request's 3 decoding steps were shared with the long one's 59
-    assert engine.steps_run - steps_before == 59
+    assert engine.stats().steps - steps_before == 59
 
 
 def _recording_prefills(engine: TransformersEngine) -> list[tuple[list[int], int]]:
@@ -452,7 +457,7 @@ def _recording_prefills(engine: TransformersEngine) -> list[tuple[list[int], int
     prefill = engine._prefill
 
     def recording(joining: Any, device: Any) -> Any:
-        prefills.append(([r.arrived_step for r in joining], engine.steps_run))
+        prefills.append(([r.arrived_step for r in joining], engine.stats().steps))
         return prefill(joining, device)
 
     engine._prefill = recording  # type: ignore[method-assign]
@@ -484,7 +489,7 @@ def test_a_joining_request_waits_for_others_a_few_steps_when_asked(
     async def main() -> list[Generation]:
         first = [waiting.generate(long, SamplingParams(40, seed=s)) for s in range(rows)]
         running = asyncio.gather(*first)
-        while waiting.steps_run < 2:
+        while waiting.stats().steps < 2:
             await asyncio.sleep(0.001)
         one = await waiting.generate(prompts[0], SamplingParams(6, seed=0))  # alone: it waits
         two = [waiting.generate(p, SamplingParams(6, seed=i)) for i, p in enumerate(prompts[1:], 1)]
@@ -575,7 +580,7 @@ def test_max_batch_and_kv_tokens_cap_the_running_requests(
         ),
     ):
         gens = asyncio.run(_many(capped, prompts, params))
-        assert capped.prefills_run == 3 and capped.steps_run == 3 * 5  # one after the other
+        assert capped.stats().prefills == 3 and capped.stats().steps == 3 * 5  # one after the other
         assert [g.token_ids for g in gens] == [g.token_ids for g in free]
 
 
@@ -839,7 +844,7 @@ def test_each_token_records_the_weights_that_sampled_it(fmt: PromptFormat) -> No
 
     async def main() -> Generation:
         task = asyncio.create_task(engine.generate([5, 6, 7], SamplingParams(40, seed=1)))
-        while engine.steps_run < 5:
+        while engine.stats().steps < 5:
             await asyncio.sleep(0.001)
         engine.update_weights({}, version=7)  # between two decoding steps
         return await task
@@ -857,14 +862,14 @@ def test_a_cancelled_request_leaves_the_batch(fmt: PromptFormat) -> None:
         gone = asyncio.create_task(engine.generate([5, 6], SamplingParams(300, seed=1)))
         kept = asyncio.create_task(engine.generate([7, 8], SamplingParams(30, seed=2)))
         queued = asyncio.create_task(engine.generate([9], SamplingParams(30, seed=3)))
-        while engine.steps_run < 3:
+        while engine.stats().steps < 3:
             await asyncio.sleep(0.001)
         gone.cancel()
         queued.cancel()
         result = await kept
         while engine.running:  # the cancelled one must not decode on to its 300 tokens
             await asyncio.sleep(0.001)
-        return result, engine.steps_run
+        return result, engine.stats().steps
 
     result, steps = asyncio.run(main())
     assert len(result.token_ids) == 30

@@ -26,7 +26,9 @@ def _forward(model: Any) -> Any:
 
 
 def _prefill(model: Any, prompts: list[list[int]]) -> tuple[KVBatch, torch.Tensor]:
-    return KVBatch.prefill(_forward(model), prompts, PrefixCache(0), 0, torch.device("cpu"))
+    return KVBatch.prefill(
+        _forward(model), prompts, PrefixCache(0), pad_id=0, device=torch.device("cpu")
+    )
 
 
 def _expected(model: Any, sequences: list[list[int]]) -> torch.Tensor:

@@ -273,7 +273,9 @@ def test_the_agent_sends_the_configured_sampling_to_the_server(fmt: PromptFormat
         runner, url = await serve({("POST", "/v1/completions"): completions})
         engine = OpenAIEngine(url, model="policy")
         try:
-            return await run_trajectory(engine, Tools(), fmt, cfg, "p", 0, prompt, seed=7)
+            return await run_trajectory(
+                engine, Tools(), fmt, cfg, prompt_id="p", sample_index=0, prompt_ids=prompt, seed=7
+            )
         finally:
             await engine.close()
             await runner.cleanup()

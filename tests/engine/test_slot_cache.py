@@ -59,7 +59,7 @@ def test_prefill_and_decode_logits_equal_transformers(config: Any) -> None:
     decoder = SlotDecoder(model, rows=6)
     prefixes = PrefixCache(1000)
     prompts = [[1, 2, 3, 4, 5], [7, 8], list(range(20, 60)), [1, 2, 3, 4, 5]]
-    batch, logits = SlotBatch.prefill(decoder, prompts, prefixes, 0, 0, 64)
+    batch, logits = SlotBatch.prefill(decoder, prompts, prefixes, pad_id=0, offset=0, columns=64)
     assert logits.shape == (4, 300)
     for prompt, row in zip(prompts, logits, strict=True):
         torch.testing.assert_close(row, _last_logits(model, prompt), atol=1e-5, rtol=1e-5)
@@ -75,11 +75,11 @@ def test_a_prefix_from_the_cache_is_loaded_and_only_the_rest_prefilled() -> None
     decoder = SlotDecoder(model, rows=4)
     prefixes = PrefixCache(1000)
     first = list(range(30, 70))
-    batch, _ = SlotBatch.prefill(decoder, [first], prefixes, 0, 0, 128)
+    batch, _ = SlotBatch.prefill(decoder, [first], prefixes, pad_id=0, offset=0, columns=128)
     prefixes.store(tuple(first), batch.row_kv(0))
     decoder.kv.fill_(1e4)  # a reused prefix must come from the cache, not the slot
     turn = [*first, 5, 6, 7]
-    _, logits = SlotBatch.prefill(decoder, [turn], prefixes, 0, 2, 128)
+    _, logits = SlotBatch.prefill(decoder, [turn], prefixes, pad_id=0, offset=2, columns=128)
     assert prefixes.reused_tokens == len(first)
     torch.testing.assert_close(logits[0], _last_logits(model, turn), atol=1e-5, rtol=1e-5)
 
@@ -88,7 +88,7 @@ def test_rows_that_leave_are_filled_by_the_last_rows() -> None:
     model = _model(LlamaConfig(**SMALL))
     decoder = SlotDecoder(model, rows=5)
     prompts = [[i + 1] * (i + 2) for i in range(5)]  # lengths 2..6, slot i holds token i + 1
-    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 16)
+    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), pad_id=0, offset=0, columns=16)
     before = [decoder.kv[:, :, slot, :, : len(p)].clone() for slot, p in enumerate(prompts)]
     order = batch.select([0, 2, 4])  # rows 1 and 3 leave: row 4 moves into slot 1
     assert order == [0, 4, 2]
@@ -100,8 +100,12 @@ def test_rows_that_leave_are_filled_by_the_last_rows() -> None:
 def test_joining_rows_are_prefilled_after_the_running_ones_and_merged() -> None:
     model = _model(LlamaConfig(**SMALL))
     decoder = SlotDecoder(model, rows=4)
-    running, _ = SlotBatch.prefill(decoder, [[1, 2, 3]], PrefixCache(0), 0, 0, 16)
-    joining, _ = SlotBatch.prefill(decoder, [[4, 5], [6]], PrefixCache(0), 0, 1, 16)
+    running, _ = SlotBatch.prefill(
+        decoder, [[1, 2, 3]], PrefixCache(0), pad_id=0, offset=0, columns=16
+    )
+    joining, _ = SlotBatch.prefill(
+        decoder, [[4, 5], [6]], PrefixCache(0), pad_id=0, offset=1, columns=16
+    )
     assert joining.offset == 1
     merged = running.merge(joining)
     logits = merged.decode(None, torch.tensor([9, 9, 9]))
@@ -122,7 +126,7 @@ def test_the_cache_grows_under_running_rows(
 
     async def main() -> list[list[int]]:
         first = asyncio.create_task(engine.generate(short, SamplingParams(8, temperature=0)))
-        while engine.steps_run == 0:
+        while engine.stats().steps == 0:
             await asyncio.sleep(0)
         second = await engine.generate(long, greedy)  # joins and needs 64 columns
         return [(await first).token_ids, second.token_ids]
@@ -176,11 +180,11 @@ def test_a_replayed_step_equals_the_eager_step(fmt: PromptFormat) -> None:
     decoder = engine.slots
     assert decoder is not None and decoder.graphs_on  # the default on a GPU
     prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "x", "print(1)")]
-    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 64)
+    batch, _ = SlotBatch.prefill(decoder, prompts, PrefixCache(0), pad_id=0, offset=0, columns=64)
     saved = decoder.kv.clone()
     tokens = torch.tensor([5, 6, 7], device="cuda")
     replayed = batch.decode(None, tokens).clone()
-    assert decoder.graphs_captured == 1  # 3 rows run in the graph of 4
+    assert decoder.captures == 1  # 3 rows run in the graph of 4
     decoder.kv.copy_(saved)
     decoder.graphs_on = False
     batch.lengths = [len(p) for p in prompts]
@@ -194,7 +198,7 @@ def test_weights_copied_in_place_are_seen_by_the_replay(fmt: PromptFormat) -> No
     prompt = fmt.encode("What is 2 + 3?")
     greedy = SamplingParams(12, temperature=0)
     asyncio.run(engine.generate(prompt, greedy))  # captures the graphs
-    assert engine.slots is not None and engine.slots.graphs_captured > 0
+    assert engine.slots is not None and engine.stats().graphs > 0
     other = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)}))
     with torch.no_grad():
         for parameter in other.parameters():
@@ -210,7 +214,7 @@ def test_the_cache_grows_under_captured_graphs(fmt: PromptFormat) -> None:
     prompt = fmt.encode("What is 2 + 3?")
     greedy = SamplingParams(12, temperature=0)
     short = asyncio.run(engine.generate(prompt, greedy))  # captures graphs on 1,024 columns
-    assert engine.slots is not None and engine.slots.graphs_captured > 0
+    assert engine.slots is not None and engine.stats().graphs > 0
     long = prompt + [5] * (slot_cache.MIN_COLUMNS + 10)  # needs the cache doubled
     grown = asyncio.run(engine.generate(long, greedy))
     assert engine.slots.columns == 2 * slot_cache.MIN_COLUMNS
@@ -284,7 +288,9 @@ def test_the_merged_forward_in_bfloat16_matches_transformers(config: Any) -> Non
     model = _model(config).to(torch.bfloat16)
     decoder = SlotDecoder(model, rows=4)
     prompts = [[1, 2, 3, 4, 5], list(range(20, 60))]
-    batch, logits = SlotBatch.prefill(decoder, prompts, PrefixCache(0), 0, 0, 64)
+    batch, logits = SlotBatch.prefill(
+        decoder, prompts, PrefixCache(0), pad_id=0, offset=0, columns=64
+    )
     for prompt, row in zip(prompts, logits, strict=True):
         expected = _last_logits(model, prompt)
         torch.testing.assert_close(row, expected, atol=0.05, rtol=0.02)
@@ -349,7 +355,9 @@ def test_a_decoding_step_stays_within_its_operation_count() -> None:
 
     def per_layer(layers: int) -> list[str]:
         decoder = SlotDecoder(_model(LlamaConfig(**{**SMALL, "num_hidden_layers": layers})), 8)
-        SlotBatch.prefill(decoder, [[1, 2, 3], [4, 5]], PrefixCache(0), 0, 0, 64)
+        SlotBatch.prefill(
+            decoder, [[1, 2, 3], [4, 5]], PrefixCache(0), pad_id=0, offset=0, columns=64
+        )
         with torch.no_grad(), Count() as counted:
             decoder.forward(torch.tensor([[3], [4]]), torch.tensor([[3], [2]]), None, 128)
         return [op for op in counted.ops if op not in VIEWS]

@@ -75,7 +75,9 @@ def cfg_for_eval() -> Config:
 def run_eval(fmt: PromptFormat, out: Path, policy: ScriptedPolicy) -> dict:
     async def main() -> dict:
         async with LocalSandbox(cfg_for_eval().sandbox) as tools:
-            return await evaluate(policy, tools, fmt, PROBLEMS, cfg_for_eval(), out, concurrency=2)
+            return await evaluate(
+                policy, tools, fmt, PROBLEMS, cfg=cfg_for_eval(), out_dir=out, concurrency=2
+            )
 
     return asyncio.run(main())
 

@@ -103,7 +103,7 @@ def test_another_k_in_the_same_directory_is_an_error(
     cfg = cfg_for_eval()
     cfg.eval.k = 2
     with pytest.raises(ValueError, match="another k"):
-        asyncio.run(evaluate(ScriptedPolicy(fmt), None, fmt, PROBLEMS, cfg, out))  # type: ignore[arg-type]
+        asyncio.run(evaluate(ScriptedPolicy(fmt), None, fmt, PROBLEMS, cfg=cfg, out_dir=out))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +307,7 @@ def test_an_evaluation_spread_over_two_engines(
         scheduler = Scheduler([Named("a"), Named("b")], "kv_aware")
         async with LocalSandbox(cfg_for_eval().sandbox) as tools:
             return await evaluate(
-                scheduler, tools, fmt, PROBLEMS, cfg_for_eval(), tmp_path, concurrency=2
+                scheduler, tools, fmt, PROBLEMS, cfg=cfg_for_eval(), out_dir=tmp_path, concurrency=2
             )
 
     summary = asyncio.run(main())

@@ -23,7 +23,7 @@ def test_pass_band_keeps_the_problems_inside_the_band(fmt: PromptFormat) -> None
         try:
             async with LocalSandbox(cfg.sandbox) as tools:
                 agent = Agent(ScriptedPolicy(fmt), tools, fmt, eval_rollout_config(cfg))
-                return await pass_band(agent, PROBLEMS, 4, verifier, 0.25, 0.75)
+                return await pass_band(agent, PROBLEMS, 4, verifier, low=0.25, high=0.75)
         finally:
             verifier.close()
 

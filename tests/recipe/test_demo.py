@@ -143,9 +143,13 @@ def test_the_demonstrated_syntax_error_is_what_the_sandbox_reports() -> None:
 
 def test_exact_share_counts_conversations_whose_every_trained_token_is_predicted() -> None:
     fmt = build_format(0)
-    samples = [encode_conversation(fmt, c) for c in sft_conversations(fmt, 0, 6, 0.0, 0.0)]
+    samples = [
+        encode_conversation(fmt, c) for c in sft_conversations(fmt, 0, 6, 0.0, no_tool_share=0.0)
+    ]
     model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
     assert exact_share(model, samples, 0) == 0.0  # untrained
     cfg = SFTConfig(epochs=200, lr=1e-2, warmup_steps=5, conversations_per_step=2)
-    train_sft(model, fmt, [sft_conversations(fmt, 0, 6, 0.0, 0.0)[0]], cfg)  # memorise one
+    train_sft(
+        model, fmt, [sft_conversations(fmt, 0, 6, 0.0, no_tool_share=0.0)[0]], cfg
+    )  # memorise one
     assert exact_share(model, samples, 0) == pytest.approx(1 / 6)

@@ -132,6 +132,38 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert again["trained_problems"] == trained  # read back, not sampled again
 
 
+@pytest.mark.slow
+def test_one_set_of_score_names_in_points_rl_logs_and_eval_summaries(tmp_path: Path) -> None:
+    """One small run: its recipe points, its RL steps' held-out evaluations and `codeloop eval`
+    of its final policy report the score under the same names (RL's under `eval/`)."""
+    from codeloop.cli import main
+    from codeloop.trainer.logs import read_metrics
+
+    held_out = tmp_path / "held_out.jsonl"
+    rows = [{"id": f"h{i}", "problem": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(2)]
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    overrides = [
+        *_tiny_recipe(tmp_path),
+        "--trainer.eval_every=1",
+        f"--eval.data={held_out}",
+        "--eval.k=1",
+    ]
+    summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
+    names = {"pass@1", "pass@1_low", "pass@1_high", "problems", "infrastructure_failures"}
+    for point in summary["points"]:
+        assert names <= set(point)
+    logged = [m for d in sorted((tmp_path / "run").glob("[0-9]-*")) for m in read_metrics(d)]
+    assert len(logged) == 3  # a step a stage, each with its held-out evaluation
+    for metrics in logged:
+        assert {"eval/" + name for name in names} <= set(metrics)
+        assert metrics["eval/problems"] == 2
+    out = tmp_path / "eval"
+    args = ["eval", "--model", str(tmp_path / "run" / "final_model"), "--data", str(held_out)]
+    assert main([*args, "--out", str(out), "--k", "1"]) == 0
+    evaluated = json.loads((out / "summary.json").read_text())
+    assert names <= set(evaluated) and evaluated["problems"] == 2
+
+
 def test_one_engine_serves_the_whole_run_and_no_finished_stage_is_loaded_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -55,7 +55,7 @@ def _recipe(fmt: PromptFormat, cfg: Config) -> list[dict]:  # type: ignore[type-
     async def main() -> list[dict]:  # type: ignore[type-arg]
         model = tiny_model(len(fmt.tokenizer), hidden_size=32)
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            return await run_recipe(cfg, model, fmt, PROBLEMS, sandbox)
+            return await run_recipe(cfg, model, fmt, PROBLEMS, tools=sandbox)
 
     return asyncio.run(main())
 
@@ -192,9 +192,9 @@ def test_refilter_keeps_the_problems_within_the_pass_rate_band(
         refilter_max_pass_rate=high,
     )
     engine = Answers()
-    logger = RunLogger(tmp_path, tensorboard=False)
+    logger = RunLogger(tmp_path)
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)
-    run = build_run(cfg, model, fmt, PROBLEMS, None, logger, engine)  # type: ignore[arg-type]
+    run = build_run(cfg, model, fmt, PROBLEMS, tools=None, logger=logger, engine=engine)  # type: ignore[arg-type]
     try:
         kept = asyncio.run(_stage_problems(run, stage, PROBLEMS))
     finally:
@@ -223,7 +223,7 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
     cfg = _config(tmp_path)
     cfg.trainer.dtype = dtype
     with pytest.raises(Built):
-        asyncio.run(run_recipe(cfg, None, None, PROBLEMS, None))  # type: ignore[arg-type]
+        asyncio.run(run_recipe(cfg, None, None, PROBLEMS, tools=None))  # type: ignore[arg-type]
     assert seen[0].compute_dtype == getattr(torch, dtype) and seen[0].device == default_device()
 
 
@@ -233,4 +233,4 @@ def test_a_finished_stage_without_its_checkpoint_is_named(tmp_path: Path) -> Non
     stage_dir.mkdir()
     (stage_dir / "stage.json").write_text("{}")  # its checkpoints removed by hand
     with pytest.raises(RunError, match="1-short: stage.json says the stage ended, but it has no"):
-        asyncio.run(run_recipe(cfg, torch.nn.Linear(1, 1), None, PROBLEMS, None))  # type: ignore[arg-type]
+        asyncio.run(run_recipe(cfg, torch.nn.Linear(1, 1), None, PROBLEMS, tools=None))  # type: ignore[arg-type]

@@ -29,6 +29,11 @@ def verifier() -> Iterator[Verifier]:
         yield v
 
 
+def _pids(pool: VerifierPool) -> list[int]:
+    """The worker processes' ids (to kill one)."""
+    return [w.pid for w in pool._workers]
+
+
 def _answer(value: str) -> str:
     return f"Let me think. <answer>So the result is \\boxed{{{value}}}.</answer>"
 
@@ -172,7 +177,7 @@ def test_pathological_answers_run_in_parallel_and_do_not_stall_the_batch() -> No
     with Verifier(RewardConfig(deadline_s=DEADLINE_S, workers=2)) as v:
         items = [(_answer(TOWER), "25"), (_answer(TOWER), "26")]
         items += [(_answer(f"\\sqrt{{{i * i}}}"), f"{i}") for i in range(20)]
-        assert len(v.pool.pids) == 2  # started before the clock
+        assert len(_pids(v.pool)) == 2  # started before the clock
         start = time.monotonic()
         results = v.score_batch(items)
         elapsed = time.monotonic() - start
@@ -208,13 +213,13 @@ def test_a_repeated_answer_is_checked_once() -> None:
 
 def test_a_worker_that_dies_costs_only_its_item() -> None:
     with VerifierPool(workers=1, deadline_s=30) as pool:
-        victim = pool.pids[0]
+        victim = _pids(pool)[0]
         threading.Timer(0.5, os.kill, (victim, 9)).start()
         assert pool.check([(TOWER, "25"), ("\\frac{2}{4}", "0.5")]) == [
             Check.VERIFIER_ERROR,
             Check.EQUAL,
         ]
-        assert pool.pids[0] != victim and pool.replaced == 1
+        assert _pids(pool)[0] != victim and pool.replaced == 1
 
 
 def test_scoring_works_from_threads() -> None:
@@ -248,7 +253,7 @@ def test_workers_die_with_the_process_that_started_them() -> None:
         "import os, threading\n"
         "from codeloop.reward.workers import VerifierPool\n"
         "pool = VerifierPool(workers=2, deadline_s=60)\n"
-        "print(pool._zygote.pid, *pool.pids, flush=True)\n"
+        "print(pool._zygote.pid, *[w.pid for w in pool._workers], flush=True)\n"
         f"threading.Thread(target=pool.check, args=([({TOWER!r}, '25')],), daemon=True).start()\n"
         "import time; time.sleep(0.5); os._exit(0)\n"
     )

@@ -37,7 +37,14 @@ def _run(
     prompt = fmt.prompt_ids("What is 2 + 3?")
     trajectory = asyncio.run(
         run_trajectory(
-            engine, tools or FakeTools(), fmt, RolloutConfig(**cfg), "p1", 3, prompt, seed=100
+            engine,
+            tools or FakeTools(),
+            fmt,
+            RolloutConfig(**cfg),
+            prompt_id="p1",
+            sample_index=3,
+            prompt_ids=prompt,
+            seed=100,
         )
     )
     return trajectory, engine
@@ -112,7 +119,17 @@ def test_an_engine_failure_is_an_error_state(fmt: PromptFormat) -> None:
             raise ConnectionError("engine down")
 
     prompt = fmt.prompt_ids("q")
-    t = asyncio.run(run_trajectory(Broken(), FakeTools(), fmt, RolloutConfig(), "p", 0, prompt))  # type: ignore[arg-type]
+    t = asyncio.run(
+        run_trajectory(
+            Broken(),
+            FakeTools(),
+            fmt,
+            RolloutConfig(),
+            prompt_id="p",
+            sample_index=0,
+            prompt_ids=prompt,
+        )
+    )  # type: ignore[arg-type]
     assert t.status == RolloutStatus.ERROR and t.response_ids == []
 
 
@@ -123,7 +140,13 @@ def test_with_the_real_sandbox(fmt: PromptFormat) -> None:
                 fmt, [_call("x = 6 * 7\nx"), f"<answer>\\boxed{{42}}</answer>{END}"]
             )
             return await run_trajectory(
-                engine, sandbox, fmt, RolloutConfig(), "p", 0, fmt.prompt_ids("6 * 7?")
+                engine,
+                sandbox,
+                fmt,
+                RolloutConfig(),
+                prompt_id="p",
+                sample_index=0,
+                prompt_ids=fmt.prompt_ids("6 * 7?"),
             )
 
     t = asyncio.run(main())

@@ -81,7 +81,11 @@ def test_the_tail_is_decoded_only_after_a_token_that_can_complete_a_stop_string(
         params = SamplingParams(1000, stop=stops)
         for n in range(1, len(ids) + 1):
             found = finish_reason(
-                tokenizer, set(), ids[:n], params, completers if with_completers else None
+                tokenizer,
+                set(),
+                ids[:n],
+                params,
+                completers=completers if with_completers else None,
             )
             if found == "stop":
                 return n
@@ -132,7 +136,11 @@ def test_token_in_token_out_and_masks_with_a_real_vocabulary(real: PromptFormat)
     engine = _Replay([by_char, answer])
     prompt = real.prompt_ids("How many clips?")
     cfg = RolloutConfig(max_response_tokens=1024)
-    trajectory = asyncio.run(run_trajectory(engine, _Tools(), real, cfg, "p", 0, prompt))
+    trajectory = asyncio.run(
+        run_trajectory(
+            engine, _Tools(), real, cfg, prompt_id="p", sample_index=0, prompt_ids=prompt
+        )
+    )
     observation = real.tool_response_ids("72")  # the output, trailing newline stripped
     assert trajectory.status == RolloutStatus.ANSWERED
     assert trajectory.response_ids == by_char + observation + answer

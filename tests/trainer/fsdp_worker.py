@@ -69,8 +69,17 @@ def main(tokenizer_dir: str, out: Path) -> None:
     from codeloop.engine.hf_engine import TransformersEngine
 
     engine = TransformersEngine(engine_model, fmt.tokenizer, fmt.end_of_turn_ids)
-    logger = RunLogger(out / f"rl{world.rank}", tensorboard=False)
-    run = build_run(cfg, sharded, fmt, [Problem("p", "x", "1")], None, logger, engine, world)  # type: ignore[arg-type]
+    logger = RunLogger(out / f"rl{world.rank}")
+    run = build_run(
+        cfg,
+        sharded,
+        fmt,
+        [Problem("p", "x", "1")],
+        tools=None,
+        logger=logger,
+        engine=engine,
+        world=world,
+    )  # type: ignore[arg-type]
     # each optimiser step takes every 2nd sample (updates_per_step = 2); deal pairs to the ranks
     # so that the union of the ranks' mini-batches is the one-process mini-batch
     samples = [

@@ -31,7 +31,7 @@ def main() -> None:
     cfg, state = Config(), RunState()
     cfg.algo.drop_zero_signal_groups = sys.argv[3:] != ["keep"]
     problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
-    source = SyncGroups(cfg, world, state, lambda p: problem_at(problems, 0, p), None)
+    source = SyncGroups(cfg, world, state, lambda p: problem_at(problems, 0, p), rollout=None)
 
     async def synthetic_rollout(chosen: list[tuple[int, Problem]]) -> list[Group]:
         groups = []

@@ -70,8 +70,8 @@ def _async_run(
         for key, value in trainer.items():
             setattr(cfg.trainer, key, value)
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(run_dir, tensorboard=False)
-            run = build_run(cfg, model, fmt, MORE, sandbox, logger, engine)
+            logger = RunLogger(run_dir)
+            run = build_run(cfg, model, fmt, MORE, tools=sandbox, logger=logger, engine=engine)
             if resume:
                 assert run.resume()
             if fail_at:
@@ -229,7 +229,7 @@ def test_decoupled_weights_and_loss_by_hand() -> None:
     logprobs, old = torch.tensor([[-0.4, -1.0]]), torch.tensor([[-0.5, -1.0]])
     mask = torch.ones(1, 2)
     loss, _ = policy_loss(
-        logprobs, old, torch.tensor([1.0]), mask, 2, weights=torch.tensor([weights[1:]])
+        logprobs, old, torch.tensor([1.0]), mask, denominator=2, weights=torch.tensor([weights[1:]])
     )
     expected = -(1.5 * math.exp(0.1) + math.exp(-0.8) * 1.0) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
@@ -246,8 +246,8 @@ def test_async_rl_on_a_server_waits_for_requests_before_each_reload(
     async def main(url: str) -> list[dict[str, float]]:
         cfg.rollout.endpoints = [url]
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = build_run(cfg, model, fmt, MORE, sandbox, logger)
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, fmt, MORE, tools=sandbox, logger=logger)
             try:
                 with pytest.raises(ConfigError, match="servers need 'wait'"):
                     await run.train(1)  # partial_rollout = continue: not with a server
@@ -295,8 +295,8 @@ def test_a_step_without_any_signal_ends_after_the_refill_budget(
     model = tiny_model(len(fmt.tokenizer), hidden_size=32)
 
     async def main() -> list[dict[str, float]]:
-        logger = RunLogger(tmp_path, tensorboard=False)
-        run = build_run(cfg, model, fmt, problems, None, logger, AlwaysRight())  # type: ignore[arg-type]
+        logger = RunLogger(tmp_path)
+        run = build_run(cfg, model, fmt, problems, tools=None, logger=logger, engine=AlwaysRight())  # type: ignore[arg-type]
         try:
             return await run.train(2)
         finally:
@@ -420,9 +420,9 @@ def test_the_producer_runs_ahead_by_at_most_the_staleness_bound(
         World(),
         RunState(),
         lambda position: Problem(f"p{position}", "What is 1 + 1?", "2"),
-        _NoRollout(),  # type: ignore[arg-type]
-        2,
-        lambda trajectory: None,
+        rollout=_NoRollout(),  # type: ignore[arg-type]
+        version=2,
+        on_scored=lambda trajectory: None,
     )
     started = 0
     while producer._may_start():

@@ -47,8 +47,8 @@ def test_sft_then_two_rl_steps_on_the_gpu(trainer_fmt: PromptFormat, tmp_path: P
 
     async def rl() -> tuple[list[dict[str, float]], RLRun]:
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path, tensorboard=False)
-            run = build_run(cfg, model, fmt, problems, sandbox, logger, world=world)
+            logger = RunLogger(tmp_path)
+            run = build_run(cfg, model, fmt, problems, tools=sandbox, logger=logger, world=world)
             try:
                 return await run.train(2), run
             finally:

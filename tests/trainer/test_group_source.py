@@ -109,8 +109,8 @@ def test_the_loop_trains_on_what_its_source_draws(
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     engine, source = Weights(), Replay()
-    logger = RunLogger(tmp_path, tensorboard=False)
-    run = build_run(cfg, model, trainer_fmt, [PROBLEM], None, logger, engine)  # type: ignore[arg-type]
+    logger = RunLogger(tmp_path)
+    run = build_run(cfg, model, trainer_fmt, [PROBLEM], tools=None, logger=logger, engine=engine)  # type: ignore[arg-type]
 
     async def main() -> list[dict[str, float]]:
         try:
@@ -172,8 +172,8 @@ def test_no_step_starts_that_would_end_after_the_deadline(
     cfg = Config()
     cfg.trainer.output_dir, cfg.reward.workers = str(tmp_path), 1
     model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
-    logger = RunLogger(tmp_path, tensorboard=False)
-    run = build_run(cfg, model, trainer_fmt, [PROBLEM], None, logger, Weights())  # type: ignore[arg-type]
+    logger = RunLogger(tmp_path)
+    run = build_run(cfg, model, trainer_fmt, [PROBLEM], tools=None, logger=logger, engine=Weights())  # type: ignore[arg-type]
     source = SlowReplay(0.5)
 
     async def main() -> list[dict[str, float]]:
@@ -194,7 +194,7 @@ def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroup
     cfg, state = Config(), RunState()
     cfg.trainer.prompts_per_step, cfg.algo.drop_zero_signal_groups = 4, refill
     problems = [Problem(f"q{i}", f"problem {i}", "1") for i in range(20)]
-    source = SyncGroups(cfg, World(), state, lambda p: problem_at(problems, 0, p), None)
+    source = SyncGroups(cfg, World(), state, lambda p: problem_at(problems, 0, p), rollout=None)
 
     async def sample(chosen: Sequence[tuple[int, Problem]]) -> list[Group]:
         groups = []

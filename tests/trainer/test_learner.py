@@ -70,7 +70,13 @@ def test_the_reported_gradient_norm_is_the_losss() -> None:
     batch = collate(samples, 0)
     logprobs, _ = token_logprobs(reference, batch)
     loss, _ = policy_loss(
-        logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], 4, 0.2, 0.28
+        logprobs,
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["loss_mask"],
+        denominator=4,
+        clip_low=0.2,
+        clip_high=0.28,
     )
     loss.backward()
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()]))

@@ -32,7 +32,7 @@ def _moved_share(model: Any, world: World, fmt: PromptFormat, tmp_path: Path) ->
     cfg = Config()
     cfg.trainer.output_dir, cfg.trainer.warmup_steps = str(tmp_path), 0  # lr: the report's 1e-6
     before = copy.deepcopy(model.state_dict())
-    logger = RunLogger(tmp_path, tensorboard=False)
+    logger = RunLogger(tmp_path)
     run = build_run(
         cfg,
         model,

@@ -74,8 +74,10 @@ def _run(
             copy.deepcopy(model), fmt.tokenizer, fmt.end_of_turn_ids, max_batch=1, batch_window_ms=0
         )  # deterministic
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(run_dir, tensorboard=False)
-            run = build_run(_config(run_dir), model, fmt, PROBLEMS, sandbox, logger, engine)
+            logger = RunLogger(run_dir)
+            run = build_run(
+                _config(run_dir), model, fmt, PROBLEMS, tools=sandbox, logger=logger, engine=engine
+            )
             if resume:
                 assert run.resume()
             metrics = await run.train(steps)
@@ -167,8 +169,8 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
     async def main(urls: list[str]) -> tuple[dict[str, float], RLRun, list[Any]]:
         cfg.rollout.endpoints = urls
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = build_run(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, fmt, PROBLEMS, tools=sandbox, logger=logger)
             try:
                 metrics = (await run.train(1))[0]
                 params = SamplingParams(8, temperature=1.0, seed=3)
@@ -223,8 +225,8 @@ def test_a_server_that_kept_its_old_weights_stops_the_run(
     async def main(url: str) -> None:
         cfg.rollout.endpoints = [url]
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path / "run", tensorboard=False)
-            run = build_run(cfg, model, fmt, PROBLEMS, sandbox, logger)
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, fmt, PROBLEMS, tools=sandbox, logger=logger)
             try:
                 await run.sync_weights()  # the served weights are the trainer's: it passes
                 monkeypatch.setattr(OpenAIEngine, "push_weights", stale_push)
@@ -287,8 +289,10 @@ def test_an_rl_step_survives_a_sandbox_server_killed_and_restarted(
         cfg = SandboxConfig(client_flush_ms=1.0, client_retries=6)
         async with SandboxClient([a.url, b.url], cfg) as client:
             sandbox = _KilledAtFirstCall(client, a)
-            logger = RunLogger(tmp_path, tensorboard=False)
-            run = build_run(_config(tmp_path), model, trainer_fmt, PROBLEMS, sandbox, logger)
+            logger = RunLogger(tmp_path)
+            run = build_run(
+                _config(tmp_path), model, trainer_fmt, PROBLEMS, tools=sandbox, logger=logger
+            )
             first = await run.train(1)
             assert sandbox.killer is not None
             sandbox.killer.join()
@@ -340,8 +344,10 @@ def test_trajectories_that_hit_an_infrastructure_fault_are_masked_not_penalised(
         cfg = _config(tmp_path)
         cfg.algo.drop_zero_signal_groups = False  # every group is dumped with what it kept
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path, tensorboard=False)
-            run = build_run(cfg, model, trainer_fmt, PROBLEMS, _FaultyEveryOther(sandbox), logger)
+            logger = RunLogger(tmp_path)
+            run = build_run(
+                cfg, model, trainer_fmt, PROBLEMS, tools=_FaultyEveryOther(sandbox), logger=logger
+            )
             (metrics,) = await run.train(1)
             logger.close()
             run.rollout.verifier.close()
@@ -420,8 +426,8 @@ def _update_two(
         sample.old_logprobs = [0.0] + [
             float(now[row, j]) - math.log(r) for j, r in enumerate(ratios)
         ]
-    logger = RunLogger(tmp_path, tensorboard=False)
-    run = build_run(cfg, model, fmt, PROBLEMS, None, logger)  # type: ignore[arg-type]
+    logger = RunLogger(tmp_path)
+    run = build_run(cfg, model, fmt, PROBLEMS, tools=None, logger=logger)  # type: ignore[arg-type]
     metrics = run.learner.update([a, b])
     run.rollout.verifier.close()
     logger.close()

@@ -59,8 +59,8 @@ def test_a_restarted_server_is_brought_up_to_date_before_it_serves_again(
             engines,
             tmp_path / "unused",
             trained,
-            fmt.tokenizer,
-            World(),
+            tokenizer=fmt.tokenizer,
+            world=World(),
             read_capacity=False,
         )
         scheduler = Scheduler(engines, "kv_aware", retry_s=rollout.server_retry_s)
@@ -112,8 +112,8 @@ def test_a_publish_goes_on_without_a_server_that_is_down_but_not_without_all(
             engines,
             tmp_path / "unused",
             model,
-            fmt.tokenizer,
-            World(),
+            tokenizer=fmt.tokenizer,
+            world=World(),
             read_capacity=False,
         )
         try:
@@ -124,8 +124,8 @@ def test_a_publish_goes_on_without_a_server_that_is_down_but_not_without_all(
                 alone,
                 tmp_path / "unused",
                 model,
-                fmt.tokenizer,
-                World(),
+                tokenizer=fmt.tokenizer,
+                world=World(),
                 read_capacity=False,
             )
             with pytest.raises(EngineError, match="no inference server can be reached: .*" + down):

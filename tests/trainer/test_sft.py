@@ -88,10 +88,10 @@ def test_stop_when_ends_training_and_a_later_phase_continues_the_step_numbers(
         def rewind(self, step: int) -> None:  # what a killed attempt left past it is dropped
             rewound.append(step)
 
-    first = train_sft(model, trainer_fmt, data, cfg, Steps(), stop_when=stop_when)  # type: ignore[arg-type]
+    first = train_sft(model, trainer_fmt, data, cfg, logger=Steps(), stop_when=stop_when)  # type: ignore[arg-type]
     assert len(first) == 3 and asked == [1, 2, 3]
     cfg.epochs = 1
-    train_sft(model, trainer_fmt, data, cfg, Steps(), first_step=3)  # type: ignore[arg-type]
+    train_sft(model, trainer_fmt, data, cfg, logger=Steps(), first_step=3)  # type: ignore[arg-type]
     assert logged == [1, 2, 3, 4, 5, 6, 7] and rewound == [0, 3]
 
 
