@@ -310,8 +310,8 @@ def build_run(
     *,
     tools: ToolExecutor,
     logger: RunLogger,
-    engine: TransformersEngine | None = None,
     world: World | None = None,
+    engine: TransformersEngine | None = None,
 ) -> RLRun:
     """The RL run `cfg` describes on `problems`: the rollout side (`build_rollout`; `engine`:
     an in-process engine to sample with instead of a copy of `model`), then the learner, which
