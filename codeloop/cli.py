@@ -102,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         kv_capacity_tokens=args.kv_capacity_tokens,
         token=token,
+        weights_dir=args.weights_dir,
     )
     return 0
 
@@ -143,6 +144,13 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="serve an address other than loopback without a token (anyone who can reach it "
         "is served; a warning says so at start)",
+    )
+    serve.add_argument(
+        "--weights-dir",
+        default="",
+        metavar="DIR",
+        help="POST /v1/reload loads only policy directories under DIR (without it, none: "
+        "a trainer pushes weights over HTTP instead)",
     )
     serve.set_defaults(run=_serve)
 

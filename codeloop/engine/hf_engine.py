@@ -50,6 +50,7 @@ from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.engine.sampler import SEEDS, uniforms
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
+from codeloop.errors import ModelError
 from codeloop.memory import available_memory, trim_when_above
 
 
@@ -165,6 +166,24 @@ def engine_from_config(
     if longest_response:
         engine.plan(longest_response)
     return engine
+
+
+def check_weights(state: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]) -> None:
+    """A `ModelError` unless every tensor of `state` names a parameter of `targets`, has its
+    shape, is floating point (another floating dtype is cast on copy) and is finite."""
+    for name, tensor in state.items():
+        target = targets.get(name)
+        if target is None:
+            raise ModelError(f"bad weights: the model has no parameter {name!r}")
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ModelError(
+                f"bad weights: {name} has shape {tuple(tensor.shape)}, the model's is "
+                f"{tuple(target.shape)}"
+            )
+        if not tensor.is_floating_point():
+            raise ModelError(f"bad weights: {name} is {tensor.dtype}, not floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ModelError(f"bad weights: {name} holds a NaN or an infinity")
 
 
 class TransformersEngine:
@@ -362,14 +381,13 @@ class TransformersEngine:
     ) -> None:
         """Copy new weights into the model in place (between steps) and set `version` (by
         default the next one); cached prefixes are dropped (their KV came from the old
-        weights)."""
+        weights). Weights that `check_weights` refuses replace nothing."""
+        targets = self.model.state_dict()  # tied weights appear under each of their names
+        check_weights(state_dict, targets)  # before anything is replaced
         with self._weights_lock, torch.no_grad():
             self.version = self.version + 1 if version is None else version
             self.prefixes.clear()
-            targets = self.model.state_dict()  # tied weights appear under each of their names
             for name, tensor in state_dict.items():
-                if name not in targets:
-                    raise KeyError(f"update_weights: the model has no parameter {name!r}")
                 targets[name].copy_(tensor)
             if self.slots is not None:
                 self.slots.refresh()  # its merged projections

@@ -8,10 +8,14 @@ Routes (JSON):
   Stop strings stay in the output (vLLM's `include_stop_str_in_output`).
   With `weights_version` set, a server holding another version answers 409 and generates nothing
   (it was restarted, or missed a push: the client retries once it is brought up to date).
-- `POST /v1/weights`: new weights in place, the body `safetensors` bytes (any size), the
-  header `X-Weights-Version` their version. How a trainer on another host updates the server
-  without a shared filesystem.
-- `POST /v1/reload` `{"path": DIR}`: load the weights of a checkpoint directory in place.
+- `POST /v1/weights`: new weights in place, the body `safetensors` bytes (at most twice the
+  model's size in float32, else 413), the header `X-Weights-Version` their version, newer than
+  the one held. How a trainer on another host updates the server without a shared filesystem.
+  Weights are checked before they replace anything (`check_weights`: names, shapes, floating
+  point, finite); a refused push answers 400 and the old weights keep serving.
+- `POST /v1/reload` `{"path": DIR}`: load the weights of a policy directory in place; only a
+  directory under the one the server was started with (`--weights-dir`), 403 otherwise (and
+  always without one).
 - `GET /metrics`: Prometheus text, read from the continuous-batching engine: requests running
   (being decoded) and waiting (not yet admitted), and KV-cache use as the tokens the running
   requests reserve (prompt + max_tokens each) over `--kv-capacity-tokens`, which is also the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -48,11 +53,19 @@ def _params(body: dict[str, Any]) -> SamplingParams:
 
 
 def build_app(
-    engine: TransformersEngine, model_name: str, token: str | None = None
+    engine: TransformersEngine,
+    model_name: str,
+    token: str | None = None,
+    *,
+    weights_dir: str | Path | None = None,
 ) -> web.Application:
+    """The server's routes (the module docstring) over `engine`; with a `token`, every route
+    but /health asks for it; `/v1/reload` loads only directories under `weights_dir`."""
     completed = 0
     version: int | None = None  # of the weights last pushed
     tokenizer = engine.tokenizer
+    root = Path(weights_dir).resolve() if weights_dir else None
+    most_bytes = 2 * 4 * sum(p.numel() for p in engine.model.parameters()) + (1 << 20)
 
     async def completions(request: web.Request) -> web.Response:
         try:
@@ -102,28 +115,45 @@ def build_app(
         from safetensors.torch import load
 
         nonlocal version
+        if (request.content_length or 0) > most_bytes:
+            return _error(413, f"weights of over {most_bytes} bytes: not this model's")
         try:
             pushed = int(request.headers["X-Weights-Version"])
-            state = load(await request.content.read())  # the stream has no size cap
-            engine.update_weights(state, pushed)
-        except (KeyError, ValueError, RuntimeError, SafetensorError) as err:  # bytes/names/shapes
-            return web.json_response({"error": {"message": f"bad weights: {err}"}}, status=400)
+        except (KeyError, ValueError):
+            return _error(400, "bad weights: no integer X-Weights-Version header")
+        if version is not None and pushed <= version:
+            return _error(400, f"bad weights: version {pushed} is not newer than {version}")
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 20):  # no cap of aiohttp's
+            body += chunk
+            if len(body) > most_bytes:
+                return _error(413, f"weights of over {most_bytes} bytes: not this model's")
+        try:
+            engine.update_weights(load(bytes(body)), pushed)
+        except (ValueError, SafetensorError) as err:  # unreadable bytes, or `check_weights`
+            message = str(err) if str(err).startswith("bad weights") else f"bad weights: {err}"
+            return _error(400, message)
         version = pushed
         return web.json_response({"ok": True, "version": version})
 
     async def reload(request: web.Request) -> web.Response:
-        body = await request.json()
-        path = body.get("path")
+        try:
+            body = await request.json()
+            path = body.get("path")
+        except (ValueError, AttributeError):
+            path = None
         if not isinstance(path, str):
-            return web.json_response({"error": {"message": 'expected {"path": DIR}'}}, status=400)
+            return _error(400, 'expected {"path": DIR}')
+        if root is None:
+            return _error(403, "this server reloads nothing: start it with --weights-dir")
+        if not Path(path).resolve().is_relative_to(root):
+            return _error(403, f"{path} is not under the server's --weights-dir")
         try:
             dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
             fresh, _ = load_pretrained(path, dtype)
+            engine.update_weights(fresh.state_dict())
         except ModelError as err:
-            return web.json_response(
-                {"error": {"message": f"cannot load {path}: {err}"}}, status=400
-            )
-        engine.update_weights(fresh.state_dict())
+            return _error(400, f"cannot load {path}: {err}")
         return web.json_response({"ok": True, "path": path})
 
     async def metrics(request: web.Request) -> web.Response:
@@ -154,6 +184,10 @@ def build_app(
     return app
 
 
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
 def serve(
     model: Any,
     tokenizer: Any,
@@ -164,14 +198,16 @@ def serve(
     max_batch: int,
     kv_capacity_tokens: int,
     token: str | None = None,
+    weights_dir: str = "",
 ) -> None:
     """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
-    `token`, every route but /health asks for it."""
+    `token`, every route but /health asks for it; `/v1/reload` loads only directories under
+    `weights_dir` (none without it)."""
     device = default_device()
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
     engine = engine_from_config(model, tokenizer, rollout)
-    app = build_app(engine, name, token)
+    app = build_app(engine, name, token, weights_dir=weights_dir or None)
     banner = f"codeloop serve: {name} ({device}) on http://{host}:{port}" + (
         " (a token is required)" if token else ""
     )

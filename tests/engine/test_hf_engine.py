@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from codeloop.bench.rollout import bandwidth_bound
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.errors import ModelError
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -110,8 +111,30 @@ def test_weights_are_updated_in_place(engine: TransformersEngine, fmt: PromptFor
         assert after.logprobs == pytest.approx(_recompute(engine, prompt, after, 0), abs=1e-4)
     finally:
         engine.update_weights({head: original[head]})
-    with pytest.raises(KeyError, match="no parameter 'nope'"):
-        engine.update_weights({"nope": torch.zeros(1)})
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda w: {"nope": torch.zeros(1)}, "no parameter 'nope'"),
+        (lambda w: {"lm_head.weight": w[:-1]}, "has shape"),
+        (lambda w: {"lm_head.weight": w.long()}, "not floating point"),
+        (lambda w: {"lm_head.weight": w.index_fill(0, torch.tensor([3]), float("nan"))}, "NaN"),
+    ],
+)
+def test_weights_that_do_not_fit_replace_nothing(
+    engine: TransformersEngine, change: Any, refusal: str
+) -> None:
+    """A bad tensor after good ones: refused before any is copied, the version unchanged."""
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    version = engine.version
+    first = "model.embed_tokens.weight"
+    bad = {first: original[first] * 2.0, **change(original["lm_head.weight"])}
+    with pytest.raises(ModelError, match=refusal):
+        engine.update_weights(bad)
+    assert engine.version == version
+    for name, value in engine.model.state_dict().items():
+        assert torch.equal(value, original[name]), name
 
 
 def test_the_agent_loop_on_the_engine(engine: TransformersEngine, fmt: PromptFormat) -> None:

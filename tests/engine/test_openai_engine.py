@@ -43,10 +43,11 @@ def served(
     fmt: PromptFormat, tmp_path_factory: pytest.TempPathFactory, codeloop_serve: Any
 ) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("served")
-    for name, seed in (("v1", 0), ("v2", 1)):
+    for name, seed in (("policies/v1", 0), ("policies/v2", 1), ("elsewhere", 2)):
         _tiny_model(fmt, seed).save_pretrained(root / name)
         fmt.tokenizer.save_pretrained(root / name)
-    with codeloop_serve(root / "v1", "--kv-capacity-tokens", "1000") as url:
+    options = ("--kv-capacity-tokens", "1000", "--weights-dir", str(root / "policies"))
+    with codeloop_serve(root / "policies" / "v1", *options) as url:
         yield url, root
 
 
@@ -72,7 +73,7 @@ def test_completions_return_ids_and_logprobs(served: tuple[str, Path], fmt: Prom
             await engine.close()
 
     gens = asyncio.run(main())
-    local = AutoModelForCausalLM.from_pretrained(root / "v1")
+    local = AutoModelForCausalLM.from_pretrained(root / "policies" / "v1")
     for gen in gens:
         assert len(gen.token_ids) == 10 and gen.finish_reason == "length"
         assert gen.logprobs == pytest.approx(_logprobs(local, prompt, gen), abs=1e-4)
@@ -89,19 +90,65 @@ def test_reload_points_the_server_at_a_new_checkpoint(
         engine = OpenAIEngine(url)
         try:
             before = await engine.generate(prompt, params)
-            await engine.reload(str(root / "v2"))
+            await engine.reload(str(root / "policies" / "v2"))
             after = await engine.generate(prompt, params)
-            await engine.reload(str(root / "v1"))
+            await engine.reload(str(root / "policies" / "v1"))
             with pytest.raises(EngineError, match="HTTP 400"):
-                await engine.reload(str(root / "missing"))
+                await engine.reload(str(root / "policies" / "missing"))
+            for outside in ("elsewhere", "policies/../elsewhere"):  # not under --weights-dir
+                with pytest.raises(EngineError, match="HTTP 403.*not under"):
+                    await engine.reload(str(root / outside))
+            assert (await engine.generate(prompt, params)).token_ids == before.token_ids
             return before, after
         finally:
             await engine.close()
 
     before, after = asyncio.run(main())
-    v2 = AutoModelForCausalLM.from_pretrained(root / "v2")
+    v2 = AutoModelForCausalLM.from_pretrained(root / "policies" / "v2")
     assert after.logprobs == pytest.approx(_logprobs(v2, prompt, after), abs=1e-4)
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+
+
+def test_a_bad_push_is_refused_and_the_old_weights_keep_serving(
+    served: tuple[str, Path], fmt: PromptFormat
+) -> None:
+    from safetensors.torch import save
+
+    url, _ = served
+    good = {k: v.contiguous() for k, v in _tiny_model(fmt, 0).state_dict().items()}  # v1's
+    nan = {**good, "lm_head.weight": torch.full_like(good["lm_head.weight"], float("nan"))}
+    cut = {**good, "lm_head.weight": good["lm_head.weight"][:-1].contiguous()}
+    prompt = fmt.encode("2 + 3")
+    params = SamplingParams(6, temperature=0)
+
+    def post(body: bytes, version: str) -> tuple[int, str]:
+        headers = {"X-Weights-Version": version, "Content-Type": "application/octet-stream"}
+        req = urllib.request.Request(url + "/v1/weights", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return int(response.status), ""
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    async def generate() -> list[int]:
+        engine = OpenAIEngine(url)
+        try:
+            return (await engine.generate(prompt, params)).token_ids
+        finally:
+            await engine.close()
+
+    before = asyncio.run(generate())
+    assert post(save(nan), "100")[0] == 400
+    assert post(save(cut), "100")[0] == 400
+    assert post(b"not safetensors", "100")[0] == 400
+    assert post(save(good), "x")[0] == 400  # no version
+    assert post(b"0" * (40 << 20), "100")[0] == 413  # more than the model could be
+    assert asyncio.run(generate()) == before  # nothing was replaced
+    assert post(save(good), "100")[0] == 200
+    status, text = post(save(good), "100")
+    assert status == 400 and "not newer than 100" in text
+    health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+    assert health["version"] == 100
 
 
 def test_metrics(served: tuple[str, Path]) -> None:
