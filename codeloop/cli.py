@@ -60,7 +60,7 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    for key in ("host", "port", "workers", "token_file"):
+    for key in ("host", "port", "workers", "token_file", "tls_cert", "tls_key"):
         if getattr(args, key) is not None:
             set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
     if args.require_isolation:
@@ -69,10 +69,12 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     import logging
 
     from codeloop.auth import check_exposure, read_token
+    from codeloop.net import server_tls
     from codeloop.sandbox.server import serve
 
     token = read_token(cfg.sandbox.token_file, "sandbox.token_file")
     check_exposure("codeloop sandbox serve", cfg.sandbox.host, token, args.insecure_no_token)
+    server_tls(cfg.sandbox.tls_cert, cfg.sandbox.tls_key, "--tls-cert and --tls-key")  # fail fast
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(cfg.sandbox))
@@ -88,10 +90,12 @@ def _sandbox_bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from codeloop.auth import check_exposure, read_token
     from codeloop.engine.server import serve
+    from codeloop.net import server_tls
     from codeloop.rollout.policy import Policy
 
     token = read_token(args.token_file, "--token-file")  # before the model: a bad file fails fast
     check_exposure("codeloop serve", args.host, token, args.insecure_no_token)
+    tls = server_tls(args.tls_cert, args.tls_key, "--tls-cert and --tls-key")
     policy = Policy.load(args.model, dtype=args.dtype)  # a ModelError names what is missing
     serve(
         policy.model,
@@ -103,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
         kv_capacity_tokens=args.kv_capacity_tokens,
         token=token,
         weights_dir=args.weights_dir,
+        tls=tls,
     )
     return 0
 
@@ -144,6 +149,16 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="serve an address other than loopback without a token (anyone who can reach it "
         "is served; a warning says so at start)",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        default="",
+        metavar="FILE",
+        help="serve https:// with this certificate (PEM; with --tls-key); clients trust it "
+        "through rollout.server_ca_file",
+    )
+    serve.add_argument(
+        "--tls-key", default="", metavar="FILE", help="the private key of --tls-cert (PEM)"
     )
     serve.add_argument(
         "--weights-dir",
@@ -262,7 +277,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.endpoint:
         from codeloop.engine.openai_engine import check_reachable
 
-        asyncio.run(check_reachable(args.endpoint))
+        asyncio.run(check_reachable(args.endpoint, ca_file=cfg.rollout.server_ca_file))
     engine, fmt = open_policy(cfg, args.model, args.endpoint, args.tokenizer)
     out = args.out or str(Path("runs/eval") / Path(args.data).stem)
 
@@ -703,6 +718,15 @@ def _add_sandbox_commands(
         action="store_true",
         help="serve an address other than loopback without a token (anyone who can reach it "
         "is served; a warning says so at start)",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve https:// with this certificate (PEM; with --tls-key; sandbox.tls_cert); "
+        "clients trust it through sandbox.ca_file",
+    )
+    serve.add_argument(
+        "--tls-key", metavar="FILE", help="the private key of --tls-cert (sandbox.tls_key)"
     )
     serve.add_argument(
         "--require-isolation",

@@ -86,6 +86,17 @@ class SandboxConfig:
         "request for it, the client sends it. Empty = the variable CODELOOP_TOKEN when set, "
         "else none (any caller is served).",
     )
+    tls_cert: str = knob(
+        "",
+        "The sandbox server's TLS certificate (PEM; with tls_key it serves https://). Empty = "
+        "plain HTTP.",
+    )
+    tls_key: str = knob("", "The private key of tls_cert (PEM).")
+    ca_file: str = knob(
+        "",
+        "Certificates the client trusts for https:// servers besides the system's (a private "
+        "CA, or a server's self-signed certificate).",
+    )
     workers: int = knob(0, "Warm worker processes; 0 = one per CPU core.", ge=0)
     timeout_s: float = knob(10.0, "Default wall-clock limit of one call, seconds.", gt=0)
     memory_mb: int = knob(1024, "Default memory limit of one call, MiB.", ge=32)
@@ -176,6 +187,11 @@ class RolloutConfig:
         "A file whose first line is the inference servers' shared secret (`codeloop serve "
         "--token-file`, vLLM's --api-key), sent with every request. Empty = the variable "
         "CODELOOP_TOKEN when set, else none.",
+    )
+    server_ca_file: str = knob(
+        "",
+        "Certificates trusted for https:// inference servers besides the system's (a private CA, "
+        "or `codeloop serve --tls-cert`'s self-signed certificate).",
     )
     server_silent_s: float = knob(
         5.0,

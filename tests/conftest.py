@@ -1,10 +1,12 @@
 """Test-suite wiring: `gpu` tests are skipped unless CUDA is available; a `codeloop serve`
-subprocess for the tests that talk to a server."""
+subprocess for the tests that talk to a server; a self-signed certificate for TLS tests."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -55,13 +57,16 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
         *options,
     ]
     server = subprocess.Popen(command)
-    url = ServedURL(f"http://127.0.0.1:{port}")
+    tls = "--tls-cert" in options  # then checked against the certificate itself
+    cert = options[options.index("--tls-cert") + 1] if tls else None
+    context = ssl.create_default_context(cafile=cert) if tls else None
+    url = ServedURL(f"{'https' if tls else 'http'}://127.0.0.1:{port}")
     url.process = server
     deadline = time.monotonic() + 60
     try:
         while True:
             try:
-                urllib.request.urlopen(url + "/health", timeout=1)
+                urllib.request.urlopen(url + "/health", timeout=1, context=context)
                 break
             except OSError:
                 assert server.poll() is None and time.monotonic() < deadline, (
@@ -72,6 +77,60 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
     finally:
         server.terminate()
         server.wait(10)
+
+
+@contextlib.contextmanager
+def _sandbox_serve(*options: str) -> Iterator[str]:
+    """`codeloop sandbox serve --workers 1 OPTIONS` on a free port of loopback; yields its URL
+    (https:// with `--tls-cert`) once healthy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", "1", *options], stderr=subprocess.PIPE)
+    tls = "--tls-cert" in options
+    cert = options[options.index("--tls-cert") + 1] if tls else None
+    context = ssl.create_default_context(cafile=cert) if tls else None
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1, context=context)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (
+                    "codeloop sandbox serve did not start"
+                )
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+        assert b"Traceback" not in err, err.decode()
+
+
+@pytest.fixture(scope="session")
+def sandbox_serve() -> Callable[..., Any]:
+    """A context manager factory: `with sandbox_serve(*options) as url: ...`."""
+    return _sandbox_serve
+
+
+@pytest.fixture(scope="session")
+def tls_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(certificate, key): self-signed for 127.0.0.1, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
 
 
 @pytest.fixture(scope="session")

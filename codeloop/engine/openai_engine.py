@@ -44,7 +44,7 @@ from codeloop.auth import bearer, read_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.protocol import EngineUnavailable, Generation, SamplingParams
 from codeloop.errors import CodeloopError
-from codeloop.net import watched_connector
+from codeloop.net import client_tls, watched_connector
 
 Backend = Literal["codeloop", "sglang", "vllm"]
 _USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
@@ -75,10 +75,12 @@ class OpenAIEngine:
         kv_capacity_tokens: int = 0,
         silent_s: float = 5.0,
         token: str | None = None,
+        ca_file: str = "",
     ) -> None:
         """`silent_s`: a server host silent this long (no TCP acknowledgement) is taken as gone
         (`rollout.server_silent_s`); `token`: the servers' shared secret, sent with every
-        request (`rollout.server_token_file`)."""
+        request (`rollout.server_token_file`); `ca_file`: certificates trusted for an
+        `https://` server besides the system's (`rollout.server_ca_file`)."""
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
@@ -86,13 +88,14 @@ class OpenAIEngine:
         self.model = model
         self.backend = backend
         self.silent_s = silent_s
+        self.ca_file = ca_file
         self.headers = bearer(token)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=silent_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = watched_connector(self.silent_s)
+            connector = watched_connector(self.silent_s, ca_file=self.ca_file)
             self._session = aiohttp.ClientSession(
                 timeout=self.timeout, connector=connector, headers=self.headers
             )
@@ -193,10 +196,15 @@ class OpenAIEngine:
             raise ServerUnavailable(f"{where}: {why}") from None
 
 
-async def check_reachable(urls: Sequence[str], timeout_s: float = 10.0) -> None:
+async def check_reachable(
+    urls: Sequence[str], timeout_s: float = 10.0, *, ca_file: str = ""
+) -> None:
     """An `EngineError` naming the first server that does not answer HTTP at all (refused,
-    unknown host, no answer in `timeout_s`): any answer, even 404, means a server is there."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    unknown host, no answer in `timeout_s`, a certificate not trusted): any answer, even 404,
+    means a server is there."""
+    connector = aiohttp.TCPConnector(ssl=client_tls(ca_file))
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for url in urls:
             try:
                 async with session.get(url.rstrip("/") + "/health"):
@@ -217,6 +225,7 @@ def servers(urls: Sequence[str], cfg: RolloutConfig, model: str) -> list[OpenAIE
             kv_capacity_tokens=cfg.kv_capacity_tokens,
             silent_s=cfg.server_silent_s,
             token=token,
+            ca_file=cfg.server_ca_file,
         )
         for url in urls
     ]

@@ -26,6 +26,7 @@ Routes (JSON):
 
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
 from pathlib import Path
@@ -199,16 +200,20 @@ def serve(
     kv_capacity_tokens: int,
     token: str | None = None,
     weights_dir: str = "",
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
     `token`, every route but /health asks for it; `/v1/reload` loads only directories under
-    `weights_dir` (none without it)."""
+    `weights_dir` (none without it); with `tls` (`net.server_tls`) it serves https://."""
     device = default_device()
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
     engine = engine_from_config(model, tokenizer, rollout)
     app = build_app(engine, name, token, weights_dir=weights_dir or None)
-    banner = f"codeloop serve: {name} ({device}) on http://{host}:{port}" + (
+    scheme = "https" if tls else "http"
+    banner = f"codeloop serve: {name} ({device}) on {scheme}://{host}:{port}" + (
         " (a token is required)" if token else ""
     )
-    web.run_app(app, host=host, port=port, print=lambda *_: print(banner, flush=True))
+    web.run_app(
+        app, host=host, port=port, ssl_context=tls, print=lambda *_: print(banner, flush=True)
+    )

@@ -86,7 +86,9 @@ class SandboxClient:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SandboxClient:
-        connector = self._connector or watched_connector(self.cfg.client_connect_timeout_s)
+        connector = self._connector or watched_connector(
+            self.cfg.client_connect_timeout_s, ca_file=self.cfg.ca_file
+        )
         token = read_token(self.cfg.token_file, "sandbox.token_file")
         self._session = aiohttp.ClientSession(connector=connector, headers=bearer(token))
         return self

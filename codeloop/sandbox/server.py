@@ -22,6 +22,7 @@ from aiohttp import web
 
 from codeloop.auth import read_token, require_token
 from codeloop.config import SandboxConfig
+from codeloop.net import server_tls
 from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
 from codeloop.types import ExecRequest, ExecResult
 
@@ -161,17 +162,19 @@ def build_app(server: SandboxServer, token: str | None = None) -> web.Applicatio
 
 async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain: calls in flight are answered before exit."""
+    token = read_token(cfg.token_file, "sandbox.token_file")
+    tls = server_tls(cfg.tls_cert, cfg.tls_key, "sandbox.tls_cert and sandbox.tls_key")
     pool = WorkerPool(cfg)
     server = SandboxServer(pool, cfg)
     server.isolation = await pool.start()
-    token = read_token(cfg.token_file, "sandbox.token_file")
     app = build_app(server, token)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, ssl_context=tls)
     await site.start()
     log.info(
-        "sandbox serving on http://%s:%d with %d workers%s",
+        "sandbox serving on %s://%s:%d with %d workers%s",
+        "https" if tls else "http",
         cfg.host,
         cfg.port,
         len(pool.workers),

@@ -122,11 +122,11 @@ class Learner:
                     batch["old_logprobs"],
                     batch["advantages"],
                     batch["loss_mask"],
-                    units,
-                    algo.clip_low,
-                    algo.clip_high,
-                    algo.dual_clip,
-                    batch.get("weights"),
+                    denominator=units,
+                    clip_low=algo.clip_low,
+                    clip_high=algo.clip_high,
+                    dual_clip=algo.dual_clip,
+                    weights=batch.get("weights"),
                 )
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]

@@ -188,7 +188,9 @@ class ServerSink:
         try:
             if await server.served_version() == self._sent[1]:
                 return
-            async with self._pushing:
+            async with self._pushing:  # a push of the same weights may have ended meanwhile
+                if await server.served_version() == self._sent[1]:
+                    return
                 await server.push_weights(*self._sent)
         except ServerUnavailable:
             return  # still down: asked again later

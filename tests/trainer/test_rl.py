@@ -202,6 +202,52 @@ def test_rl_on_two_servers_pushes_the_new_weights_to_both(
 
 
 @pytest.mark.slow
+def test_an_rl_step_over_tls(
+    trainer_fmt: PromptFormat,
+    sft_weights: Any,
+    tmp_path: Path,
+    codeloop_serve: Any,
+    sandbox_serve: Any,
+    tls_certificate: tuple[Path, Path],
+) -> None:
+    """Both servers serve https:// with a self-signed certificate: the run samples, runs its
+    tool calls and pushes its weights over TLS, trusting the certificate through its CA-file
+    settings."""
+    from codeloop.engine.openai_engine import OpenAIEngine
+    from codeloop.sandbox.client import SandboxClient
+
+    cert, key = tls_certificate
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key))
+    model, served, cfg = _served_policy(trainer_fmt, sft_weights, tmp_path)
+    cfg.rollout.backend = "openai"
+    cfg.rollout.server_ca_file = str(cert)
+
+    async def main(inference: str, sandbox: str) -> tuple[dict[str, float], int | None]:
+        cfg.rollout.endpoints = [inference]
+        tools = SandboxClient([sandbox], SandboxConfig(ca_file=str(cert)))
+        async with tools:
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, trainer_fmt, PROBLEMS, tools=tools, logger=logger)
+            try:
+                metrics = (await run.train(1))[0]
+            finally:
+                logger.close()
+                await run.close()
+        server = OpenAIEngine(inference, ca_file=str(cert))
+        try:
+            return metrics, await server.served_version()
+        finally:
+            await server.close()
+
+    with codeloop_serve(served, *tls) as inference, sandbox_serve(*tls) as sandbox:
+        assert inference.startswith("https://") and sandbox.startswith("https://")
+        metrics, version = asyncio.run(main(inference, sandbox))
+    assert metrics["loss/policy_tokens"] > 0 and metrics["rollout/tool_calls"] > 0
+    assert metrics["rollout/status_error"] == 0.0 and metrics["rollout/infra_faults"] == 0.0
+    assert version == 1  # the step's weights reached the server over TLS
+
+
+@pytest.mark.slow
 def test_a_server_that_kept_its_old_weights_stops_the_run(
     trainer_fmt: PromptFormat,
     sft_weights: Any,
