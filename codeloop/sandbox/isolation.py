@@ -58,9 +58,7 @@ def mount(
     def enc(s: str | None) -> bytes | None:
         return None if s is None else s.encode()
 
-    _check(
-        _libc.mount(enc(source), enc(target), enc(fstype), flags, data=enc(data)), f"mount {target}"
-    )
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
 def prctl(option: int, arg: int) -> None:
