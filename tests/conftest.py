@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -82,32 +83,35 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
 @contextlib.contextmanager
 def _sandbox_serve(*options: str) -> Iterator[str]:
     """`codeloop sandbox serve --workers 1 OPTIONS` on a free port of loopback; yields its URL
-    (https:// with `--tls-cert`) once healthy."""
+    (https:// with `--tls-cert`) once healthy; its log has no traceback at the end."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(port)]
-    server = subprocess.Popen([*command, "--workers", "1", *options], stderr=subprocess.PIPE)
     tls = "--tls-cert" in options
     cert = options[options.index("--tls-cert") + 1] if tls else None
     context = ssl.create_default_context(cafile=cert) if tls else None
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1, context=context)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (
-                    "codeloop sandbox serve did not start"
-                )
-                time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
-        _, err = server.communicate(timeout=30)
-        assert b"Traceback" not in err, err.decode()
+    with tempfile.TemporaryFile() as said:  # not a pipe: a server that logs much never blocks
+        server = subprocess.Popen([*command, "--workers", "1", *options], stderr=said)
+        deadline = time.monotonic() + 60
+        try:
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1, context=context)
+                    break
+                except OSError:
+                    assert server.poll() is None and time.monotonic() < deadline, (
+                        "codeloop sandbox serve did not start"
+                    )
+                    time.sleep(0.2)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(30)
+        said.seek(0)
+        log = said.read().decode()
+    assert "Traceback" not in log, log
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,10 @@ Routes (JSON):
   `top_p`, `stop`, `seed`, `logprobs`. The choice carries `text`, `token_ids` (the sampled ids),
   `logprobs.tokens` / `logprobs.token_logprobs` (as `token_id:N` strings when
   `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
-  Stop strings stay in the output (vLLM's `include_stop_str_in_output`).
+  Stop strings stay in the output (vLLM's `include_stop_str_in_output`). Every field is checked
+  (types, ranges: token ids inside the vocabulary, the prompt and `max_tokens` inside
+  `--kv-capacity-tokens`, `n` = 1, at most 64 stop strings): anything else is a 400 naming the
+  field, and a body over 16 MiB a 413.
   With `weights_version` set, a server holding another version answers 409 and generates nothing
   (it was restarted, or missed a push: the client retries once it is brought up to date).
 - `POST /v1/weights`: new weights in place, the body `safetensors` bytes (at most twice the
@@ -41,15 +44,68 @@ from codeloop.engine.model import default_device, load_pretrained
 from codeloop.engine.protocol import SamplingParams
 from codeloop.errors import ModelError
 
+MAX_STOPS, MAX_STOP_CHARS = 64, 1024  # stop strings a request may give, and their length
 
-def _params(body: dict[str, Any]) -> SamplingParams:
+
+def _request(
+    body: Any, tokenizer: Any, vocab: int, capacity: int
+) -> tuple[list[int], SamplingParams]:
+    """A completion request's prompt ids and sampling settings, or a ValueError saying what is
+    wrong with it (each field's type and range: nothing reaches the engine that it cannot run)."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+
+    def number(key: str, default: float, low: float, high: float) -> float:
+        value = body.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if not low <= value <= high:  # NaN fails too
+            raise ValueError(f"{key} must be in [{low}, {high}], got {value!r}")
+        return float(value)
+
+    def integer(key: str, default: int | None, low: int, high: int) -> int | None:
+        value = body.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+        return value
+
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) and len(prompt) <= 16 * capacity:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+    elif isinstance(prompt, list) and len(prompt) <= capacity:
+        if not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in prompt
+        ):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        ids = list(prompt)
+    else:
+        raise ValueError(f"prompt must be a string or a list of at most {capacity} token ids")
+    if not 0 < len(ids) < capacity:
+        raise ValueError(f"the prompt has {len(ids)} tokens; this server takes 1 to {capacity - 1}")
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise ValueError(f"n must be 1 (send one request per sample), got {n!r}")
     stop = body.get("stop") or []
-    return SamplingParams(
-        max_tokens=int(body.get("max_tokens", 16)),
-        temperature=float(body.get("temperature", 1.0)),
-        top_p=float(body.get("top_p", 1.0)),
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        seed=None if body.get("seed") is None else int(body["seed"]),
+    stops = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOPS
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
+    ):
+        raise ValueError(
+            f"stop must be a string or a list of at most {MAX_STOPS} strings of 1 to "
+            f"{MAX_STOP_CHARS} characters"
+        )
+    max_tokens = integer("max_tokens", 16, 1, capacity - len(ids))
+    integer("weights_version", None, 0, 2**63 - 1)
+    return ids, SamplingParams(
+        max_tokens=max_tokens or 16,
+        temperature=number("temperature", 1.0, 0.0, 100.0),
+        top_p=number("top_p", 1.0, 1e-9, 1.0),
+        stop=list(stops),
+        seed=integer("seed", None, 0, 2**63 - 1),
     )
 
 
@@ -67,18 +123,14 @@ def build_app(
     tokenizer = engine.tokenizer
     root = Path(weights_dir).resolve() if weights_dir else None
     most_bytes = 2 * 4 * sum(p.numel() for p in engine.model.parameters()) + (1 << 20)
+    vocab = engine.model.get_input_embeddings().num_embeddings
 
     async def completions(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-            prompt = body["prompt"]
-            if isinstance(prompt, str):
-                ids = tokenizer.encode(prompt, add_special_tokens=False)
-            else:
-                ids = [int(i) for i in prompt]
-            params = _params(body)
-        except (ValueError, KeyError, TypeError) as err:
-            return web.json_response({"error": {"message": f"bad request: {err!r}"}}, status=400)
+            ids, params = _request(body, tokenizer, vocab, engine.kv_capacity_tokens)
+        except (ValueError, OSError) as err:  # bad JSON or fields; a client gone mid-body
+            return _error(400, f"bad request: {err}")
         wanted = body.get("weights_version")
         if wanted is not None and wanted != version:
             message = f"this server holds weights version {version}, not {wanted}"
@@ -125,10 +177,13 @@ def build_app(
         if version is not None and pushed <= version:
             return _error(400, f"bad weights: version {pushed} is not newer than {version}")
         body = bytearray()
-        async for chunk in request.content.iter_chunked(1 << 20):  # no cap of aiohttp's
-            body += chunk
-            if len(body) > most_bytes:
-                return _error(413, f"weights of over {most_bytes} bytes: not this model's")
+        try:
+            async for chunk in request.content.iter_chunked(1 << 20):  # no cap of aiohttp's
+                body += chunk
+                if len(body) > most_bytes:
+                    return _error(413, f"weights of over {most_bytes} bytes: not this model's")
+        except OSError as err:  # the client went away mid-body
+            return _error(400, f"connection lost while reading the weights ({err})")
         try:
             engine.update_weights(load(bytes(body)), pushed)
         except (ValueError, SafetensorError) as err:  # unreadable bytes, or `check_weights`
@@ -141,7 +196,7 @@ def build_app(
         try:
             body = await request.json()
             path = body.get("path")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, OSError):
             path = None
         if not isinstance(path, str):
             return _error(400, 'expected {"path": DIR}')
@@ -172,7 +227,7 @@ def build_app(
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "model": model_name, "version": version})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[require_token(token)])
+    app = web.Application(client_max_size=16 << 20, middlewares=[require_token(token)])
     app.add_routes(
         [
             web.post("/v1/completions", completions),

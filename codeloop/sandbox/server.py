@@ -4,7 +4,8 @@ Endpoints: `POST /v1/execute` (one request object), `POST /v1/execute/batch` (a 
 request objects; results come back as a list in the same order), `POST /v1/sessions/close`
 (`{"session_id": ...}`: end a stateful session now), `GET /health`,
 `GET /metrics` (Prometheus text). A malformed body or a request outside the server's limits is
-a 400 with a message; when more than `max_queue` calls wait, new calls get 429 with
+a 400 with a message; a body over 64 MiB or a batch of over `MAX_BATCH_CALLS` calls, 413; when
+more than `max_queue` calls wait, new calls get 429 with
 Retry-After; while shutting down, 503. On SIGTERM/SIGINT the server stops listening, answers
 the calls already in flight, then stops its workers. Built by `build_app`/`serve`: nothing
 listens at import.
@@ -29,6 +30,7 @@ from codeloop.types import ExecRequest, ExecResult
 log = logging.getLogger("codeloop.sandbox")
 RETRY_AFTER_S = "1"
 MAX_BODY_BYTES = 64 << 20
+MAX_BATCH_CALLS = 4096  # calls in one batch request (the client sends sandbox.client_batch_size)
 
 
 class _BadRequest(Exception):
@@ -47,6 +49,8 @@ async def _json_body(request: web.Request) -> Any:
         return await request.json(loads=json.loads)
     except ValueError as err:
         raise _BadRequest(f"body is not valid JSON: {err}") from None
+    except OSError as err:  # the client went away mid-body: nothing to answer, nothing to log
+        raise _BadRequest(f"connection lost while reading the body ({err})") from None
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -88,6 +92,8 @@ class SandboxServer:
             body = await _json_body(request)
             if not isinstance(body, list):
                 raise _BadRequest("body must be a JSON list of request objects")
+            if len(body) > MAX_BATCH_CALLS:
+                return _error(413, f"a batch of {len(body)} calls; at most {MAX_BATCH_CALLS}")
             calls = [_parse(item, f"request [{i}]") for i, item in enumerate(body)]
         except _BadRequest as err:
             return _error(400, str(err))

@@ -215,7 +215,7 @@ def test_a_recipe_without_a_world_trains_in_the_configured_dtype(
     class Built(Exception):
         pass
 
-    def built(*args: object, world: World) -> None:
+    def built(*args: object, world: World, **kwargs: object) -> None:
         seen.append(world)
         raise Built
 
