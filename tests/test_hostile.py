@@ -64,10 +64,11 @@ def inference(tmp_path_factory: pytest.TempPathFactory, codeloop_serve: Any) -> 
 
     root = tmp_path_factory.mktemp("hostile") / "model"
     tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
-    tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(root)
+    # a context of 48 tokens: any completion that passes the checks is short
+    model = tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2, max_positions=48)
+    model.save_pretrained(root)
     tokenizer.save_pretrained(root)
-    # a small capacity: any completion that passes the checks is short
-    with codeloop_serve(root, "--kv-capacity-tokens", "48", "--max-batch", "4") as url:
+    with codeloop_serve(root, "--max-batch", "4") as url:
         url.vocab = len(tokenizer)  # the model's embedding rows
         yield url
 

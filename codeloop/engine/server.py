@@ -6,9 +6,9 @@ Routes (JSON):
   `logprobs.tokens` / `logprobs.token_logprobs` (as `token_id:N` strings when
   `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
   Stop strings stay in the output (vLLM's `include_stop_str_in_output`). Every field is checked
-  (types, ranges: token ids inside the vocabulary, the prompt and `max_tokens` inside
-  `--kv-capacity-tokens`, `n` = 1, at most 64 stop strings): anything else is a 400 naming the
-  field, and a body over 16 MiB a 413.
+  (types, ranges: token ids inside the vocabulary, the prompt and `max_tokens` together inside
+  the model's context, `max_position_embeddings`, as vLLM's max_model_len; `n` = 1, at most 64
+  stop strings): anything else is a 400 naming the field, and a body over 16 MiB a 413.
   With `weights_version` set, a server holding another version answers 409 and generates nothing
   (it was restarted, or missed a push: the client retries once it is brought up to date).
 - `POST /v1/weights`: new weights in place, the body `safetensors` bytes (at most twice the
@@ -48,10 +48,12 @@ MAX_STOPS, MAX_STOP_CHARS = 64, 1024  # stop strings a request may give, and the
 
 
 def _request(
-    body: Any, tokenizer: Any, vocab: int, capacity: int
+    body: Any, tokenizer: Any, vocab: int, context: int
 ) -> tuple[list[int], SamplingParams]:
     """A completion request's prompt ids and sampling settings, or a ValueError saying what is
-    wrong with it (each field's type and range: nothing reaches the engine that it cannot run)."""
+    wrong with it (each field's type and range: nothing reaches the engine that it cannot run;
+    the prompt and `max_tokens` together within the model's `context`, as vLLM's
+    max_model_len)."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
 
@@ -72,18 +74,18 @@ def _request(
         return value
 
     prompt = body.get("prompt")
-    if isinstance(prompt, str) and len(prompt) <= 16 * capacity:
+    if isinstance(prompt, str) and len(prompt) <= 16 * context:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
-    elif isinstance(prompt, list) and len(prompt) <= capacity:
+    elif isinstance(prompt, list) and len(prompt) <= context:
         if not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in prompt
         ):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         ids = list(prompt)
     else:
-        raise ValueError(f"prompt must be a string or a list of at most {capacity} token ids")
-    if not 0 < len(ids) < capacity:
-        raise ValueError(f"the prompt has {len(ids)} tokens; this server takes 1 to {capacity - 1}")
+        raise ValueError(f"prompt must be a string or a list of at most {context} token ids")
+    if not 0 < len(ids) < context:
+        raise ValueError(f"the prompt has {len(ids)} tokens; this server takes 1 to {context - 1}")
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise ValueError(f"n must be 1 (send one request per sample), got {n!r}")
@@ -98,7 +100,7 @@ def _request(
             f"stop must be a string or a list of at most {MAX_STOPS} strings of 1 to "
             f"{MAX_STOP_CHARS} characters"
         )
-    max_tokens = integer("max_tokens", 16, 1, capacity - len(ids))
+    max_tokens = integer("max_tokens", 16, 1, context - len(ids))
     integer("weights_version", None, 0, 2**63 - 1)
     return ids, SamplingParams(
         max_tokens=max_tokens or 16,
@@ -124,11 +126,12 @@ def build_app(
     root = Path(weights_dir).resolve() if weights_dir else None
     most_bytes = 2 * 4 * sum(p.numel() for p in engine.model.parameters()) + (1 << 20)
     vocab = engine.model.get_input_embeddings().num_embeddings
+    context = getattr(engine.model.config, "max_position_embeddings", None) or (1 << 20)
 
     async def completions(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-            ids, params = _request(body, tokenizer, vocab, engine.kv_capacity_tokens)
+            ids, params = _request(body, tokenizer, vocab, context)
         except (ValueError, OSError) as err:  # bad JSON or fields; a client gone mid-body
             return _error(400, f"bad request: {err}")
         wanted = body.get("weights_version")
