@@ -12,8 +12,10 @@ Routes (JSON):
   With `weights_version` set, a server holding another version answers 409 and generates nothing
   (it was restarted, or missed a push: the client retries once it is brought up to date).
 - `POST /v1/weights`: new weights in place, the body `safetensors` bytes (at most twice the
-  model's size in float32, else 413), the header `X-Weights-Version` their version, newer than
-  the one held. How a trainer on another host updates the server without a shared filesystem.
+  model's size in float32, else 413), the header `X-Weights-Version` their version (the
+  trainer's step; a resumed run publishes its checkpoint's step again, which may be older than
+  what a killed run had published). How a trainer on another host updates the server without a
+  shared filesystem.
   Weights are checked before they replace anything (`check_weights`: names, shapes, floating
   point, finite); a refused push answers 400 and the old weights keep serving.
 - `POST /v1/reload` `{"path": DIR}`: load the weights of a policy directory in place; only a
@@ -176,9 +178,9 @@ def build_app(
         try:
             pushed = int(request.headers["X-Weights-Version"])
         except (KeyError, ValueError):
-            return _error(400, "bad weights: no integer X-Weights-Version header")
-        if version is not None and pushed <= version:
-            return _error(400, f"bad weights: version {pushed} is not newer than {version}")
+            pushed = -1
+        if pushed < 0:  # any step, even an older one: a resumed run publishes its checkpoint's
+            return _error(400, "bad weights: no X-Weights-Version header of a step (0, 1, ...)")
         body = bytearray()
         try:
             async for chunk in request.content.iter_chunked(1 << 20):  # no cap of aiohttp's
