@@ -38,42 +38,39 @@ class ServedURL(str):
     process: subprocess.Popen[bytes]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(server: subprocess.Popen[bytes], options: tuple[str, ...], port: int) -> str:
+    """The URL of a server started with `options` on `port` (https:// with `--tls-cert`, its
+    certificate then trusted), once its /health answers; fails if the process ends first."""
+    tls = "--tls-cert" in options
+    cert = options[options.index("--tls-cert") + 1] if tls else None
+    context = ssl.create_default_context(cafile=cert) if tls else None
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1, context=context)
+            return url
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "did not start"
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[ServedURL]:
     """`codeloop serve --model MODEL OPTIONS` on `port` (0: a free one); yields its URL once
     healthy."""
-    if not port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "codeloop",
-        "serve",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        *options,
-    ]
-    server = subprocess.Popen(command)
-    tls = "--tls-cert" in options  # then checked against the certificate itself
-    cert = options[options.index("--tls-cert") + 1] if tls else None
-    context = ssl.create_default_context(cafile=cert) if tls else None
-    url = ServedURL(f"{'https' if tls else 'http'}://127.0.0.1:{port}")
-    url.process = server
-    deadline = time.monotonic() + 60
+    port = port or _free_port()
+    command = [sys.executable, "-m", "codeloop", "serve", "--model", str(model)]
+    server = subprocess.Popen([*command, "--port", str(port), *options])
     try:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1, context=context)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (
-                    "codeloop serve did not start"
-                )
-                time.sleep(0.2)
+        url = ServedURL(_wait_healthy(server, options, port))
+        url.process = server
         yield url
     finally:
         server.terminate()
@@ -84,28 +81,12 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
 def _sandbox_serve(*options: str) -> Iterator[str]:
     """`codeloop sandbox serve --workers 1 OPTIONS` on a free port of loopback; yields its URL
     (https:// with `--tls-cert`) once healthy; its log has no traceback at the end."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     command = [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(port)]
-    tls = "--tls-cert" in options
-    cert = options[options.index("--tls-cert") + 1] if tls else None
-    context = ssl.create_default_context(cafile=cert) if tls else None
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as said:  # not a pipe: a server that logs much never blocks
         server = subprocess.Popen([*command, "--workers", "1", *options], stderr=said)
-        deadline = time.monotonic() + 60
         try:
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1, context=context)
-                    break
-                except OSError:
-                    assert server.poll() is None and time.monotonic() < deadline, (
-                        "codeloop sandbox serve did not start"
-                    )
-                    time.sleep(0.2)
-            yield url
+            yield _wait_healthy(server, options, port)
         finally:
             server.terminate()
             server.wait(30)
