@@ -794,7 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--modes",
         action="store_true",
         help="RL synchronous and asynchronous (trainer.mode) from one SFT policy: "
-        "trained tokens/s and held-out accuracy of each",
+        "trained tokens/s and held-out pass@1 of each",
     )
     demo.set_defaults(run=_demo)
     _add_model_commands(commands)
