@@ -170,7 +170,8 @@ def engine_from_config(
 
 def check_weights(state: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]) -> None:
     """A `ModelError` unless every tensor of `state` names a parameter of `targets`, has its
-    shape, is floating point (another floating dtype is cast on copy) and is finite."""
+    shape, is floating point (another floating dtype is cast on copy) and is finite (read in one
+    pass, with one device sync for the lot: the in-process engine checks every RL step's)."""
     for name, tensor in state.items():
         target = targets.get(name)
         if target is None:
@@ -182,8 +183,13 @@ def check_weights(state: Mapping[str, torch.Tensor], targets: Mapping[str, torch
             )
         if not tensor.is_floating_point():
             raise ModelError(f"bad weights: {name} is {tensor.dtype}, not floating point")
-        if not bool(torch.isfinite(tensor).all()):
-            raise ModelError(f"bad weights: {name} holds a NaN or an infinity")
+    if not state:
+        return
+    device = next(iter(state.values())).device
+    finite = torch.stack([torch.isfinite(t).all().to(device) for t in state.values()])
+    if not bool(finite.all()):
+        name = list(state)[int((~finite).nonzero()[0])]
+        raise ModelError(f"bad weights: {name} holds a NaN or an infinity")
 
 
 class TransformersEngine:

@@ -51,6 +51,12 @@ class HeldOut:
         found = await score_policy(
             agent, mine, self.cfg.eval.k, rollout.verifier, seed=self.cfg.trainer.seed
         )
-        shares = Scores(found.per_problem, found.failed)  # the trajectories stay on this rank
-        merged = Scores.merged(all_gather(shares, world))
+        merged = gather_scores(found, world)
         return {f"eval/{key}": value for key, value in merged.metrics().items()}
+
+
+def gather_scores(found: Scores, world: World) -> Scores:
+    """Every rank's shares and failures merged, on every rank; this rank's trajectories stay
+    with it (they are not sent)."""
+    shares = Scores.merged(all_gather(Scores(found.per_problem, found.failed), world))
+    return Scores(shares.per_problem, shares.failed, found.trajectories)

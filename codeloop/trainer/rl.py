@@ -41,7 +41,7 @@ from codeloop.trainer.async_rl import AsyncGroups
 from codeloop.trainer.checkpoint import latest_checkpoint
 from codeloop.trainer.distributed import World, all_gather, all_mean, all_sum, rank_address
 from codeloop.trainer.groups import Drawn, GroupSource, SyncGroups, problem_at
-from codeloop.trainer.held_out import HeldOut
+from codeloop.trainer.held_out import HeldOut, gather_scores
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.profile import StepProfile
@@ -266,8 +266,7 @@ class RLRun:
             seed=self.cfg.trainer.seed,
             progress=progress if world.is_main else "",
         )
-        shares = Scores.merged(all_gather(Scores(found.per_problem, found.failed), world))
-        return Scores(shares.per_problem, shares.failed, found.trajectories)
+        return gather_scores(found, world)
 
 
 @contextlib.asynccontextmanager
