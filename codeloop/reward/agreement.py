@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from fractions import Fraction
 from importlib import resources
 from typing import Any
 
+from codeloop.config import RewardConfig
 from codeloop.reward.integer import parse_integer
 from codeloop.reward.verifier import Verifier
 
@@ -39,9 +41,12 @@ class Case:
     family: str  # the family of docs/reward.md's table, or the generator's policy tag
     judgement: bool = False  # a policy call rather than plain mathematics
     source: str = "hand"
+    prose: bool = False  # `answer` is a whole response in prose, scored as it stands
 
     @property
     def response(self) -> str:
+        if self.prose:
+            return self.answer
         boxed = self.answer if "\\boxed" in self.answer else f"\\boxed{{{self.answer}}}"
         return f"<answer>{boxed}</answer>"
 
@@ -286,6 +291,164 @@ def differential(seed: int, values: int) -> list[Case]:
             Case(answer, gold, equal, policy, source="generated") for answer, equal, policy in forms
         ]
     return cases
+
+
+# --- math-verify's own test suite ----------------------------------------------------------
+
+_MATH_DELIMITERS = re.compile(r"\s*(\$+)(.*?)\1\s*", re.DOTALL)
+
+
+_INLINE_MATH = re.compile(r"\$\$.*?\$\$|\$[^$]*\$|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
+_TWO_WORDS = re.compile(r"[A-Za-z]{2,}[,:]?\s+[A-Za-z]{2,}")
+# How the suite's cases are scored: prose predictions need the fallbacks (see `SuiteCase.case`).
+SUITE_REWARD = RewardConfig(fallback_last_boxed=True, fallback_answer_phrase=True)
+
+
+def _without_delimiters(text: str) -> str:
+    """`$...$` or `$$...$$` around the whole text removed; anything else kept as it is."""
+    whole = _MATH_DELIMITERS.fullmatch(text)
+    return whole[2] if whole and "$" not in whole[2] else text
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteCase:
+    """One case of math-verify's tests (`math_verify_suite.json`), with the options its test
+    passes to math-verify: extraction targets (None: `parse`'s defaults), rounding, strictness."""
+
+    id: str
+    gold: str
+    pred: str
+    expected: bool
+    targets: list[str] | None
+    precision: int = 6
+    strict: bool = True
+    allow_set_relation_comp: bool = False
+
+    @property
+    def prose(self) -> bool:
+        """Whether the prediction is prose: two words in a row outside its math and no box
+        (a prediction with a box is an answer block, every box of it the answer)."""
+        if "\\boxed" in self.pred:
+            return False
+        return _TWO_WORDS.search(_INLINE_MATH.sub(" ", self.pred)) is not None
+
+    @property
+    def case(self) -> Case:
+        """The case as codeloop scores it. A prediction in prose is a response without an
+        answer block, read with both fallbacks on (`SUITE_REWARD`); any other is the final
+        answer, boxed unless it boxes itself, without its `$` delimiters. The gold is the
+        reference answer, without its `$` delimiters."""
+        return Case(
+            self.pred if self.prose else _without_delimiters(self.pred),
+            _without_delimiters(self.gold),
+            self.expected,
+            self.id.split("::")[1].split("[")[0],
+            source="math-verify suite",
+            prose=self.prose,
+        )
+
+
+_PROSE = (
+    "prose: the answer is inside a sentence, with no box and no answer phrase for the fallbacks "
+    "to read; codeloop scores the boxed final answer (its tests cover the form itself)"
+)
+_WORKED = (
+    "prose: a worked solution whose answer is its last result, with no box and no answer "
+    "phrase; codeloop scores the boxed final answer"
+)
+_ROUNDED = (
+    "rounding: the case asks for agreement to 2 decimals; codeloop reads decimals exactly, and "
+    "only a printed float of 12 significant digits or more stands for the value it rounds"
+)
+# math-verify's cases codeloop does not score as the suite expects, each with why. A case listed
+# here that codeloop gets right fails codeloop's test, so that the list only ever shrinks.
+OUT_OF_SCOPE: dict[str, str] = {
+    "test_all.py::test_number_extraction[7]": _PROSE,
+    "test_all.py::test_number_extraction[13]": _PROSE,
+    "test_all.py::test_number_extraction[14]": _PROSE,
+    "test_all.py::test_number_extraction[15]": _PROSE,
+    "test_all.py::test_number_extraction[16]": _PROSE,
+    "test_all.py::test_relations_math[0]": _PROSE,
+    "test_all.py::test_relations_math[1]": _PROSE,
+    "test_all.py::test_relations_math[2]": _PROSE,
+    "test_all.py::test_relations_math[3]": _PROSE,
+    "test_all.py::test_relations_math[4]": _PROSE,
+    "test_all.py::test_relations_math[7]": _PROSE,
+    "test_all.py::test_matrix_extraction[1]": _PROSE,
+    "test_all.py::test_matrix_extraction[2]": _PROSE,
+    "test_all.py::test_matrix_extraction[3]": _PROSE,
+    "test_all.py::test_matrix_extraction[4]": _PROSE,
+    "test_all.py::test_matrix_extraction[5]": _PROSE,
+    "test_all.py::test_matrix_extraction[6]": _PROSE,
+    "test_all.py::test_math_extraction_edge_cases[0]": _WORKED,
+    "test_all.py::test_math_extraction_edge_cases[1]": _WORKED,
+    "test_all.py::test_math_extraction_edge_cases[2]": _WORKED,
+    "test_all.py::test_math_extraction_additional_cases[8]": _WORKED,
+    "test_all.py::test_math_extraction_additional_cases[1]": (
+        "prose: 'Final Answer: Jane started growing Sphere 3 hours ago.' states the answer "
+        "without 'is'; the phrase fallback reads 'answer is X' and 'Final Answer: ... is X'"
+    ),
+    "test_all.py::test_math_extraction_additional_cases[17]": (
+        "boxes of intermediate results (200, 255) and the answer after them in prose; codeloop "
+        "reads every box of an answer as the answer"
+    ),
+    "test_all.py::test_math_extraction_edge_cases[13]": (
+        "percent: the gold is a worked solution boxing 20 ('\\boxed{20} percent') and the "
+        "answer is 20\\%; codeloop's policy: a percentage for an integer gold is wrong"
+    ),
+    "test_all.py::test_complex_math_expressions[7]": _ROUNDED,
+    "test_all.py::test_complex_math_expressions[13]": _ROUNDED,
+    "test_all.py::test_set_rel_assymetry[3]": (
+        "an option: the case turns math-verify's set/relation comparison off; codeloop always "
+        "compares a relation with the set it describes (the case with it on passes)"
+    ),
+    "test_open_thoughts.py::test_open_thoughts[28]": (
+        "a gold of two boxes with prose between: codeloop reads several boxes as one list, in a "
+        "gold as in an answer; math-verify reads the last"
+    ),
+    "test_strict.py::test_strict_variable_comparison[1]": (
+        "an option: the case turns strict variable comparison off; codeloop compares variables "
+        "strictly, f(x) is not f(y) (the strict case passes)"
+    ),
+}
+
+
+def math_verify_suite() -> tuple[list[SuiteCase], dict[str, str]]:
+    """The cases of math-verify's tests, and the document's source fields (commit, notice)."""
+    text = resources.files("codeloop.reward").joinpath("math_verify_suite.json").read_text("utf-8")
+    document = json.loads(text)
+    cases = [SuiteCase(**row) for row in document.pop("cases")]
+    return cases, document
+
+
+def math_verify_suite_verdicts(cases: Sequence[SuiteCase]) -> list[bool]:
+    """math-verify on the raw cases, with the options each of its tests passes."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    configs: dict[str, Any] = {
+        "latex": LatexExtractionConfig(boxed_match_priority=0),
+        "expr": ExprExtractionConfig(),
+    }
+    verdicts = []
+    for c in cases:
+        if c.targets is None:
+            gold, pred = parse(c.gold), parse(c.pred)
+        else:
+            targets = [configs[name] for name in c.targets]
+            gold, pred = parse(c.gold, targets), parse(c.pred, targets)
+        verdicts.append(
+            bool(
+                verify(
+                    gold,
+                    pred,
+                    float_rounding=c.precision,
+                    strict=c.strict,
+                    allow_set_relation_comp=c.allow_set_relation_comp,
+                )
+            )
+        )
+    return verdicts
 
 
 # --- comparison -----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ block, with brace matching; several distinct boxed values there are one list `a,
 output never counts: `<tool_response>` blocks are removed before anything is searched, so a
 boxed value printed by code cannot become the answer.
 Optional fallbacks (off by default, as in the report): the last boxed value anywhere in the
-assistant's text, and "the answer is ..." phrases. A missing or malformed answer is a reason
+assistant's text, and "the answer is ..." / "Final Answer: ... is X." phrases; with both on,
+whichever comes later in the text is the answer. A missing or malformed answer is a reason
 code, never an exception.
 """
 
@@ -39,7 +40,14 @@ class Extraction:
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_end|>, <|eot_id|>: markup, not text
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
 _BOX = re.compile(r"\\(?:boxed|fbox)\b\s*")
-_PHRASE = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?$", re.IGNORECASE | re.MULTILINE)
+# "the answer is X", "Final Answer: The final answer is $X$. I hope it is correct." (the
+# Minerva prompt's closing line), "Final Answer: The largest $n$ is 34.": the answer is inline
+# math or runs to the end of its sentence (a period before a space or the end of the line).
+_PHRASE = re.compile(
+    r"(?:answer is|final answer:(?:[^\n.]*?\bis\b)?)[:\s]*"
+    r"(?:\$([^$\n]+)\$|\\\((.+?)\\\)|(.+?))\s*(?:\.(?=\s|$)|$)",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def strip_tool_output(text: str) -> str:
@@ -137,12 +145,22 @@ def extract_answer(
         if found.answer is not None or found.reason != Reason.NO_BOXED:
             return found
         reason = Reason.NO_BOXED
-    if fallback_last_boxed:
+    phrase = _last_phrase(text) if fallback_answer_phrase else None
+    if fallback_last_boxed:  # the later of the last box and the last phrase is the answer
+        box = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
         found = last_boxed(text)
-        if found.answer is not None:
+        if found.answer is not None and (phrase is None or box > phrase[1]):
             return Extraction(found.answer, Reason.FALLBACK_BOXED)
-    if fallback_answer_phrase:
-        phrases = _PHRASE.findall(text)
-        if phrases:
-            return Extraction(phrases[-1].strip(), Reason.FALLBACK_PHRASE)
+    if phrase is not None:
+        return Extraction(phrase[0], Reason.FALLBACK_PHRASE)
     return Extraction(None, reason)
+
+
+def _last_phrase(text: str) -> tuple[str, int] | None:
+    """The answer the last "answer is ..." / "Final Answer: ..." phrase states, and where."""
+    found = None
+    for match in _PHRASE.finditer(text):
+        answer = next(group for group in match.groups() if group is not None).strip()
+        if answer:
+            found = (answer, match.start())
+    return found

@@ -2,7 +2,9 @@
 
 `fast_check(pred, gold)` returns True or False only when the rules below decide it, and None
 otherwise (the symbolic path then decides, with the same semantics):
-1. Both are plain numbers or ratios of two (`integer.parse_simple`): exact comparison.
+1. Both are plain numbers or ratios of two (`integer.parse_simple`): exact comparison, except
+   that a decimal of 12 significant digits or more is a printed float: it equals a value with
+   no finite decimal expansion that it rounds or truncates (`0.0833333333333333` is 1/12).
 2. The normalised forms (`symbolic.normalise`) are equal.
 3. A one-letter assignment (`x = 5`) is read as its value, as the symbolic path does; two
    different letters (`x = 5`, `y = 5`) are left to it.
@@ -17,7 +19,7 @@ import re
 from fractions import Fraction
 
 from codeloop.reward.forms import other_readings, percent_for_integer
-from codeloop.reward.integer import parse_simple
+from codeloop.reward.integer import parse_simple, same_number
 from codeloop.reward.symbolic import normalise
 
 _ASSIGNMENT = re.compile(r"^([A-Za-z])=(?!=)")
@@ -93,7 +95,7 @@ def _decide(pred: str, gold: str) -> bool | None:
     if gold_value is not None:
         pred_value = parse_simple(pred)
         if pred_value is not None:
-            return pred_value == gold_value
+            return same_number(pred, pred_value, gold, gold_value)
     pred_form, gold_form = normalise(pred), normalise(gold)
     if pred_form == gold_form:
         return bool(pred_form)
@@ -103,7 +105,7 @@ def _decide(pred: str, gold: str) -> bool | None:
     pred_form, gold_form = unassigned
     pred_value, gold_value = parse_simple(pred_form), parse_simple(gold_form)
     if pred_value is not None and gold_value is not None:
-        return pred_value == gold_value
+        return same_number(pred_form, pred_value, gold_form, gold_value)
     pred_shape, gold_shape = _shape(pred_form), _shape(gold_form)
     if pred_shape is None or gold_shape is None or pred_shape[0] != gold_shape[0]:
         return None

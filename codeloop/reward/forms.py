@@ -3,6 +3,7 @@
 Each rewrite is one family of spellings; docs/reward.md states the policies.
 - Several boxed answers inside one answer (`\\boxed{(1, 2)}, \\boxed{(2, 1)}`) -> the list
   `(1, 2), (2, 1)`; the same value boxed twice is one answer.
+- `\\sqrt(2)` -> `\\sqrt{2}` (math-verify reads `4\\sqrt(2)` as 4).
 - Plain-text math, when the answer has no backslash: `pi/2`, `sqrt(17)`, `exp(16)`, `2**3`,
   `-2*pi`, `2^(1/3)`, `inf`, `1.5e3` (scientific notation, not 1.5 times Euler's e^3) -> LaTeX.
 - Relations: `>=`, `≥`, `\\ge`, `\\geqslant` -> `\\geq`; `\\leq` and `\\neq` likewise.
@@ -139,6 +140,8 @@ def rewrite(answer: str) -> str:
     if "\\boxed" in answer or "\\fbox" in answer:
         answer = boxed_list(answer) or answer
     answer = plain_to_latex(answer)
+    if "\\sqrt" in answer:  # `4\\sqrt(2)`: the parentheses hold the radicand
+        answer = _replace_calls(answer, "\\sqrt", lambda arg: f"\\sqrt{{{arg}}}")
     answer = _VECTOR_NAME.sub("", _FUNCTION_NAME.sub("", answer))
     for pattern, form in _SYNONYMS:
         answer = pattern.sub(form, answer)

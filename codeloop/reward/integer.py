@@ -36,6 +36,7 @@ _UNIT = r"(?:[A-Za-z]{2,}|(?:(?<=[ /])|^)[mgsLhKVWJN](?=[²³^ /]|$))(?:\^\{?[23
 _UNIT_WORDS = re.compile(rf"\s*{_UNIT}(?:\s*/\s*{_UNIT}|\s+{_UNIT})*\s*")
 
 
+GLUED_COMMA = re.compile(r"(?<=\d),\\!\s*(?=\d{3}(?!\d))")
 _MATH_DOLLARS = re.compile(r"^\$+|(?<!\\)\$+$")  # `$...$`, not an escaped `\$` at the end
 
 
@@ -43,6 +44,7 @@ def _normalise(text: str) -> str:
     text = _MATH_DOLLARS.sub("", text.strip()).strip()
     for _ in range(3 if "\\" in text else 0):  # nested wrappers: \text{\textbf{5}}
         text = _WRAPPERS.sub(r"\1", text)
+    text = GLUED_COMMA.sub(",", text)  # `11,\\! 111`: the comma groups thousands
     text = _SPACES.sub(" ", text.replace("\\!", ""))  # a negative space: none at all
     text = _PERCENT_WORDS.sub("%", _DEGREES.sub("", text))
     return " ".join(text.split())
@@ -102,3 +104,42 @@ def parse_simple(answer: str) -> Fraction | None:
     if num is None or den is None or den == 0:
         return None
     return -num / den if match["sign"] == "-" else num / den
+
+
+_PRINTED_FLOAT = re.compile(r"[+-]?(?P<int>\d*)\.(?P<frac>\d+)")
+PRINTED_DIGITS = 12  # significant digits from which a decimal reads as a printed float
+
+
+def printed_float(answer: str) -> tuple[Fraction, Fraction] | None:
+    """(value, one unit of its last place) of a decimal with `PRINTED_DIGITS` significant
+    digits or more, the way a program prints a float (`0.0833333333333333`); else None."""
+    match = _PRINTED_FLOAT.fullmatch(answer.strip().strip("$").strip())
+    if match is None or len((match["int"] + match["frac"]).lstrip("0")) < PRINTED_DIGITS:
+        return None
+    value = parse_number(match[0])
+    return (value, Fraction(1, 10 ** len(match["frac"]))) if value is not None else None
+
+
+def terminates(value: Fraction) -> bool:
+    """Whether `value` has a finite decimal expansion (its denominator is 2^a 5^b)."""
+    denominator = value.denominator
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    return denominator == 1
+
+
+def rounds_to(exact: Fraction, answer: str) -> bool:
+    """Whether `answer` is a printed float of `exact`, a value with no finite decimal expansion
+    (`0.0833333333333333` for 1/12): within one unit of its last digit. An integer, or any
+    value a decimal writes exactly, must be written exactly."""
+    printed = printed_float(answer)
+    if printed is None or terminates(exact):
+        return False
+    value, unit = printed
+    return abs(value - exact) <= unit
+
+
+def same_number(pred: str, pred_value: Fraction, gold: str, gold_value: Fraction) -> bool:
+    """Equal values, or one side a printed float of the other (`integer.rounds_to`)."""
+    return pred_value == gold_value or rounds_to(gold_value, pred) or rounds_to(pred_value, gold)

@@ -26,9 +26,16 @@ repeating decimals) are brought to one form.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from codeloop.reward import forms
-from codeloop.reward.integer import parse_simple
+from codeloop.reward.integer import (
+    GLUED_COMMA,
+    parse_simple,
+    printed_float,
+    same_number,
+    terminates,
+)
 
 _DOLLARS = re.compile(r"^\$+|\$+$")
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])|\\displaystyle")
@@ -38,13 +45,21 @@ _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DIGIT_GROUP = re.compile(r"(?<=\d)(?:\\,|\{,\}|\\!|\\ |\u2009|\u202f)(?=\d{3}(?!\d))")
 _WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
 _DECIMAL = re.compile(r"(?<![\d.])(\d*)\.(\d+)(?![\d.])")
+_DIGITS, _AGREE = 60, 30  # numbers are evaluated to 60 digits and must agree in 30 of them
 _PLUS_MINUS = re.compile(r"\\pm|\\mp|±|∓")
+# Inline math (`$...$`, `\\(...\\)`, closed or running to the end) holding a line break: LaTeX
+# and math-verify end inline math at the line, so what follows is not part of it.
+_BROKEN_INLINE = re.compile(
+    r"(?<![\\$])\$(?!\$)([^$]*)(?:(?<![\\$])\$(?!\$)|\Z)|\\\((.*?)(?:\\\)|\Z)", re.DOTALL
+)
+_SIGNED_INTERVAL = re.compile(r"(?:^|[+-])\s*[\[(][^\[\]()]*,[^\[\]()]*[\])]")
 
 
 def normalise(answer: str) -> str:
     """A canonical surface form of a LaTeX answer, for the string-match check. A comma is
     followed by one space: a thousands separator is gone by then, so a comma separates."""
-    text = _DOLLARS.sub("", answer.strip()).strip().replace("\\!", "")  # negative space
+    text = _DOLLARS.sub("", answer.strip()).strip()
+    text = GLUED_COMMA.sub(",", text).replace("\\!", "")  # `11,\\! 111`; a negative space
     text = _DIGIT_GROUP.sub("", text)
     if _GROUPED.fullmatch(text):
         text = text.replace(",", "")
@@ -86,7 +101,29 @@ def _parsed(answer: str) -> list[object]:
 
     latex = _exact_decimals(_expand_plus_minus(normalise(answer)))
     extraction = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    return list(parse(f"${latex}$", extraction_config=extraction, parsing_timeout=None))
+    parsed = list(parse(f"${latex}$", extraction_config=extraction, parsing_timeout=None))
+    if _SIGNED_INTERVAL.search(latex) and getattr(parsed[0], "is_Number", False):
+        return []  # `-[0, 1)` read as 1: a misreading, not a number
+    return parsed
+
+
+def _rounds_to(exact: object, value: Fraction, unit: Fraction) -> bool:
+    """Whether a printed float `value` (one unit of its last digit: `unit`) is `exact`, a
+    sympy number with no finite decimal expansion, rounded or truncated."""
+    import sympy
+
+    if not isinstance(exact, sympy.Expr) or not exact.is_number or exact.is_real is False:
+        return False
+    if exact.is_Rational and terminates(Fraction(int(exact.p), int(exact.q))):
+        return False  # 0.125 is written exactly
+    try:
+        approximation = exact.evalf(_DIGITS)
+        if not approximation.is_Number:
+            return False
+        difference = abs(approximation - sympy.Rational(value.numerator, value.denominator))
+        return bool(difference <= sympy.Rational(unit.numerator, unit.denominator))
+    except (TypeError, ValueError, ArithmeticError):
+        return False
 
 
 def equivalent(pred: str, gold: str) -> bool:
@@ -101,17 +138,48 @@ def equivalent(pred: str, gold: str) -> bool:
 def _equivalent(pred: str, gold: str) -> bool:
     pred_value, gold_value = parse_simple(pred), parse_simple(gold)
     if pred_value is not None and gold_value is not None:  # numbers with units, currency
-        return pred_value == gold_value
+        return same_number(pred, pred_value, gold, gold_value)
     pred_form, gold_form = normalise(pred), normalise(gold)
     if not pred_form or not gold_form:
         return False
     if pred_form == gold_form or (gold_form.isalpha() and pred_form.lower() == gold_form.lower()):
         return True
+    if any("\n" in (inline[1] or inline[2] or "") for inline in _BROKEN_INLINE.finditer(pred)):
+        return False  # `Answer $ \n 9 \n $`: the 9 is outside the math
     from math_verify import verify
 
     gold_parsed, pred_parsed = _parsed(gold), _parsed(pred)
     if not gold_parsed or not pred_parsed:
         return False
+    for decimal, other in ((pred_form, gold_parsed[0]), (gold_form, pred_parsed[0])):
+        printed = printed_float(decimal)
+        if printed is not None:
+            return _rounds_to(other, *printed)
     return bool(
         verify(gold_parsed, pred_parsed, timeout_seconds=None, allow_set_relation_comp=True)
-    )
+    ) and not _apart(gold_parsed[0], pred_parsed[0])
+
+
+def _apart(gold: object, pred: object) -> bool:
+    """Whether two numbers math-verify called equal differ, relative to their size: it calls
+    numbers equal when their difference rounds to 0 at 15 digits, so `\\frac{1}{2004!}` would
+    equal `\\frac{1}{2006!}`. Numbers, and the ends of intervals and entries of tuples of the same
+    shape; anything else is left to math-verify."""
+    import sympy
+
+    if isinstance(gold, sympy.Interval) and isinstance(pred, sympy.Interval):
+        return _apart(gold.start, pred.start) or _apart(gold.end, pred.end)
+    if isinstance(gold, sympy.Tuple) and isinstance(pred, sympy.Tuple) and len(gold) == len(pred):
+        return any(_apart(g, p) for g, p in zip(gold, pred, strict=True))
+    if not (isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr)):
+        return False
+    if not (gold.is_number and pred.is_number) or gold.has(sympy.oo, -sympy.oo, sympy.zoo):
+        return False
+    try:  # each side to 60 digits on its own: `abs(gold - pred)` asks sympy for signs, slowly
+        g, p = gold.evalf(_DIGITS), pred.evalf(_DIGITS)
+        if not (g.is_Number and p.is_Number):
+            return False
+        size = max(abs(g), abs(p))
+        return bool(abs(g - p) > size * sympy.Float(10) ** -_AGREE)
+    except (TypeError, ValueError, ArithmeticError):
+        return False

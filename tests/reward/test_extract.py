@@ -70,6 +70,45 @@ def test_fallbacks_are_off_by_default_and_work_when_asked() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        # the closing line of the Minerva prompt's answers
+        ("Final Answer: The final answer is $10,455$. I hope it is correct.", "10,455"),
+        (
+            "Final Answer: The final answer is 12,000,023. I hope it is correct.<|im_end|>",
+            "12,000,023",
+        ),
+        ("Final Answer: The largest $n$ is 34.", "34"),
+        ("Final Answer: The volume of $ABCDEFGH$ is 120. I hope it is correct.", "120"),
+        ("The final answer is \\(\\frac{1}{2}\\).", "\\frac{1}{2}"),
+        ("the answer is 3.5.", "3.5"),  # a decimal point is not the end of the sentence
+        ("the answer is: 17", "17"),
+        ("so the answer is 2. Then the answer is 5.", "5"),  # the last phrase
+        (
+            "Final Answer: Jane started growing Sphere 3 hours ago.",
+            "Jane started growing Sphere 3 hours ago",
+        ),
+    ],
+)
+def test_the_phrase_fallback_reads_the_answer_a_phrase_states(text: str, answer: str) -> None:
+    assert _x(text, fallback_answer_phrase=True) == (answer, Reason.FALLBACK_PHRASE)
+
+
+def test_with_both_fallbacks_the_later_of_box_and_phrase_is_the_answer() -> None:
+    box_then_phrase = "so $\\boxed{255}$ more. Final Answer: The final answer is $10,455$."
+    assert _x(box_then_phrase, fallback_last_boxed=True, fallback_answer_phrase=True) == (
+        "10,455",
+        Reason.FALLBACK_PHRASE,
+    )
+    phrase_then_box = "the answer is 7, as \\boxed{8} shows"
+    assert _x(phrase_then_box, fallback_last_boxed=True, fallback_answer_phrase=True) == (
+        "8",
+        Reason.FALLBACK_BOXED,
+    )
+    assert _x(box_then_phrase, fallback_last_boxed=True) == ("255", Reason.FALLBACK_BOXED)
+
+
 def test_last_boxed_on_plain_text() -> None:
     assert last_boxed("\\boxed{1} and \\boxed{2}").answer == "2"
     assert last_boxed("nothing").reason == Reason.NO_BOXED
