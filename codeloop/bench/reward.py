@@ -15,17 +15,25 @@ cases for every family of docs/reward.md's table and answers of real `codeloop e
 trajectories) by family, with and without judgement calls, and wrong answers accepted on integer
 golds; then the differential harness, generated equal and unequal forms whose disagreements with
 math-verify are counted by the policy that decides them (codeloop wrong on one is a bug).
+
+`--against math-verify` runs only the agreement: both verifiers on the labelled collection, the
+answers a policy sampled, math-verify's own test suite (`codeloop/reward/math_verify_suite.json`,
+each case with the options its test passes to math-verify) and the generated forms; it prints
+every case where they disagree, who is right by the label, and the counts by kind.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import random
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +151,22 @@ def _math_verify(cases: list[Case]) -> tuple[float, float]:
     return len(cases) / (time.perf_counter() - start), agree / len(cases)
 
 
+def _medians(verifier: Verifier, cases: list[Case]) -> dict[str, float]:
+    """The median time of one pair, scored alone, on each side (ours: the call as a caller
+    sees it, worker round trip included)."""
+    from math_verify import parse, verify
+
+    ours, theirs = [], []
+    for text, gold, _ in cases:
+        start = time.perf_counter()
+        verifier.score(text, gold)
+        middle = time.perf_counter()
+        verify(parse(gold), parse(text))
+        theirs.append(time.perf_counter() - middle)
+        ours.append(middle - start)
+    return {"ours_s": statistics.median(ours), "math_verify_s": statistics.median(theirs)}
+
+
 def _baseline_one(answer: str, limit_s: float) -> float | None:
     code = (
         "import sys; from math_verify import parse, verify\n"
@@ -191,6 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         one.score("<answer>\\boxed{\\frac12}</answer>", "0.5")  # start the worker
         latex_base = _math_verify(latex[:base_n])
         rows.append(_row("latex, 1 worker", _ours(one, latex), latex_base))
+        medians = _medians(one, latex[:base_n])
     workers = args.workers or default_workers()
     with Verifier(RewardConfig(workers=workers, deadline_s=args.deadline_s)) as many:
         many.score("<answer>\\boxed{\\frac12}</answer>", "0.5")
@@ -199,8 +224,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         patho = _pathological(many, args.deadline_s, args.baseline_limit_s, args.pathological)
         collection = _labelled(many)
         generated = _differential(many, args.seed, args.differential_values)
+    print(
+        f"\nlatex, one pair at a time: median ours {1e3 * medians['ours_s']:.2f} ms, "
+        f"math-verify {1e3 * medians['math_verify_s']:.2f} ms "
+        f"({medians['math_verify_s'] / medians['ours_s']:.1f}x)"
+    )
     return {
         "sets": rows,
+        "latex_median": medians,
         "pathological": patho,
         "labelled": collection,
         "differential": generated,
@@ -281,6 +312,101 @@ def _pathological(
     return rows
 
 
+def against_math_verify(args: argparse.Namespace) -> dict[str, Any]:
+    """Both verifiers on every labelled set: the shipped collection (hand cases, and answers
+    sampled from a policy), math-verify's own suite and the generated forms. Prints each set's
+    agreement with its labels and every case where the two disagree, counted by kind."""
+    collection = agreement.labelled()
+    suite, document = agreement.math_verify_suite()
+    sets: list[tuple[str, list[agreement.Case], list[bool]]] = []
+    hand = [c for c in collection if not c.source.startswith("codeloop eval")]
+    sampled = [c for c in collection if c.source.startswith("codeloop eval")]
+    generated = agreement.differential(args.seed, args.differential_values)
+    for name, cases in (("labelled", hand), ("policy samples", sampled), ("generated", generated)):
+        sets.append((name, cases, agreement.math_verify_verdicts(cases)))
+    suite_name = f"math-verify suite ({document['commit'][:7]})"
+    sets.append((suite_name, [c.case for c in suite], agreement.math_verify_suite_verdicts(suite)))
+    cfg = dataclasses.replace(
+        agreement.SUITE_REWARD,
+        workers=args.workers or default_workers(),
+        deadline_s=args.deadline_s,
+    )
+    report: dict[str, Any] = {"sets": [], "out_of_scope": agreement.OUT_OF_SCOPE}
+    print(f"{'set':26} {'cases':>6} {'ours ok':>8} {'m-v ok':>8} {'disagree':>9}")
+    verdicts: dict[str, list[bool]] = {}
+    with Verifier(cfg) as verifier:
+        for name, cases, theirs in sets:
+            verdicts[name] = agreement.our_verdicts(verifier, cases)
+            report["sets"].append(_disagreements(name, cases, verdicts[name], theirs))
+    scoped = [
+        ok == c.expected
+        for c, ok in zip(suite, verdicts[suite_name], strict=True)
+        if c.id not in agreement.OUT_OF_SCOPE
+    ]
+    report["suite_in_scope"] = {"cases": len(scoped), "passed": sum(scoped)}
+    print(
+        f"{suite_name}: {sum(scoped)} of the {len(scoped)} cases in scope pass; "
+        f"{len(suite) - len(scoped)} out of scope (agreement.OUT_OF_SCOPE: why, case by case)"
+    )
+    for row in report["sets"]:
+        if row["disagreements"]:
+            kinds = ", ".join(f"{k} {n}" for k, n in row["by_kind"].items())
+            print(f"\n{row['set']}: {len(row['disagreements'])} disagreements ({kinds})")
+            shown: Counter[str] = Counter()
+            for case in row["disagreements"]:
+                shown[case["kind"]] += 1
+                if shown[case["kind"]] > args.show:
+                    continue
+                right = "ours" if case["ours_right"] else "m-v"
+                print(
+                    f"  {_short(case['kind'], 24):24} right: {right:4}"
+                    f"  {_short(case['answer']):44} gold {_short(case['gold'], 30)}"
+                )
+            hidden = sum(max(n - args.show, 0) for n in shown.values())
+            if hidden:
+                print(f"  ... and {hidden} more of the same kinds (all in the JSON report)")
+    return report
+
+
+def _disagreements(
+    name: str, cases: list[agreement.Case], ours: list[bool], theirs: list[bool]
+) -> dict[str, Any]:
+    rows = list(zip(cases, ours, theirs, strict=True))
+    differ = [
+        {
+            "kind": c.family,
+            "answer": c.answer,
+            "gold": c.gold,
+            "label": c.label,
+            "ours": o,
+            "math_verify": t,
+            "ours_right": o == c.label,
+        }
+        for c, o, t in rows
+        if o != t
+    ]
+    ours_agree = sum(o == c.label for c, o, _ in rows) / max(len(rows), 1)
+    theirs_agree = sum(t == c.label for c, _, t in rows) / max(len(rows), 1)
+    row: dict[str, Any] = {
+        "set": name,
+        "cases": len(rows),
+        "ours_agree": ours_agree,
+        "math_verify_agree": theirs_agree,
+        "by_kind": dict(Counter(d["kind"] for d in differ).most_common()),
+        "disagreements": differ,
+    }
+    print(
+        f"{name:26} {len(rows):>6} {100 * ours_agree:>7.1f}% "
+        f"{100 * theirs_agree:>7.1f}% {len(differ):>9}"
+    )
+    return row
+
+
+def _short(text: str, width: int = 44) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="codeloop bench reward",
@@ -309,8 +435,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="case generator seed")
     parser.add_argument("--out", default="bench-results/reward.json", help="JSON report")
+    parser.add_argument(
+        "--against",
+        choices=["math-verify"],
+        help="only the agreement report: both verifiers on the labelled collection, the "
+        "policy's sampled answers, math-verify's own suite and the generated forms, with every "
+        "disagreement and its kind",
+    )
+    parser.add_argument(
+        "--show", type=int, default=3, help="with --against: disagreements printed per kind"
+    )
     args = parser.parse_args(argv)
-    report = run(args)
+    report = against_math_verify(args) if args.against else run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -324,5 +324,41 @@ def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
     assert [row["set"] for row in report["sets"]][0] == "integer, 1 core"
     assert all(row["ours_agree"] == 1.0 for row in report["sets"]), report["sets"]
     assert all(row["math_verify_per_s"] > 0 for row in report["sets"])
+    assert report["latex_median"]["ours_s"] > 0 and report["latex_median"]["math_verify_s"] > 0
     assert report["pathological"][0]["ours_reason"] == "timeout"
     assert report["pathological"][0]["ours_s"] < 0.5 + OVERHEAD_S
+
+
+@pytest.mark.slow
+def test_bench_reward_against_math_verify_lists_every_disagreement_by_kind(
+    tmp_path: object,
+) -> None:
+    out = f"{tmp_path}/against.json"
+    command = [sys.executable, "-m", "codeloop", "bench", "reward", "--against", "math-verify"]
+    command += ["--differential-values", "22", "--workers", "2", "--out", out]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(Path(out).read_text())
+    names = [row["set"] for row in report["sets"]]
+    assert names[:3] == ["labelled", "policy samples", "generated"]
+    assert names[3].startswith("math-verify suite")
+    assert report["suite_in_scope"]["passed"] == report["suite_in_scope"]["cases"] == 240
+    labelled = report["sets"][0]
+    percent = [d for d in labelled["disagreements"] if (d["answer"], d["gold"]) == ("25\\%", "25")]
+    assert percent == [
+        {
+            "kind": "integer_gold",
+            "answer": "25\\%",
+            "gold": "25",
+            "label": False,
+            "ours": False,
+            "math_verify": True,
+            "ours_right": True,
+        }
+    ]
+    for row in report["sets"]:
+        assert sum(row["by_kind"].values()) == len(row["disagreements"])
+        assert (
+            f"{row['set']}: {len(row['disagreements'])} disagreements" in run.stdout
+            or not row["disagreements"]
+        )
