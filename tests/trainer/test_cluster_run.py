@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,6 +40,7 @@ from typing import Any
 import pytest
 import transformers
 from cluster import Cluster, namespaces, unavailable, wait_healthy
+from conftest import self_signed
 from trainer_helpers import conversation
 
 from codeloop.config import SFTConfig
@@ -83,6 +86,26 @@ class ClusterRun:
     steps: int
     trainers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     again: bool = False  # the trainers were started a second time (their logs apart)
+    tls: tuple[Path, Path] | None = None  # (certificate, key): the servers serve https
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def context(self) -> ssl.SSLContext | None:
+        """What checks the servers' certificate, for the test's own requests."""
+        return ssl.create_default_context(cafile=self.tls[0]) if self.tls else None
+
+    def served(self, url: str, pattern: str) -> int:
+        return served(url, pattern, self.context)
+
+    def health(self, url: str) -> dict[str, Any]:
+        opened = urllib.request.urlopen(url + "/health", timeout=5, context=self.context)
+        return dict(json.loads(opened.read()))
+
+    def tls_flags(self) -> list[str]:
+        return ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []
 
     @property
     def run_dir(self) -> Path:
@@ -90,11 +113,11 @@ class ClusterRun:
 
     def inference_urls(self) -> list[str]:
         pairs = zip(self.layout.inference, self.layout.inference_ports, strict=True)
-        return [f"http://{self.cluster.address(h)}:{p}" for h, p in pairs]
+        return [f"{self.scheme}://{self.cluster.address(h)}:{p}" for h, p in pairs]
 
     def sandbox_urls(self) -> list[str]:
         pairs = zip(self.layout.sandboxes, self.layout.sandbox_ports, strict=True)
-        return [f"http://{self.cluster.address(h)}:{p}" for h, p in pairs]
+        return [f"{self.scheme}://{self.cluster.address(h)}:{p}" for h, p in pairs]
 
     def start_sandbox(self, index: int) -> None:
         host, port = self.layout.sandboxes[index], self.layout.sandbox_ports[index]
@@ -113,6 +136,7 @@ class ClusterRun:
                 str(port),
                 "--workers",
                 "2",
+                *self.tls_flags(),
             ],
             log=self.root / f"sandbox{index}.log",
         )
@@ -122,7 +146,8 @@ class ClusterRun:
         host, port = self.layout.inference[index], self.layout.inference_ports[index]
         serve = (
             f"exec {sys.executable} -m codeloop serve --model {self.root / 'served'} "
-            f"--host {self.cluster.address(host)} --port {port} --max-batch 1 --insecure-no-token"
+            f"--host {self.cluster.address(host)} --port {port} --max-batch 1 --insecure-no-token "
+            + " ".join(self.tls_flags())
         )
         self.cluster.start(
             host, hidden_from_trainer(self.root, serve), log=self.root / f"inference{index}.log"
@@ -133,18 +158,18 @@ class ClusterRun:
             self.start_sandbox(index)
         for index in range(len(self.layout.inference)):
             self.start_inference(index)
-        for url in self.sandbox_urls():
-            wait_healthy(url)
-        for url in self.inference_urls():
-            wait_healthy(url)
+        for url in [*self.sandbox_urls(), *self.inference_urls()]:
+            wait_healthy(url, context=self.context)
 
     def start_trainers(self, again: bool = False, unshared: bool = False) -> None:
         """Both trainer nodes; `again`: their logs apart from the first start's; `unshared`:
         the second node does not see the run directory (no shared filesystem)."""
         config = self.root / "trainer" / "run.toml"
-        config.write_text(
-            run_config(self.root, self.inference_urls(), self.sandbox_urls(), self.steps)
-        )
+        text = run_config(self.root, self.inference_urls(), self.sandbox_urls(), self.steps)
+        if self.tls:  # the certificate the clients check the servers against
+            text = text.replace("[sandbox]", f'[sandbox]\nca_file = "{self.tls[0]}"')
+            text = text.replace("[rollout]", f'[rollout]\nserver_ca_file = "{self.tls[0]}"')
+        config.write_text(text)
         master = self.cluster.address(self.layout.trainers[0])
         self.again = again
         self.trainers = []
@@ -212,9 +237,9 @@ COMPLETED = r"^codeloop_engine_requests_completed_total (\d+)"
 SANDBOX_CALLS = r'^sandbox_calls_total\{status="\w+"\} (\d+)'
 
 
-def served(url: str, pattern: str) -> int:
+def served(url: str, pattern: str, context: ssl.SSLContext | None = None) -> int:
     """What a server's /metrics counts: requests completed, or sandbox calls."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(url + "/metrics", timeout=5, context=context).read().decode()
     return sum(int(n) for n in re.findall(pattern, text, re.M))
 
 
@@ -295,10 +320,23 @@ def prepare(root: Path, policy: Path) -> None:
 @pytest.fixture
 def cluster_run(policy: Path, tmp_path: Path) -> Iterator[ClusterRun]:
     """The services of a 3-step run up on seven hosts; the test starts the trainers."""
+    yield from _cluster_run(policy, tmp_path, tls=False)
+
+
+@pytest.fixture
+def tls_cluster_run(policy: Path, tmp_path: Path) -> Iterator[ClusterRun]:
+    """`cluster_run` with every server on https, its certificate self-signed for the hosts."""
+    yield from _cluster_run(policy, tmp_path, tls=True)
+
+
+def _cluster_run(policy: Path, root: Path, tls: bool) -> Iterator[ClusterRun]:
     before = namespaces()
-    prepare(tmp_path, policy)
+    prepare(root, policy)
     with Cluster(7) as cluster:
-        run = ClusterRun(cluster, tmp_path, Layout(), steps=3)
+        run = ClusterRun(cluster, root, Layout(), steps=3)
+        if tls:
+            (root / "tls").mkdir()
+            run.tls = self_signed(root / "tls", [cluster.address(h) for h in range(1, 8)])
         run.start_services()
         yield run
         processes = [p for started in cluster.processes.values() for p in started]
@@ -430,3 +468,72 @@ def test_a_trainer_node_killed_stops_the_run_and_a_restart_resumes(
     run.start_trainers(again=True)  # the same command on both nodes again
     run.check_finished()
     assert re.search(r"resumed from step ([2-9]|1[01])\b", run.log("trainer0"))
+
+
+def test_a_storm_of_overlapping_faults_over_tls(tls_cluster_run: ClusterRun) -> None:
+    """One run of 24 steps, every server on https, under a seeded schedule of faults that
+    overlap: a trainer node lost and the run restarted, two sandbox hosts down at once, a
+    sandbox link cut while an inference server restarts, a sandbox host that comes back and
+    goes again. Each fault waits for the run to reach a step, not for a time, and a wait for
+    the run to use a host ends early when the run is over, so what is asserted holds at any
+    speed: the ends of `check_finished`, both servers on the last weights, and the fixture's
+    (nothing left running, no namespace left)."""
+    run = tls_cluster_run
+    run.steps = 24
+    rng = random.Random(52)
+    down, cut = rng.sample(range(3), 2), rng.randrange(3)
+    sandbox = {i: (run.layout.sandboxes[i], run.sandbox_urls()[i]) for i in range(3)}
+    said: list[str] = []
+
+    def reached(step: int) -> bool:  # logged (a resumed run logs again from its checkpoint)
+        return any(m["step"] >= step for m in read_metrics(run.run_dir))
+
+    def running() -> bool:
+        return any(p.poll() is None for p in run.trainers)
+
+    def until(what: str, ready: Any) -> None:
+        """Wait for `ready`, or for the run to end (then the fault lands after the run)."""
+        wait_for(what, lambda: ready() or not running(), timeout_s=300)
+        said.append(what if ready() else f"{what}: the run had ended")
+
+    run.start_trainers()
+    # a trainer node lost: the run stops; the same command on both nodes resumes it
+    saved = run.run_dir / "checkpoints" / "step_000002"  # renamed into place once complete
+    until("the second checkpoint", saved.is_dir)
+    run.cluster.kill(run.layout.trainers[1])
+    assert run.trainers[0].wait(120) != 0
+    run.start_trainers(again=True)
+    # two sandbox hosts down at once: the third carries the calls; both come back
+    until("the resumed run's first new step", lambda: reached(3))
+    for index in down:
+        run.cluster.kill(sandbox[index][0])
+    carrier = sandbox[({0, 1, 2} - set(down)).pop()][1]
+    before = run.served(carrier, SANDBOX_CALLS)
+    until("calls on the one sandbox host left", lambda: run.served(carrier, SANDBOX_CALLS) > before)
+    for index in down:
+        run.start_sandbox(index)
+    for index in down:
+        wait_healthy(sandbox[index][1], context=run.context)
+    # a sandbox link cut while an inference server restarts
+    until("step 8", lambda: reached(8))
+    run.cluster.cut(sandbox[cut][0])
+    run.cluster.kill(run.layout.inference[0])
+    run.start_inference(0)
+    wait_healthy(run.inference_urls()[0], context=run.context)
+    run.cluster.restore(sandbox[cut][0])
+    # a host that comes back and goes again
+    host, url = sandbox[down[0]]
+    until("step 12", lambda: reached(12))
+    run.cluster.cut(host)
+    time.sleep(3)
+    run.cluster.restore(host)
+    back = run.served(url, SANDBOX_CALLS)
+    until("the host to serve again", lambda: run.served(url, SANDBOX_CALLS) > back)
+    run.cluster.cut(host)
+    time.sleep(3)
+    run.cluster.restore(host)
+
+    run.check_finished()
+    for server in run.inference_urls():  # both on the last step's weights
+        assert run.health(server)["version"] == run.steps, (server, said)
+    assert re.search(r"resumed from step [2-4]\b", run.log("trainer0")), said
