@@ -44,7 +44,8 @@ def _normalise(text: str) -> str:
     text = _MATH_DOLLARS.sub("", text.strip()).strip()
     for _ in range(3 if "\\" in text else 0):  # nested wrappers: \text{\textbf{5}}
         text = _WRAPPERS.sub(r"\1", text)
-    text = GLUED_COMMA.sub(",", text)  # `11,\\! 111`: the comma groups thousands
+    if ",\\!" in text:  # `11,\! 111`: the comma groups thousands
+        text = GLUED_COMMA.sub(",", text)
     text = _SPACES.sub(" ", text.replace("\\!", ""))  # a negative space: none at all
     text = _PERCENT_WORDS.sub("%", _DEGREES.sub("", text))
     return " ".join(text.split())
@@ -142,4 +143,8 @@ def rounds_to(exact: Fraction, answer: str) -> bool:
 
 def same_number(pred: str, pred_value: Fraction, gold: str, gold_value: Fraction) -> bool:
     """Equal values, or one side a printed float of the other (`integer.rounds_to`)."""
-    return pred_value == gold_value or rounds_to(gold_value, pred) or rounds_to(pred_value, gold)
+    if pred_value == gold_value:
+        return True
+    if len(pred) <= PRINTED_DIGITS and len(gold) <= PRINTED_DIGITS:  # too short to be one
+        return False
+    return rounds_to(gold_value, pred) or rounds_to(pred_value, gold)

@@ -59,7 +59,7 @@ def normalise(answer: str) -> str:
     """A canonical surface form of a LaTeX answer, for the string-match check. A comma is
     followed by one space: a thousands separator is gone by then, so a comma separates."""
     text = _DOLLARS.sub("", answer.strip()).strip()
-    text = GLUED_COMMA.sub(",", text).replace("\\!", "")  # `11,\\! 111`; a negative space
+    text = GLUED_COMMA.sub(",", text).replace("\\!", "")  # `11,\! 111`; a negative space
     text = _DIGIT_GROUP.sub("", text)
     if _GROUPED.fullmatch(text):
         text = text.replace(",", "")
