@@ -203,7 +203,9 @@ def wait_healthy(url: str, deadline_s: float = 120, context: ssl.SSLContext | No
             time.sleep(0.2)
 
 
-def namespaces() -> set[str]:
-    """The network namespaces that exist now (for checking that a cluster left none)."""
+def namespaces(prefix: str = "") -> set[str]:
+    """The network namespaces that exist now whose names start with `prefix` (a cluster's
+    `tag`: for checking that it left none, whatever other test processes run meanwhile)."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in listed.splitlines() if line.strip()}
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    return {name for name in names if name.startswith(prefix)}

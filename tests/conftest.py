@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from certs import self_signed
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -107,21 +108,6 @@ def tls_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     return self_signed(tmp_path_factory.mktemp("tls"), ["127.0.0.1"])
-
-
-def self_signed(folder: Path, addresses: list[str]) -> tuple[Path, Path]:
-    """(certificate, key) in `folder`, self-signed for `addresses` (IP addresses), made with
-    the openssl command."""
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    names = ",".join(f"IP:{address}" for address in addresses)
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", f"/CN={addresses[0]}"]
-        + ["-addext", f"subjectAltName={names}"],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 @pytest.fixture(scope="session")

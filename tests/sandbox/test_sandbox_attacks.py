@@ -21,9 +21,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _sandbox_processes() -> list[str]:
-    """Host processes running under a sandbox uid (there must be none between calls)."""
+    """Host processes running under a sandbox uid (there must be none between calls) that
+    this test process started or that nobody owns any more (their parent is init); those of
+    other test processes running meanwhile are theirs to check."""
     out = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if int(line.split()[0]) >= UID_BASE]
+    rows = [line for line in out.splitlines() if int(line.split()[0]) >= UID_BASE]
+    return [line for line in rows if _ours_or_orphaned(int(line.split()[1]))]
+
+
+def _ours_or_orphaned(pid: int) -> bool:
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False  # gone meanwhile
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() or parent == 1:
+            return True
+        pid = parent
+    return True
 
 
 def _no_leftovers() -> None:

@@ -15,7 +15,9 @@ equal; losses and gradient norms agree to float rounding (a turn whose earlier c
 cached on one server is prefilled whole on another, which rounds differently), and timings,
 engine counters and the servers' queues differ.
 
-Each fault has its test; each run must end with every step logged once, the last checkpoint
+A slow lossy link and a trainer node lost have a test each; the other faults (sandbox hosts
+killed or cut off, an inference server restarted) come together in one run, with a trainer node
+lost too, as a storm. Each run must end with every step logged once, the last checkpoint
 loadable, no tool call lost or reported to the model as its own error, and nothing left running.
 """
 
@@ -39,8 +41,8 @@ from typing import Any
 
 import pytest
 import transformers
+from certs import self_signed
 from cluster import Cluster, namespaces, unavailable, wait_healthy
-from conftest import self_signed
 from trainer_helpers import conversation
 
 from codeloop.config import SFTConfig
@@ -330,7 +332,6 @@ def tls_cluster_run(policy: Path, tmp_path: Path) -> Iterator[ClusterRun]:
 
 
 def _cluster_run(policy: Path, root: Path, tls: bool) -> Iterator[ClusterRun]:
-    before = namespaces()
     prepare(root, policy)
     with Cluster(7) as cluster:
         run = ClusterRun(cluster, root, Layout(), steps=3)
@@ -341,7 +342,7 @@ def _cluster_run(policy: Path, root: Path, tls: bool) -> Iterator[ClusterRun]:
         yield run
         processes = [p for started in cluster.processes.values() for p in started]
     assert all(p.poll() is not None for p in processes)  # nothing left running
-    assert namespaces() == before
+    assert namespaces(cluster.tag) == set()
 
 
 def test_the_servers_cannot_see_the_trainers_files(cluster_run: ClusterRun) -> None:
@@ -380,31 +381,6 @@ def test_a_run_across_seven_hosts_logs_what_the_same_run_on_one_host_logs(
         assert {k: a[k] for k in CLOSE} == pytest.approx({k: b[k] for k in CLOSE}, rel=1e-4)
 
 
-def test_a_sandbox_host_killed_mid_step(cluster_run: ClusterRun) -> None:
-    run, victim = cluster_run, cluster_run.sandbox_urls()[0]
-    run.start_trainers()
-    wait_for("a first tool call on the victim", lambda: served(victim, SANDBOX_CALLS) > 0)
-    run.cluster.kill(run.layout.sandboxes[0])
-    others = run.sandbox_urls()[1:]
-    before = sum(served(url, SANDBOX_CALLS) for url in others)
-    run.check_finished()
-    assert sum(served(url, SANDBOX_CALLS) for url in others) > before  # its calls went there
-
-
-def test_a_sandbox_host_cut_off_for_10_s_rejoins(cluster_run: ClusterRun) -> None:
-    run, victim = cluster_run, cluster_run.sandbox_urls()[0]
-    run.steps = 24  # long enough to outlast the cut and the client's cool-down after it
-    run.start_trainers()
-    wait_for("a first tool call on the victim", lambda: served(victim, SANDBOX_CALLS) > 0)
-    run.cluster.cut(run.layout.sandboxes[0])
-    time.sleep(10)
-    run.cluster.restore(run.layout.sandboxes[0])
-    after_cut = served(victim, SANDBOX_CALLS)
-    wait_for("the host to serve again", lambda: served(victim, SANDBOX_CALLS) > after_cut)
-    assert all(p.poll() is None for p in run.trainers), "the run ended before the host rejoined"
-    run.check_finished()
-
-
 def test_a_slow_lossy_sandbox_link_slows_the_run_and_loses_nothing(cluster_run: ClusterRun) -> None:
     from faultproxy import FaultProxy
 
@@ -429,21 +405,6 @@ def test_a_slow_lossy_sandbox_link_slows_the_run_and_loses_nothing(cluster_run: 
     # calls went over the bad link (each chunk delayed; about one in twenty held longer, which
     # a short run's few dozen chunks may or may not meet)
     assert proxy.connections > 0 and served(urls()[2], SANDBOX_CALLS) > 0
-
-
-def test_an_inference_server_killed_and_restarted_mid_step(cluster_run: ClusterRun) -> None:
-    run, victim = cluster_run, cluster_run.inference_urls()[0]
-    run.steps = 5
-    run.start_trainers()
-    wait_for("a first completion on the victim", lambda: served(victim, COMPLETED) > 0)
-    run.cluster.kill(run.layout.inference[0])
-    time.sleep(1)
-    run.start_inference(0)  # the weights it starts with are the first step's, not the run's
-    wait_healthy(victim)
-    run.check_finished()
-    health = json.loads(urllib.request.urlopen(victim + "/health", timeout=5).read())
-    assert health["version"] == run.steps  # brought up to date, and kept so
-    assert served(victim, COMPLETED) > 0  # it served again after the restart
 
 
 def test_a_trainer_node_killed_stops_the_run_and_a_restart_resumes(
