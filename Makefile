@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The suite runs in two processes (pytest-xdist), a test file in one of them; PYTEST_PARALLEL=
+# runs it in one.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
 BIN := $(VENV)/bin
 
 .PHONY: demo real test test-fast lint clean chromium torch bench-gpu mutate
@@ -57,7 +60,7 @@ chromium:
 	  echo "make: no chromium; the viewer's browser test will be skipped"
 
 test: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -41,6 +41,18 @@ def unavailable() -> str | None:
     return None
 
 
+def _free_subnet(start: int) -> int:
+    """X in 100..199, from `start` on, with no 10.X.0.0/24 address in this namespace yet (a
+    cluster of another test process running meanwhile has one)."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    taken = {int(part.split(".")[1]) for part in shown.split() if part.startswith("10.")}
+    for offset in range(100):
+        subnet = 100 + (start + offset) % 100
+        if subnet not in taken:
+            return subnet
+    raise RuntimeError("no free 10.X.0.0/24 subnet between 10.100 and 10.199")
+
+
 def _ip(*args: str, namespace: str | None = None) -> None:
     command = ["ip", *(["netns", "exec", namespace, "ip"] if namespace else []), *args]
     subprocess.run(command, check=True, capture_output=True, text=True)
@@ -53,7 +65,7 @@ class Cluster:
         self.tag = f"cl{os.getpid() % 10000}x{time.monotonic_ns() % 1000}"
         self.net = f"{self.tag}-net"
         # 10.<subnet>.0.0/24, one per cluster: apart from other test processes' and this one's
-        self.subnet = 100 + (os.getpid() + next(_clusters_made)) % 100
+        self.subnet = _free_subnet(os.getpid() + next(_clusters_made))
         self.hosts = [f"{self.tag}-h{i}" for i in range(1, hosts + 1)]
         self.processes: dict[str, list[subprocess.Popen[bytes]]] = {h: [] for h in self.hosts}
         self._made: list[str] = []
