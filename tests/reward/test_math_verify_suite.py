@@ -86,3 +86,11 @@ def test_the_importer_rebuilds_the_cases_from_a_checkout(tmp_path: Path) -> None
     ]
     assert cases[0]["targets"] == ["expr"] and "precision" not in cases[0]
     assert cases[2]["targets"] == ["latex", "expr"] and cases[2]["precision"] == 3
+
+
+def test_no_wrong_answer_is_accepted_on_an_integer_gold(verdicts: dict[str, bool]) -> None:
+    """In scope or not, no case the suite calls wrong is right for codeloop when its gold is
+    an integer."""
+    wrong = [c for c in CASES if not c.expected and c.case.integer_gold]
+    assert len(wrong) == 7  # `-[0,1)` and `Answer $ \n 9 \n $` for 1 and 9 among them
+    assert [c.id for c in wrong if verdicts[c.id]] == []
