@@ -315,6 +315,8 @@ def test_bench_reward_runs_and_agrees_with_its_labels(tmp_path: object) -> None:
         "1",
         "--baseline-limit-s",
         "2",
+        "--differential-values",
+        "22",
         "--out",
         out,
     ]
