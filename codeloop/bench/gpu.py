@@ -21,6 +21,9 @@ paired difference on the problems RL trained on (`trained_difference`, `trained_
 Each step's whole output, and the files it wrote (the recipe's run among them), are in
 `--logs` (bench-results/gpu).
 
+`--steps` runs some of the three (`tests`, `rollouts`, `recipe`; the others are reported as not
+asked for), for a card lent for less time than the whole.
+
 `--dry-run` runs the same sequence on the CPU at toy sizes (a random model, a few requests, the
 shapes cut to one layer, the recipe on a tiny model for one step a stage), so the command is
 tested where there is no GPU; its report goes to bench-results/gpu-dry-run by default.
@@ -60,6 +63,7 @@ CAPS_S = {
     "rollout qwen2.5-1.5b": 90.0,
     "import": 60.0,
 }
+STEPS = ("tests", "rollouts", "recipe")
 RECIPE_MARGIN_MIN = 0.4  # between the recipe's own time limit and the command's end
 TAIL_CHARS = 2000  # of a failed step's output, in the report
 
@@ -85,10 +89,17 @@ def main(argv: list[str]) -> int:
         "dry_run": args.dry_run,
         "command": "codeloop bench gpu " + " ".join(argv),
         "steps": [],
+        # the figures every report carries, None where no step measured them
+        **dict.fromkeys(("plain_tokens_per_s", "agent_tokens_per_s", "recipe_minutes")),
+        **dict.fromkeys(("rl_steps", "dev_difference", "dev_interval95")),
+        "shapes": {},
     }
     work = logs / "work"
-    model = _model(args, work, deadline, report)
-    if (tests := PACKAGE_ROOT / "tests").is_dir():
+    asked = set(args.steps.split(","))
+    model = _model(args, work, deadline, report) if asked & {"rollouts", "recipe"} else ""
+    if "tests" not in asked:
+        _not_asked("gpu tests", report)
+    elif (tests := PACKAGE_ROOT / "tests").is_dir():
         step = Step(
             "gpu tests",
             [
@@ -115,6 +126,36 @@ def main(argv: list[str]) -> int:
                 "package): run from a source checkout",
             }
         )
+    if "rollouts" in asked:
+        _rollouts(args, model, work, deadline, logs=logs, report=report)
+    else:
+        for name in ("rollout smollm2", *(f"rollout {shape}" for shape in SHAPES)):
+            _not_asked(name, report)
+    if "recipe" in asked:
+        _recipe(args, model, work, deadline, logs=logs, report=report)
+    else:
+        _not_asked("recipe", report)
+    report["minutes"] = (time.monotonic() - began) / 60
+    written = _write(report, out)
+    print(f"bench gpu: {report['minutes']:.1f} min; report {written} (and .md)", flush=True)
+    return 0 if all(s["outcome"] in ("ok", "skipped") for s in report["steps"]) else 1
+
+
+def _not_asked(name: str, report: dict[str, Any]) -> None:
+    report["steps"].append({"name": name, "outcome": "skipped", "why": "not asked for (--steps)"})
+
+
+def _rollouts(
+    args: argparse.Namespace,
+    model: str,
+    work: Path,
+    deadline: float,
+    *,
+    logs: Path,
+    report: dict[str, Any],
+) -> None:
+    """The plain and agent rows of `bench rollout` for SmolLM2 and each shape, and their
+    figures."""
     rollout = [sys.executable, "-m", "codeloop", "bench", "rollout"]
     sizes = DRY_ROLLOUT if args.dry_run else GPU_ROLLOUT + SMOLLM2_SIZES
     smollm2 = "random" if args.dry_run else model or "smollm2"
@@ -130,7 +171,6 @@ def main(argv: list[str]) -> int:
         report,
     )
     report.update(_smollm2_figures(file))
-    report["shapes"] = {}
     for shape in SHAPES:
         file = work / f"rollout-{shape}.json"
         sizes = [*DRY_ROLLOUT, "--layers", "1"] if args.dry_run else GPU_ROLLOUT + SHAPE_SIZES
@@ -145,11 +185,6 @@ def main(argv: list[str]) -> int:
             report,
         )
         report["shapes"][shape] = _shape_figures(file)
-    _recipe(args, model, work, deadline, logs=logs, report=report)
-    report["minutes"] = (time.monotonic() - began) / 60
-    written = _write(report, out)
-    print(f"bench gpu: {report['minutes']:.1f} min; report {written} (and .md)", flush=True)
-    return 0 if all(s["outcome"] in ("ok", "skipped") for s in report["steps"]) else 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,6 +195,12 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="the same sequence on the CPU at toy sizes (what a test runs)",
+    )
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        type=_steps,
+        help="the steps to run, comma-separated, in their order (tests, rollouts, recipe)",
     )
     parser.add_argument(
         "--gguf",
@@ -182,6 +223,15 @@ def _parser() -> argparse.ArgumentParser:
         "bench-results/gpu, or bench-results/gpu-dry-run)",
     )
     return parser
+
+
+def _steps(text: str) -> str:
+    unknown = set(text.split(",")) - set(STEPS)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown step {', '.join(sorted(unknown))}: choose from {', '.join(STEPS)}"
+        )
+    return text
 
 
 def _model(args: argparse.Namespace, work: Path, deadline: float, report: dict[str, Any]) -> str:
@@ -219,6 +269,8 @@ def _recipe(
         command += [f"--trainer.model={model}"] if model else []
     _run(Step("recipe", command, 60 * max(left_min, 0.5) + 30), logs, deadline, report)
     report.update(_recipe_figures(run_dir))
+    log = (logs / "recipe.log").read_text(errors="replace").splitlines()
+    report["recipe_budget"] = next((line for line in log if line.startswith("budget (")), None)
 
 
 def _tiny_recipe(work: Path) -> list[str]:
@@ -341,9 +393,14 @@ def _recipe_figures(run_dir: Path) -> dict[str, Any]:
     from codeloop.intervals import compare
 
     summary = _read(run_dir / "summary.json")
-    figures: dict[str, Any] = {"recipe_minutes": None, "rl_steps": _rl_steps(run_dir)}
+    figures: dict[str, Any] = {
+        "recipe_minutes": None,
+        "rl_steps": _rl_steps(run_dir),
+        "rl_step_seconds": _rl_step_seconds(run_dir),
+    }
     if summary is None:
         return figures
+    figures["rl_stopped"] = summary.get("stopped")
     points = summary["points"]
     first, last = points[0], points[-1]
     figures.update(
@@ -392,7 +449,27 @@ def _rl_steps(run_dir: Path) -> int:
     return steps
 
 
+def _rl_step_seconds(run_dir: Path) -> dict[str, float] | None:
+    """The mean seconds of an RL step (`timing/step_s`) and of its parts, over the stages'
+    steps; None before the first."""
+    keys = ("timing/step_s", "timing/rollout_and_reward_s", "timing/update_s", "timing/sync_s")
+    found: dict[str, list[float]] = {key: [] for key in keys}
+    for metrics in sorted(run_dir.glob("[0-9]*-*/metrics.jsonl")):
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            for key in keys:
+                if isinstance(row.get(key), (int, float)):
+                    found[key].append(float(row[key]))
+    return {k.split("/")[1]: sum(v) / len(v) for k, v in found.items() if v} or None
+
+
 def _commit() -> str:
+    """git's short commit of the checkout, else CODELOOP_COMMIT (a copy without .git)."""
+    if given := os.environ.get("CODELOOP_COMMIT"):
+        return given
     try:
         done = subprocess.run(
             ["git", "-C", str(PACKAGE_ROOT), "rev-parse", "--short", "HEAD"],
@@ -434,6 +511,7 @@ def markdown(report: dict[str, Any]) -> str:
         return f"{point['pass_at_1']:.1f}% [{low:.1f}, {high:.1f}] ({point['stage']})"
 
     interval = report.get("dev_interval95")
+    step_s = report.get("rl_step_seconds") or {}
     lines = [
         f"### {report['date']}: `codeloop bench gpu`, {report['card']}, commit {report['commit']}",
         "",
@@ -456,6 +534,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         f"| recipe minutes | {number(report.get('recipe_minutes'), 1)} |",
         f"| RL steps | {report.get('rl_steps', '-')} |",
+        f"| seconds an RL step (mean) | {number(step_s.get('step_s'), 1)} |",
         f"| dev pass@1 after SFT | {scored(report.get('dev_sft'))} |",
         f"| dev pass@1 after RL | {scored(report.get('dev_rl'))} |",
         "| after RL - after SFT (points, paired) | "

@@ -147,3 +147,51 @@ def test_the_recipe_figures_pair_the_problems_and_count_rl_steps_only(tmp_path: 
     assert "| plain generation, SmolLM2-135M (tokens/s) | 40,000 |" in text
     assert "| agent workload, SmolLM2-135M (tokens/s) | - |" in text
     assert f"| after RL - after SFT (points, paired) | +33.3 [{low:+.1f}, {high:+.1f}] |" in text
+
+
+def test_steps_not_asked_for_are_reported_as_such_and_the_report_keeps_its_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codeloop.bench import gpu
+
+    ran: list[str] = []
+
+    def run(step: Step, logs: Path, deadline: float, report: dict) -> dict:
+        ran.append(step.name)
+        (logs / (step.name.replace(" ", "-") + ".log")).write_text("budget (9 min): ...\n")
+        record = {"name": step.name, "outcome": "ok", "seconds": 1.0}
+        report["steps"].append(record)
+        return record
+
+    monkeypatch.setattr(gpu, "_run", run)
+    monkeypatch.setattr(gpu, "_tiny_recipe", lambda work: [])
+    argv = ["--dry-run", "--steps", "recipe", "--out", str(tmp_path), "--logs", str(tmp_path)]
+    assert gpu.main(argv) == 0
+    assert ran == ["recipe"]
+    (report_file,) = tmp_path.glob("gpu-*.json")
+    report = json.loads(report_file.read_text())
+    assert set(REQUIRED) <= set(report) and report["plain_tokens_per_s"] is None
+    skipped = {s["name"]: s.get("why") for s in report["steps"] if s["outcome"] == "skipped"}
+    assert skipped == dict.fromkeys(
+        ["gpu tests", "rollout smollm2", "rollout qwen2.5-0.5b", "rollout qwen2.5-1.5b"],
+        "not asked for (--steps)",
+    )
+    assert report["recipe_budget"] == "budget (9 min): ..."
+    assert "| rollout smollm2 | skipped | 0 |" in report_file.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        gpu.main(["--dry-run", "--steps", "recipe,rollout"])
+    assert stopped.value.code == 2
+    assert "unknown step rollout: choose from tests, rollouts, recipe" in capsys.readouterr().err
+
+
+def test_the_mean_seconds_of_an_rl_step_and_of_its_parts(tmp_path: Path) -> None:
+    from codeloop.bench.gpu import _rl_step_seconds
+
+    assert _rl_step_seconds(tmp_path) is None
+    for stage, times in (("1-stage1", [10.0, 14.0]), ("2-stage2", [18.0])):
+        (tmp_path / stage).mkdir()
+        rows = [{"step": 1, "timing/step_s": t, "timing/update_s": t / 2} for t in times]
+        (tmp_path / stage / "metrics.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in rows) + "\nnot json\n"
+        )
+    assert _rl_step_seconds(tmp_path) == {"step_s": 14.0, "update_s": 7.0}

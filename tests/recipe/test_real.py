@@ -322,7 +322,7 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(
         real, "main", lambda c, o, s, m: calls.append((c, o, s)) or minutes.append(m) or 0
     )
-    assert cli.main(["real", "--gpu", "--rl-problems", "300", "--trainer.seed", "3"]) == 0
+    assert cli.main(["real", "--gpu", "--rl-problems", "200", "--trainer.seed", "3"]) == 0
     assert cli.main(["real"]) == 0
     assert cli.main(["real", "--out", "runs/mine", "--trainer.output_dir", "runs/wins"]) == 0
     assert cli.main(["real", "--gpu", "--time-limit", "0"]) == 0
@@ -341,9 +341,9 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     assert gpu == Sizes(
         dev=500,
         eval_problems=500,
-        eval_samples=4,
+        eval_samples=2,
         sft_problems=5973,
-        rl_problems=300,
+        rl_problems=200,
         trained_samples=4,
     )
     assert cpu_config == "configs/gsm8k_smollm2.toml" and cpu == Sizes()
@@ -363,12 +363,17 @@ def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
     from codeloop.recipe.sizes import GPU_CONFIG, GPU_SIZES
 
     cfg = load_config(GPU_CONFIG, [])
-    # 500 x 4 evaluated in 100 s: 20 trajectories/s. The screen: 600 x 4 = 2,400 (120 s); a
-    # step: 32 prompts x 8 x 2 = 512 (25.6 s); the last evaluation 1.25 x 100 s; the trained
-    # problems, 60 expected, twice x 4 samples (24 s). 540 s less SFT's 60, the first
-    # evaluation's 100, 120, 125, 24 and 15 to finish: 96 s, three steps.
-    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
+    # 500 x 2 evaluated in 50 s: 20 trajectories/s. The screen: 300 x 4 = 1,200 (60 s); a
+    # step: 16 prompts x 8 x 2 = 256 (12.8 s); the last evaluation 1.25 x 50 s; the trained
+    # problems, 30 expected, twice x 4 samples (12 s). 540 s less SFT's 60, the first
+    # evaluation's 50, 60, 62.5, 12 and 15 to finish: 280.5 s, 21 steps: all 12 planned.
+    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=50.0)
     planned = sum(stage.steps for stage in cfg.recipe.stages)
-    assert "(20.0 trajectories/s)" in text and "the screen 2.0 min" in text
+    assert planned == 12
+    assert "(20.0 trajectories/s)" in text and "the screen 1.0 min" in text
+    assert "an RL step's sampling 13 s" in text
+    assert text.endswith("room for about 12 of the 12 RL steps")
+    # at half that rate: 540 - 60 - 100 - 120 - 125 - 24 - 15 = 96 s, three steps of 25.6 s
+    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
     assert "an RL step's sampling 26 s" in text
-    assert text.endswith(f"room for about 3 of the {planned} RL steps")
+    assert text.endswith("room for about 3 of the 12 RL steps")
