@@ -22,7 +22,8 @@ Each step's whole output, and the files it wrote (the recipe's run among them), 
 `--logs` (bench-results/gpu).
 
 `--steps` runs some of the three (`tests`, `rollouts`, `recipe`; the others are reported as not
-asked for), for a card lent for less time than the whole.
+asked for, and the report's name ends in the steps run: `gpu-DATE-COMMIT-recipe.json`), for a
+card lent for less time than the whole.
 
 `--dry-run` runs the same sequence on the CPU at toy sizes (a random model, a few requests, the
 shapes cut to one layer, the recipe on a tiny model for one step a stage), so the command is
@@ -96,6 +97,7 @@ def main(argv: list[str]) -> int:
     }
     work = logs / "work"
     asked = set(args.steps.split(","))
+    report["steps_asked"] = [step for step in STEPS if step in asked]
     model = _model(args, work, deadline, report) if asked & {"rollouts", "recipe"} else ""
     if "tests" not in asked:
         _not_asked("gpu tests", report)
@@ -491,8 +493,12 @@ def _card(dry_run: bool) -> str:
 
 
 def _write(report: dict[str, Any], out: Path) -> Path:
+    """gpu-DATE-COMMIT.json and .md in `out`; with some of the steps, their names follow
+    (gpu-DATE-COMMIT-recipe.json), so that runs of other steps keep their own."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"gpu-{report['date']}-{report['commit']}"
+    asked = report.get("steps_asked", list(STEPS))
+    part = "" if set(asked) == set(STEPS) else "-" + "-".join(s for s in STEPS if s in asked)
+    stem = out / f"gpu-{report['date']}-{report['commit']}{part}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(report))
     return stem.with_suffix(".json")

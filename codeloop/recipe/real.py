@@ -20,9 +20,10 @@
    among correct trajectories and the mean response length; `summary.json`, `curves.png`.
 Every part is skipped when its output exists, so rerunning continues (RL stages resume from their
 checkpoints). With a time limit (`minutes`) no RL step starts that would leave too little time
-for the last evaluation (EVAL_MARGIN x the longest one so far) if it took as long as the step
-before it (a stage's first step, of unknown length, starts while time is left): the policy where
-RL stopped is scored (its point is named `<stage>@<steps>`), and a rerun goes on from there.
+for the last evaluation (EVAL_MARGIN x the longest one so far) and the trained problems' two
+scorings (`after_rl_s`) if it took as long as the step before it (a stage's first step, of
+unknown length, starts while time is left): the policy where RL stopped is scored (its point is
+named `<stage>@<steps>`), and a rerun goes on from there.
 """
 
 from __future__ import annotations
@@ -223,12 +224,8 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             _print_point(points[-1])
 
         def rl_deadline() -> float | None:
-            """When RL must stop: the end, less the longest evaluation so far and a quarter (a
-            trained policy answers at more length), and FINISH_S."""
-            if end is None:
-                return None
-            longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
-            return end - EVAL_MARGIN * longest - FINISH_S
+            """When RL must stop: the end, less what comes after it (`after_rl_s`)."""
+            return None if end is None else end - after_rl_s(points, sizes)
 
         model = await _sft(
             cfg, model, fmt, train, tools=tools, run_dir=run_dir, sizes=sizes, world=world
@@ -326,6 +323,16 @@ def budget(cfg: Config, sizes: Sizes, minutes: float, sft_s: float, *, eval_s: f
         f"{last_s / 60:.1f} min and the trained problems' two {trained_s / 60:.1f} min: room "
         f"for about {fits} of the {planned} RL steps"
     )
+
+
+def after_rl_s(points: list[dict[str, Any]], sizes: Sizes) -> float:
+    """The time to keep for what follows RL: the last evaluation (the longest one so far and a
+    quarter: a trained policy answers at more length), the problems RL is expected to train on
+    scored twice at the same rate (`_score_trained`), and FINISH_S."""
+    longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
+    scored = sizes.eval_problems * sizes.eval_samples
+    share = expected_trained(sizes) * sizes.trained_samples / max(1, scored)
+    return EVAL_MARGIN * longest * (1 + 2 * share) + FINISH_S
 
 
 def expected_trained(sizes: Sizes) -> int:

@@ -169,6 +169,7 @@ def test_steps_not_asked_for_are_reported_as_such_and_the_report_keeps_its_field
     assert gpu.main(argv) == 0
     assert ran == ["recipe"]
     (report_file,) = tmp_path.glob("gpu-*.json")
+    assert report_file.name.endswith("-recipe.json")
     report = json.loads(report_file.read_text())
     assert set(REQUIRED) <= set(report) and report["plain_tokens_per_s"] is None
     skipped = {s["name"]: s.get("why") for s in report["steps"] if s["outcome"] == "skipped"}

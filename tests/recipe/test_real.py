@@ -377,3 +377,15 @@ def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
     text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
     assert "an RL step's sampling 26 s" in text
     assert text.endswith("room for about 3 of the 12 RL steps")
+
+
+def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_problems() -> None:
+    from codeloop.recipe.real import after_rl_s
+    from codeloop.recipe.sizes import GPU_SIZES
+
+    points = [{"stage": "sft", "seconds": 40.0}, {"stage": "stage1", "seconds": 30.0}]
+    # the last evaluation: 1.25 x 40 s = 50 s. The trained problems: 30 expected (a tenth of
+    # the 300 screened) x 4 samples, twice, against 500 x 2 in 40 s: 2 x 0.12 x 50 s = 12 s.
+    # And 15 s to finish.
+    assert after_rl_s(points, GPU_SIZES) == pytest.approx(50 + 12 + 15)
+    assert after_rl_s([], GPU_SIZES) == 15.0
