@@ -467,20 +467,37 @@ SHAPES: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 14, "num_key_value_heads": 2},
     "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                      "num_attention_heads": 12, "num_key_value_heads": 2},
+    # Gemma 3 270M: five local layers (a window of 512) to one global, 262,144 tokens
+    "gemma3-270m": {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256},
 }  # fmt: skip
 QWEN_VOCAB = 151_936
+GEMMA3_VOCAB = 262_144
 
 
 def _shaped(shape: str, args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
-    """A Qwen2.5 model of a published shape (`SHAPES`) with random weights; `--layers` keeps
-    only that many of its layers (a dry run's size)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+    """A model of a published shape (`SHAPES`: Qwen2.5, Gemma 3) with random weights;
+    `--layers` keeps only that many of its layers (a dry run's size)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, Qwen2Config
 
     dims = {**SHAPES[shape], **({"num_hidden_layers": args.layers} if args.layers else {})}
-    rope = {"rope_theta": 1e6, "rope_type": "default"}
-    config = Qwen2Config(
-        vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_parameters=rope, **dims
-    )
+    config: Any
+    if shape.startswith("gemma3"):
+        layers = dims["num_hidden_layers"]
+        kinds = [("full" if (i + 1) % 6 == 0 else "sliding") + "_attention" for i in range(layers)]
+        config = Gemma3TextConfig(
+            vocab_size=GEMMA3_VOCAB,
+            sliding_window=512,
+            query_pre_attn_scalar=256,
+            max_position_embeddings=32_768,
+            layer_types=kinds,
+            **dims,
+        )
+    else:
+        rope = {"rope_theta": 1e6, "rope_type": "default"}
+        config = Qwen2Config(
+            vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_parameters=rope, **dims
+        )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     try:

@@ -10,17 +10,17 @@ the moment it stops, and its slot and KV memory go to the next request; a trajec
 (0), `max_kv_tokens` is what a quarter of the memory free at start holds (`default_kv_tokens`),
 and the engine reports it as `kv_capacity_tokens` to the scheduler.
 
-The batch's KV cache is one of two. On a GPU (for Llama-family models), a cache of fixed slots
-with a decoding step of static shapes, captured as CUDA graphs and replayed in one launch a step
-(`slot_cache.py`): transformers' forward driven one step at a time from Python leaves a GPU
-waiting on the host. Elsewhere, transformers' own `DynamicCache`, left-padded (`kv_batch.py`),
-which measured faster than the slots' eager step on a CPU. `slot_cache` chooses. A finished
-request leaves its KV in a prefix cache (`prefix_cache_tokens`, most recently used first), so a
-trajectory's next turn and the other samples of a prompt prefill only their new tokens;
-identical prompts in one prefill are computed once; new weights empty it. transformers'
-continuous-batching manager (`generate_batch`, paged attention) measured at a fraction of
-`generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which is
-why this is hand-written.
+The batch's KV cache is one of two. On a GPU (for Llama-family and Gemma 3 models), a cache of
+fixed slots with a decoding step of static shapes, captured as CUDA graphs and replayed in one
+launch a step (`slot_cache.py`): transformers' forward driven one step at a time from Python
+leaves a GPU waiting on the host. Elsewhere, transformers' own `DynamicCache`, left-padded
+(`kv_batch.py`), which measured faster than the slots' eager step on a CPU. `slot_cache`
+chooses. A finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most
+recently used first), so a trajectory's next turn and the other samples of a prompt prefill only
+their new tokens; identical prompts in one prefill are computed once; new weights empty it.
+transformers' continuous-batching manager (`generate_batch`, paged attention) measured at a
+fraction of `generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which
+is why this is hand-written.
 
 Sampling is `sampler.py`'s, and the stop check `stops.py`'s. `update_weights`
 copies new weights in place between steps and advances `version`; each token's

@@ -31,7 +31,11 @@ captured as a CUDA graph and replayed in one launch:
   copies, and rows leaving (the last rows move into the holes, one copy each).
 
 Supported: decoder-only models of the Llama family (`llama`, `mistral` without a sliding
-window, `qwen2`, `qwen3`) whose rotary embedding does not change with the sequence's length;
+window, `qwen2`, `qwen3`) and Gemma 3's text models (`gemma3_text`: local layers that attend to
+the last `sliding_window` positions, with a mask and rotary tables of their own, (1 + w)
+RMSNorms after attention and the MLP too, the final logits soft-capped where the config says;
+not soft-capped attention logits, which SDPA cannot apply), whose rotary embedding does not
+change with the sequence's length;
 `unsupported_reason` says why another model is not, and the engine then keeps its
 `DynamicCache` path.
 """
@@ -49,7 +53,7 @@ from codeloop.engine.sampler import sample
 from codeloop.errors import RunError
 from codeloop.memory import available_memory
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more
 MIN_WIDTH = 128  # the fewest columns a decoding step reads
 PREFILL_SCORES = 2**26  # attention-score elements of one prefill chunk (rows x heads x q x k)
@@ -81,11 +85,17 @@ def unsupported_reason(model: Any) -> str | None:
         kind == "mistral" and getattr(config, "sliding_window", None)
     ):
         return "sliding-window attention"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "attention logits soft-capped"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None:
         return "no rotary embedding module"
-    if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
-        return f"rotary embedding {rotary.rope_type!r} depends on the sequence's length"
+    kinds = getattr(rotary, "rope_type", "default")
+    for rope in kinds.values() if isinstance(kinds, dict) else [kinds]:
+        if rope in ("dynamic", "longrope"):
+            return f"rotary embedding {rope!r} depends on the sequence's length"
     return None
 
 
@@ -112,9 +122,18 @@ class SlotDecoder:
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.graphs_on = self.device.type == "cuda" if graphs is None else graphs
+        # Gemma 3: (1 + w) RMSNorms, norms after attention and the MLP too, local layers that
+        # see the last `window` positions with rotary tables of their own
+        self.gemma = config.model_type == "gemma3_text"
+        self.layer_types = list(getattr(config, "layer_types", None) or [])
+        if not self.gemma or len(self.layer_types) != len(self.layers):
+            self.layer_types = ["full_attention"] * len(self.layers)
+        self.window = int(getattr(config, "sliding_window", None) or 0)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
         self.columns = 0
         self.kv = torch.empty(0, device=self.device, dtype=self.dtype)
-        self.cos = self.sin = self.kv  # [columns, head_dim] rotary tables
+        # the rotary tables of each layer type: cos and signed sin, each [columns, head_dim]
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         # a decoding step's inputs, where the captured graphs read them
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows]
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows]
@@ -175,14 +194,32 @@ class SlotDecoder:
         self.kv, self.columns = kv, columns
         positions = torch.arange(columns, device=self.device).unsqueeze(0)  # [1, columns]
         probe = torch.empty(1, device=self.device, dtype=self.dtype)
-        cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, columns, head_dim]
-        # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * sin_signed
-        half = sin.shape[-1] // 2
-        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        for layer_type in set(self.layer_types):
+            cos, sin = self._rotary_tables(probe, positions, layer_type)  # [1, columns, D]
+            # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * signed
+            half = sin.shape[-1] // 2
+            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+            self.tables[layer_type] = (cos[0], signed)
         # the old graphs go with their memory pool: a pool whose graphs are all freed cannot
         # take new captures (the caching allocator asserts `use_count > 0`)
         self._graphs.clear()
         self._pool = None
+
+    def _rotary_tables(
+        self, probe: torch.Tensor, positions: torch.Tensor, layer_type: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [1, columns, head_dim] of the model's rotary embedding for a layer type:
+        Gemma 3's embedding takes the type (transformers 5), or has a module of its own for the
+        local layers (`rotary_emb_local`, transformers 4); the others have one for all."""
+        inner = self.model.model
+        if not self.gemma:
+            tables: tuple[torch.Tensor, torch.Tensor] = inner.rotary_emb(probe, positions)
+        elif hasattr(inner, "rotary_emb_local"):
+            local = layer_type == "sliding_attention"
+            tables = (inner.rotary_emb_local if local else inner.rotary_emb)(probe, positions)
+        else:
+            tables = inner.rotary_emb(probe, positions, layer_type)
+        return tables
 
     def _check_fits(self, shape: tuple[int, ...], needed: int) -> None:
         per_token = shape[0] * shape[1] * shape[3] * shape[5] * self.kv.element_size()
@@ -224,25 +261,29 @@ class SlotDecoder:
         read: slice | torch.Tensor = slice(0, n) if slots is None else slots
         slots = self.slots[:n] if slots is None else slots
         group = self.heads // self.kv_heads
-        x = self.model.model.embed_tokens(tokens)  # [n, T, hidden]
-        cos, sin = self.cos[positions], self.sin[positions]  # [n, T, head_dim]
+        x = self.model.model.embed_tokens(tokens)  # [n, T, hidden] (Gemma's scaled in it)
+        tables = {
+            kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()
+        }
         columns = torch.arange(width, device=tokens.device)
         attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
-        # an additive mask made once for every layer (a boolean one is converted in each)
-        blocked = torch.zeros(attend.shape, dtype=self.dtype, device=tokens.device)
-        blocked.masked_fill_(~attend, float("-inf"))
-        mask = blocked[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
+        masks = {"full_attention": self._mask(attend, group)}  # made once for every layer
+        if "sliding_attention" in self.tables:  # and the last `window` positions only
+            recent = columns > positions.unsqueeze(-1) - self.window
+            masks["sliding_attention"] = self._mask(attend & recent, group)
         where = slots.unsqueeze(1).expand(n, t)  # [n, T]
+        norm = self._norm
         for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = _rms_norm(layer.input_layernorm, x)
+            attn, kind = layer.self_attn, self.layer_types[index]
+            cos, sin = tables[kind]
+            h = norm(layer.input_layernorm, x)
             qkv = torch.nn.functional.linear(h, self.qkv[index], self.qkv_bias[index])
             q, k, v = qkv.split(self.split, dim=-1)  # [n, T, heads x D], [n, T, KVH x D] x 2
             q = q.view(n, t, self.heads, self.head_dim)
             k = k.view(n, t, self.kv_heads, self.head_dim)
             v = v.view(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):
-                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
+                q, k = norm(attn.q_norm, q), norm(attn.k_norm, k)
             q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)  # [n, T, heads, D]
             keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
             keys[where, :, positions] = k
@@ -256,18 +297,43 @@ class SlotDecoder:
                 packed,
                 keys[read, :, :width],
                 values[read, :, :width],
-                attn_mask=mask,
+                attn_mask=masks[kind],
                 scale=attn.scaling,
             )  # [n, KVH, G * T, D]
             out = out.view(n, self.kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
-            x = x + attn.o_proj(out)
-            h = _rms_norm(layer.post_attention_layernorm, x)
+            if self.gemma:
+                x = x + norm(layer.post_attention_layernorm, attn.o_proj(out))
+                h = norm(layer.pre_feedforward_layernorm, x)
+            else:
+                x = x + attn.o_proj(out)
+                h = norm(layer.post_attention_layernorm, x)
             gate, up = torch.nn.functional.linear(h, self.gate_up[index]).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            mlp = layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            x = x + (norm(layer.post_feedforward_layernorm, mlp) if self.gemma else mlp)
         rows = torch.arange(n, device=tokens.device)
         x = x[rows, last] if last is not None else x[:, -1]  # [n, hidden]
-        logits: torch.Tensor = self.model.lm_head(_rms_norm(self.model.model.norm, x)).float()
-        return logits
+        logits = self.model.lm_head(norm(self.model.model.norm, x))
+        if self.softcap:  # Gemma's final soft-capping, in the model's dtype as transformers'
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        scores: torch.Tensor = logits.float()
+        return scores
+
+    def _mask(self, attend: torch.Tensor, group: int) -> torch.Tensor:
+        """The additive mask [n, 1, group x T, width] of `attend` [n, T, width] (a boolean one
+        is converted in each layer)."""
+        n, t, width = attend.shape
+        blocked = torch.zeros(attend.shape, dtype=self.dtype, device=attend.device)
+        blocked.masked_fill_(~attend, float("-inf"))
+        return blocked[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
+
+    def _norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
+        """`norm` (an RMSNorm module) of `x`, computed as its model does in one normalising op:
+        Gemma's scales by (1 + w) in float32 before casting back."""
+        if not self.gemma:
+            return _rms_norm(norm, x)
+        normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps)
+        scaled: torch.Tensor = (normed * (1.0 + norm.weight.float())).to(x.dtype)
+        return scaled
 
     def decode(self, tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
         """One token for each of the first n slots ([n] tokens at these positions); the

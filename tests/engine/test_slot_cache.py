@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -36,7 +37,21 @@ SMALL = dict(
 
 def _model(config: Any) -> Any:
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if config.model_type == "gemma3_text":  # its norms start at w = 0, where (1 + w) is 1
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.normal_(0.0, 0.5)
+    return model
+
+
+def _gemma3(**changes: Any) -> Any:
+    """A small Gemma 3: two local layers that see the last 8 positions (rotary base 10,000),
+    then a global one (1,000,000), QK-norm, head size 16 with a query scale of its own."""
+    layers = ["sliding_attention", "sliding_attention", "full_attention"]
+    config = {**SMALL, "num_hidden_layers": 3, "head_dim": 16, "query_pre_attn_scalar": 24}
+    return Gemma3TextConfig(**{**config, "sliding_window": 8, "layer_types": layers, **changes})
 
 
 def _last_logits(model: Any, ids: list[int]) -> torch.Tensor:
@@ -51,8 +66,10 @@ def _last_logits(model: Any, ids: list[int]) -> torch.Tensor:
         Qwen2Config(**SMALL),
         Qwen3Config(head_dim=16, **SMALL),
         LlamaConfig(**{**SMALL, "num_key_value_heads": 4}),
+        _gemma3(),
+        _gemma3(final_logit_softcapping=2.0),
     ],
-    ids=["llama_gqa", "qwen2_bias", "qwen3_qk_norm", "llama_mha"],
+    ids=["llama_gqa", "qwen2_bias", "qwen3_qk_norm", "llama_mha", "gemma3", "gemma3_softcap"],
 )
 def test_prefill_and_decode_logits_equal_transformers(config: Any) -> None:
     model = _model(config)
@@ -169,14 +186,37 @@ def test_models_outside_the_llama_family_keep_the_dynamic_cache(fmt: PromptForma
 # On CUDA: the captured decoding steps.
 
 
-def _cuda_engine(fmt: PromptFormat) -> TransformersEngine:
-    model = _model(LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})).cuda()
+def test_gemma3_on_slots_decodes_greedy_tokens_as_transformers(fmt: PromptFormat) -> None:
+    """Rows of different lengths, past the local layers' window of 8, joining together: each
+    row's greedy tokens are those of transformers' full forward."""
+    model = _model(_gemma3(vocab_size=len(fmt.tokenizer)))
+    engine = TransformersEngine(model, fmt.tokenizer, set(), slot_cache=True)
+    assert engine.slots is not None and engine.slots.layer_types[0] == "sliding_attention"
+    prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "print(sum(range(10)))", "x")]
+    assert sorted(map(len, prompts))[1] > 8  # two past the window, one inside it
+    gens = asyncio.run(_many(engine, prompts, SamplingParams(12, temperature=0)))
+    for prompt, gen in zip(prompts, gens, strict=True):
+        assert gen.token_ids == _greedy(model, prompt, 12)
+
+
+def test_gemma3_with_soft_capped_attention_keeps_the_dynamic_cache() -> None:
+    assert unsupported_reason(_model(_gemma3())) is None
+    capped = _model(_gemma3(attn_logit_softcapping=50.0))
+    assert unsupported_reason(capped) == "attention logits soft-capped"
+
+
+def _cuda_engine(fmt: PromptFormat, family: str = "llama") -> TransformersEngine:
+    vocab = len(fmt.tokenizer)
+    config = _gemma3(vocab_size=vocab) if family == "gemma3" else LlamaConfig(**SMALL)
+    config.vocab_size = vocab
+    model = _model(config).cuda()
     return TransformersEngine(model, fmt.tokenizer, set(), batch_window_ms=20)
 
 
 @pytest.mark.gpu
-def test_a_replayed_step_equals_the_eager_step(fmt: PromptFormat) -> None:
-    engine = _cuda_engine(fmt)
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_replayed_step_equals_the_eager_step(fmt: PromptFormat, family: str) -> None:
+    engine = _cuda_engine(fmt, family)
     decoder = engine.slots
     assert decoder is not None and decoder.graphs_on  # the default on a GPU
     prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "x", "print(1)")]
@@ -235,8 +275,9 @@ def _greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.gpu
-def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat) -> None:
-    engine = _cuda_engine(fmt)
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat, family: str) -> None:
+    engine = _cuda_engine(fmt, family)
     prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "print(sum(range(10)))", "x")]
     gens = asyncio.run(_many(engine, prompts, SamplingParams(24, temperature=0)))
     reference = copy.deepcopy(engine.model)
@@ -279,8 +320,8 @@ def test_a_cache_that_cannot_fit_is_refused_with_its_sizes(monkeypatch: pytest.M
 
 @pytest.mark.parametrize(
     "config",
-    [LlamaConfig(**SMALL), Qwen2Config(**SMALL), Qwen3Config(head_dim=16, **SMALL)],
-    ids=["llama", "qwen2_bias", "qwen3_qk_norm"],
+    [LlamaConfig(**SMALL), Qwen2Config(**SMALL), Qwen3Config(head_dim=16, **SMALL), _gemma3()],
+    ids=["llama", "qwen2_bias", "qwen3_qk_norm", "gemma3"],
 )
 def test_the_merged_forward_in_bfloat16_matches_transformers(config: Any) -> None:
     """Merged projections and the one-op RMSNorm round like transformers' own bfloat16
