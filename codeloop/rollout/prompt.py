@@ -96,7 +96,15 @@ class PromptFormat:
         (`rollout.tools`). The stop strings and the tools' schemas are recorded too
         (`trajectory`): what the policy saw."""
         out = Path(directory)
-        self.tokenizer.save_pretrained(out)
+        # the tokenizer carries the template the policy was prompted with, so that another
+        # tool's `apply_chat_template` renders codeloop's prompts (the tokenizer in use keeps
+        # its own)
+        own = self.tokenizer.chat_template
+        self.tokenizer.chat_template = self.template
+        try:
+            self.tokenizer.save_pretrained(out)
+        finally:
+            self.tokenizer.chat_template = own
         (out / POLICY_TEMPLATE).write_text(self.template)
         rollout = {
             "chat_template": POLICY_TEMPLATE,

@@ -182,3 +182,41 @@ def test_engine_greedy_matches_model_generate_on_the_real_model(
         expected = out[0, len(prompt) :].tolist()
         assert generation.token_ids == expected[: len(generation.token_ids)]
         assert len(generation.token_ids) == 24 or generation.token_ids[-1] in real.end_of_turn_ids
+
+
+def test_a_saved_policy_prompts_the_same_through_transformers_alone(
+    smollm2: Path, tmp_path: Path
+) -> None:
+    """A policy directory loads with `AutoModelForCausalLM` and `AutoTokenizer`, and the
+    tokenizer's own chat template renders a conversation (a tool call and its output among
+    it) to the token ids codeloop prompted with: the real recipe's template, not SmolLM2's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from codeloop.config import load_config
+    from codeloop.recipe.sizes import CPU_CONFIG
+    from codeloop.rollout.policy import Policy
+
+    cfg = load_config(CPU_CONFIG, [f"--trainer.model={smollm2}"])
+    policy = Policy.load(smollm2, cfg)
+    policy.save(tmp_path / "policy")
+    call = "```python\nprint(48 + 24)\n```"
+    conversation = [
+        *policy.fmt.messages("Natalia sold 48 clips, then 24 more. How many in all?"),
+        {"role": "assistant", "content": f"<reason>Add them.</reason>\n{call}"},
+        {"role": "tool", "content": "72"},
+    ]
+    ours = policy.fmt.encode(policy.fmt.render(conversation, add_generation_prompt=True))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    text = tokenizer.apply_chat_template(
+        conversation, tools=policy.fmt.tools, tokenize=False, add_generation_prompt=True
+    )
+    assert tokenizer.encode(text, add_special_tokens=False) == ours
+    own = AutoTokenizer.from_pretrained(smollm2).apply_chat_template(
+        conversation, tools=policy.fmt.tools, tokenize=False, add_generation_prompt=True
+    )
+    assert own != text  # SmolLM2's own template renders another prompt
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert loaded.config.num_hidden_layers == 30
+    assert (
+        policy.fmt.tokenizer.chat_template == AutoTokenizer.from_pretrained(smollm2).chat_template
+    )  # the tokenizer in use keeps its own
