@@ -219,8 +219,9 @@ class RolloutConfig:
     chat_template: str = knob(
         "",
         "Path to a Jinja chat template (a path under codeloop/ also finds the installed "
-        "package's file); empty = codeloop/rollout/rstar2_chat_template.jinja (rStar2-Agent's "
-        "markup: Qwen-style turns, tools in the system turn, <reason>).",
+        "package's file); empty = the model's own where it lists tools and renders tool "
+        "messages, else codeloop/rollout/rstar2_chat_template.jinja (rStar2-Agent's markup: "
+        "Qwen-style turns, tools in the system turn, <reason>), said in one line.",
     )
     system_prompt: str = knob(
         "", "System prompt; empty = codeloop's own wording (rollout/prompt.py), not the report's."

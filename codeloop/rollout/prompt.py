@@ -2,15 +2,17 @@
 
 Everything comes from a chat template (Jinja, as in Hugging Face tokenizers), so a user can swap
 it: `rollout.chat_template` names a file (one under `codeloop/` that is not found from the working
-directory is read from the installed package); empty means `rstar2_chat_template.jinja`, markup in
-the style of the rStar2-Agent report (Qwen-style turns, tools described in the system turn,
-`<reason>`). The wording of the system prompt and of the user's instruction is codeloop's own
-(`SYSTEM_PROMPT`, `USER_INSTRUCTION`), replaced by `rollout.system_prompt` and
-`rollout.user_instruction`. The tokens the environment inserts after a tool call (the end of the
-assistant turn, the tool response turn, the next assistant header) are found by rendering a
-conversation with and without a tool message around marker strings, so any template with a
-`tool` role works. Token-in, token-out: sampled tokens are never re-tokenised; only inserted
-text is encoded.
+directory is read from the installed package). Empty means the model's own template (its
+tokenizer's) where that template can prompt an agent (`own_template_gap`: it lists the tools'
+schemas and renders a tool message), else `rstar2_chat_template.jinja`, markup in the style of the
+rStar2-Agent report (Qwen-style turns, tools described in the system turn, `<reason>`), and one
+line on the console says what the model's template lacks. The wording of the system prompt and of
+the user's instruction is codeloop's own (`SYSTEM_PROMPT`, `USER_INSTRUCTION`), replaced by
+`rollout.system_prompt` and `rollout.user_instruction`. The tokens the environment inserts after a
+tool call (the end of the assistant turn, the tool response turn, the next assistant header) are
+found by rendering a conversation with and without a tool message around marker strings, so any
+template with a `tool` role works. Token-in, token-out: sampled tokens are never re-tokenised;
+only inserted text is encoded.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,56 @@ TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars", "tools")
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 
+_SAID: set[str] = set()  # the lines `_own_template` printed (once each a process)
+
+
+def own_template_gap(tokenizer: Any, tools: Sequence[dict[str, Any]]) -> str | None:
+    """What the tokenizer's own chat template lacks to prompt an agent with `tools`: None when
+    it renders a conversation with a tool call and its output, listing each tool's schema (its
+    description) and the tool message."""
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):  # named templates: the one for tools, else the default
+        own = own.get("tool_use") or own.get("default")
+    if not own:
+        return "it has none"
+    conversation = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": _ASSISTANT_MARK},
+        {"role": "tool", "content": _TOOL_MARK},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, tools=list(tools), chat_template=own, tokenize=False,
+            add_generation_prompt=True,
+        )  # fmt: skip
+    except Exception as err:  # a template's own error (jinja's, or raise_exception)
+        return f"it fails on a conversation with a tool call ({err})"
+    described = [t.get("function", t).get("description", "") for t in tools]
+    if not all(d in text for d in described):
+        return "it does not list the tools"
+    if _TOOL_MARK not in text:
+        return "it does not render a tool message"
+    return None
+
+
+def _own_template(tokenizer: Any, tools: Sequence[dict[str, Any]]) -> str | None:
+    """The tokenizer's own chat template where it can prompt an agent, else None (and one line
+    on stderr, once a process, on what it lacks, unless it has none)."""
+    gap = own_template_gap(tokenizer, tools)
+    if gap is None:
+        own = tokenizer.chat_template
+        return str(own.get("tool_use") or own.get("default") if isinstance(own, dict) else own)
+    line = (
+        f"rollout.chat_template is empty and the model's own chat template cannot prompt with "
+        f"tools ({gap}): using codeloop's {DEFAULT_TEMPLATE.name}"
+    )
+    if gap != "it has none" and line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
+    return None
+
+
 class PromptFormat:
     """Renders prompts and tool responses with one tokenizer and one chat template."""
 
@@ -61,14 +114,15 @@ class PromptFormat:
         """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`)."""
         self.tokenizer = tokenizer
         self.system_prompt, self.user_instruction = system_prompt, user_instruction
+        self.tools = list(tools)
+        own = None if template_path else _own_template(tokenizer, self.tools)
         path = Path(template_path) if template_path else DEFAULT_TEMPLATE
         inside = PACKAGE_ROOT / path  # `codeloop/recipe/x.jinja`, wherever codeloop is installed
         if not path.is_file() and not path.is_absolute() and inside.is_file():
             path = inside
-        self.template = read_text_input(path, "rollout.chat_template")
+        self.template = own or read_text_input(path, "rollout.chat_template")
         self.eval_settings: dict[str, Any] = {}  # saved beside a trained policy
         self.turn_settings: dict[str, Any] = {}  # the rollout budgets it was trained with
-        self.tools = list(tools)
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = end_of_turn_ids(tokenizer)
 

@@ -57,3 +57,46 @@ def test_the_wording_comes_from_the_config(fmt: PromptFormat) -> None:
     cfg = RolloutConfig(system_prompt="Be brief.", user_instruction="Q: {problem}")
     text = fmt.tokenizer.decode(PromptFormat.from_config(fmt.tokenizer, cfg).prompt_ids("2 + 3?"))
     assert "Be brief." in text and "Q: 2 + 3?" in text and SYSTEM_PROMPT not in text
+
+
+def test_an_empty_template_setting_takes_the_models_own_where_it_can_prompt_an_agent(
+    fmt: PromptFormat, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import copy
+
+    from codeloop.rollout import prompt
+
+    tokenizer = copy.deepcopy(fmt.tokenizer)
+    assert not tokenizer.chat_template  # none: codeloop's default, silently
+    assert PromptFormat(tokenizer).template == prompt.DEFAULT_TEMPLATE.read_text()
+    assert capsys.readouterr().err == ""
+    # a template that lists the tools and renders tool messages (Qwen's way, cut short) is used
+    tool_ready = (
+        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}{% if m.role == 'tool' %}<user><tool_response>{{ m.content }}"
+        "</tool_response>{% else %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    tokenizer.chat_template = tool_ready
+    assert prompt.own_template_gap(tokenizer, [prompt.PYTHON_SCHEMA]) is None
+    own = PromptFormat(tokenizer)
+    assert own.template == tool_ready
+    text = own.tokenizer.decode(own.tool_response_ids("42"))
+    assert text == "<user><tool_response>42</tool_response><assistant>"
+    # a plain chat template without tools: the default, and one line on what it lacks, once
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    assert prompt.own_template_gap(tokenizer, [prompt.PYTHON_SCHEMA]) == (
+        "it does not list the tools"
+    )
+    for _ in range(2):
+        assert PromptFormat(tokenizer).template == prompt.DEFAULT_TEMPLATE.read_text()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "own chat template cannot prompt with tools (it does not list the tools)" in err
+    tokenizer.chat_template = "{{ raise_exception('no tools here') }}"
+    gap = prompt.own_template_gap(tokenizer, [prompt.PYTHON_SCHEMA])
+    assert gap is not None and gap.startswith("it fails on a conversation with a tool call")
+    assert "no tools here" in gap
