@@ -13,6 +13,7 @@ the traffic (put TLS or a proxy in front for that).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import os
@@ -26,6 +27,11 @@ from codeloop.config import ConfigError
 from codeloop.errors import read_text_input
 
 ENV = "CODELOOP_TOKEN"
+# A client has this long for a request's line and headers (from connecting, or from the answer
+# before on a kept-alive connection) and as long again for its body; then the connection is cut
+# (the body: after a 408). A connection that holds part of a request holds at most
+# `client_max_size` bytes, and none is held longer than this.
+CLIENT_TIMEOUT_S = 60.0
 OPEN_ROUTES = frozenset({"/health"})  # a load balancer's or a test's probe needs no secret
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -70,6 +76,30 @@ def _loopback(host: str) -> bool:
 def bearer(token: str | None) -> dict[str, str]:
     """The header a client sends (none without a token)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def read_body_within(seconds: float) -> Middleware:
+    """An aiohttp middleware that reads a request's body before its handler runs, within
+    `seconds`: a client that sends less than it announced gets 408 and its connection is
+    closed."""
+
+    @web.middleware
+    async def read(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.can_read_body:
+            try:
+                await asyncio.wait_for(request.read(), seconds)  # kept for the handler
+            except TimeoutError:
+                message, status = f"the request's body did not arrive within {seconds:g} s", 408
+            except OSError as err:  # the client went away mid-body: nothing to answer or log
+                message, status = f"connection lost while reading the body ({err})", 400
+            else:
+                return await handler(request)
+            response = web.json_response({"error": message}, status=status)
+            response.force_close()
+            return response
+        return await handler(request)
+
+    return read
 
 
 def require_token(token: str | None) -> Middleware:

@@ -58,9 +58,19 @@ def _config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
+
+
 def _sandbox_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    for key in ("host", "port", "workers", "token_file", "tls_cert", "tls_key"):
+    for key in ("host", "port", "workers", "token_file", "tls_cert", "tls_key", "client_timeout_s"):
         if getattr(args, key) is not None:
             set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
     if args.require_isolation:
@@ -108,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         token=token,
         weights_dir=args.weights_dir,
         tls=tls,
+        client_timeout_s=args.client_timeout,
     )
     return 0
 
@@ -159,6 +170,15 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--tls-key", default="", metavar="FILE", help="the private key of --tls-cert (PEM)"
+    )
+    serve.add_argument(
+        "--client-timeout",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="a client has this long for a request's line and headers (from connecting, or "
+        "from the answer before) and as long again for its body; then its connection is cut "
+        "(the body: after a 408)",
     )
     serve.add_argument(
         "--weights-dir",
@@ -727,6 +747,14 @@ def _add_sandbox_commands(
     )
     serve.add_argument(
         "--tls-key", metavar="FILE", help="the private key of --tls-cert (sandbox.tls_key)"
+    )
+    serve.add_argument(
+        "--client-timeout",
+        dest="client_timeout_s",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="a client has this long for a request's line and headers and as long again for "
+        "its body; then its connection is cut (sandbox.client_timeout_s, default 60)",
     )
     serve.add_argument(
         "--require-isolation",

@@ -92,6 +92,13 @@ class SandboxConfig:
         "plain HTTP.",
     )
     tls_key: str = knob("", "The private key of tls_cert (PEM).")
+    client_timeout_s: float = knob(
+        60.0,
+        "The server gives a client this long for a request's line and headers (from its "
+        "connection or the answer before) and as long again for its body, then cuts it (the "
+        "body: after a 408).",
+        gt=0,
+    )
     ca_file: str = knob(
         "",
         "Certificates the client trusts for https:// servers besides the system's (a private "

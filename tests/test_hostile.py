@@ -238,3 +238,48 @@ def test_token_ids_at_the_edge_of_the_vocabulary(inference: Any) -> None:
     status, text = _post(inference + "/v1/completions", _dumps(past))
     assert status == 400 and "prompt token ids" in text
     assert _completes(inference)
+
+
+def _cut_after(url: str, partial: bytes, limit_s: float) -> tuple[bytes, float]:
+    """Connect, send `partial` and nothing more; what the server sends before it closes the
+    connection, and when it closed it (seconds), waiting at most `limit_s`."""
+    import time
+
+    where = urllib.parse.urlsplit(url)
+    began = time.monotonic()
+    with socket.create_connection((where.hostname, where.port), timeout=limit_s) as conn:
+        conn.sendall(partial)
+        got = b""
+        while chunk := conn.recv(4096):  # b"" once the server closes; a timeout fails
+            got += chunk
+    return got, time.monotonic() - began
+
+
+@pytest.mark.parametrize("server", ["inference", "sandbox"])
+def test_slow_clients_are_cut_off_at_the_stated_limit(
+    server: str, tmp_path: Any, codeloop_serve: Any, sandbox_serve: Any
+) -> None:
+    """With `--client-timeout 2`: a connection that sends nothing, one stuck in its headers and
+    one stuck in its body are each closed after about 2 s (the body's after a 408), whatever
+    the machine's speed within 40 s; a whole request is still served after them."""
+    from codeloop.data.tokenizer import train_tokenizer
+
+    options = ("--client-timeout", "2")
+    if server == "inference":
+        tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
+        tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+        serving = codeloop_serve(tmp_path, *options)
+    else:
+        serving = sandbox_serve(*options)
+    with serving as url:
+        head = b"POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+        for partial in (b"", head, head + b"\r\n{"):
+            got, seconds = _cut_after(url, partial, limit_s=40)
+            assert seconds >= 1.5, (partial, seconds)
+            if partial.endswith(b"{"):
+                assert got.startswith(b"HTTP/1.1 408"), got
+                assert b"did not arrive within 2 s" in got
+            else:
+                assert got == b"", got
+        assert _completes(url) if server == "inference" else _runs(url)

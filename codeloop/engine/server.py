@@ -39,7 +39,7 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import require_token
+from codeloop.auth import CLIENT_TIMEOUT_S, read_body_within, require_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
 from codeloop.engine.model import default_device, load_pretrained
@@ -119,6 +119,7 @@ def build_app(
     token: str | None = None,
     *,
     weights_dir: str | Path | None = None,
+    client_timeout_s: float = CLIENT_TIMEOUT_S,
 ) -> web.Application:
     """The server's routes (the module docstring) over `engine`; with a `token`, every route
     but /health asks for it; `/v1/reload` loads only directories under `weights_dir`."""
@@ -232,7 +233,10 @@ def build_app(
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "model": model_name, "version": version})
 
-    app = web.Application(client_max_size=16 << 20, middlewares=[require_token(token)])
+    app = web.Application(
+        client_max_size=16 << 20,
+        middlewares=[require_token(token), read_body_within(client_timeout_s)],
+    )
     app.add_routes(
         [
             web.post("/v1/completions", completions),
@@ -261,6 +265,7 @@ def serve(
     token: str | None = None,
     weights_dir: str = "",
     tls: ssl.SSLContext | None = None,
+    client_timeout_s: float = CLIENT_TIMEOUT_S,
 ) -> None:
     """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
     `token`, every route but /health asks for it; `/v1/reload` loads only directories under
@@ -269,11 +274,18 @@ def serve(
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
     engine = engine_from_config(model, tokenizer, rollout)
-    app = build_app(engine, name, token, weights_dir=weights_dir or None)
+    app = build_app(
+        engine, name, token, weights_dir=weights_dir or None, client_timeout_s=client_timeout_s
+    )
     scheme = "https" if tls else "http"
     banner = f"codeloop serve: {name} ({device}) on {scheme}://{host}:{port}" + (
         " (a token is required)" if token else ""
     )
-    web.run_app(
-        app, host=host, port=port, ssl_context=tls, print=lambda *_: print(banner, flush=True)
+    web.run_app(  # a connection without a whole request line and headers in time is cut
+        app,
+        host=host,
+        port=port,
+        ssl_context=tls,
+        keepalive_timeout=client_timeout_s,
+        print=lambda *_: print(banner, flush=True),
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import read_token, require_token
+from codeloop.auth import read_body_within, read_token, require_token
 from codeloop.config import SandboxConfig
 from codeloop.net import server_tls
 from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
@@ -153,7 +153,10 @@ def render_metrics(pool: WorkerPool) -> str:
 
 def build_app(server: SandboxServer, token: str | None = None) -> web.Application:
     """The server's routes; with a `token`, all but `/health` ask for it (`codeloop.auth`)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[require_token(token)])
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[require_token(token), read_body_within(server.cfg.client_timeout_s)],
+    )
     app.add_routes(
         [
             web.post("/v1/execute", server.execute),
@@ -174,7 +177,10 @@ async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
     server = SandboxServer(pool, cfg)
     server.isolation = await pool.start()
     app = build_app(server, token)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # a connection that has not sent a whole request line and headers within the limit is cut
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=cfg.client_timeout_s
+    )
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, ssl_context=tls)
     await site.start()
