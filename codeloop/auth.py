@@ -18,7 +18,7 @@ import hmac
 import ipaddress
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -78,14 +78,14 @@ def bearer(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def read_body_within(seconds: float) -> Middleware:
+def read_body_within(seconds: float, streamed: frozenset[str] = frozenset()) -> Middleware:
     """An aiohttp middleware that reads a request's body before its handler runs, within
     `seconds`: a client that sends less than it announced gets 408 and its connection is
-    closed."""
+    closed. The routes in `streamed` read their own bodies (`chunks_within`)."""
 
     @web.middleware
     async def read(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.can_read_body:
+        if request.can_read_body and request.path not in streamed:
             try:
                 await asyncio.wait_for(request.read(), seconds)  # kept for the handler
             except TimeoutError:
@@ -100,6 +100,14 @@ def read_body_within(seconds: float) -> Middleware:
         return await handler(request)
 
     return read
+
+
+async def chunks_within(request: web.Request, size: int, seconds: float) -> AsyncIterator[bytes]:
+    """The request's body in chunks of at most `size` bytes, each of which must arrive within
+    `seconds` (a body of any length that keeps coming is read whole): `TimeoutError` when one
+    does not."""
+    while chunk := await asyncio.wait_for(request.content.read(size), seconds):
+        yield chunk
 
 
 def require_token(token: str | None) -> Middleware:

@@ -274,12 +274,19 @@ def test_slow_clients_are_cut_off_at_the_stated_limit(
         serving = sandbox_serve(*options)
     with serving as url:
         head = b"POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
-        for partial in (b"", head, head + b"\r\n{"):
+        partials = [b"", head, head + b"\r\n{"]
+        if server == "inference":  # a push of weights that stalls
+            push = b"POST /v1/weights HTTP/1.1\r\nHost: x\r\nX-Weights-Version: 1\r\n"
+            partials.append(push + b"Content-Length: 1000\r\n\r\n" + b"0" * 100)
+        for partial in partials:
             got, seconds = _cut_after(url, partial, limit_s=40)
             assert seconds >= 1.5, (partial, seconds)
             if partial.endswith(b"{"):
                 assert got.startswith(b"HTTP/1.1 408"), got
                 assert b"did not arrive within 2 s" in got
+            elif partial.endswith(b"0"):
+                assert got.startswith(b"HTTP/1.1 408"), got
+                assert b"the weights stopped arriving for 2 s" in got
             else:
                 assert got == b"", got
         assert _completes(url) if server == "inference" else _runs(url)

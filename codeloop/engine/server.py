@@ -39,7 +39,7 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import CLIENT_TIMEOUT_S, read_body_within, require_token
+from codeloop.auth import CLIENT_TIMEOUT_S, chunks_within, read_body_within, require_token
 from codeloop.config import RolloutConfig
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
 from codeloop.engine.model import default_device, load_pretrained
@@ -183,11 +183,15 @@ def build_app(
         if pushed < 0:  # any step, even an older one: a resumed run publishes its checkpoint's
             return _error(400, "bad weights: no X-Weights-Version header of a step (0, 1, ...)")
         body = bytearray()
-        try:
-            async for chunk in request.content.iter_chunked(1 << 20):  # no cap of aiohttp's
+        try:  # no cap of aiohttp's; a push that stalls for the client limit is cut
+            async for chunk in chunks_within(request, 1 << 20, client_timeout_s):
                 body += chunk
                 if len(body) > most_bytes:
                     return _error(413, f"weights of over {most_bytes} bytes: not this model's")
+        except TimeoutError:  # (an OSError too)
+            response = _error(408, f"the weights stopped arriving for {client_timeout_s:g} s")
+            response.force_close()
+            return response
         except OSError as err:  # the client went away mid-body
             return _error(400, f"connection lost while reading the weights ({err})")
         try:
@@ -235,7 +239,10 @@ def build_app(
 
     app = web.Application(
         client_max_size=16 << 20,
-        middlewares=[require_token(token), read_body_within(client_timeout_s)],
+        middlewares=[
+            require_token(token),
+            read_body_within(client_timeout_s, streamed=frozenset({"/v1/weights"})),
+        ],
     )
     app.add_routes(
         [

@@ -383,6 +383,45 @@ def test_weights_pushed_over_http_and_a_server_on_other_weights_refuses(
     assert after.logprobs == pytest.approx(_logprobs(v2, prompt, after), abs=1e-4)
 
 
+def test_weights_larger_than_a_request_body_are_pushed_whole(
+    fmt: PromptFormat, tmp_path: Path, codeloop_serve: Any
+) -> None:
+    """A push streams past the 16 MiB a completion's body may hold: 22 MB of float32 weights
+    are taken, and the server serves them."""
+    from safetensors.torch import save
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=len(fmt.tokenizer),
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        max_position_embeddings=1024,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    fmt.tokenizer.save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    other = AutoModelForCausalLM.from_config(config)
+    weights = save(other.state_dict())
+    assert len(weights) > 20 << 20
+
+    async def main(url: str) -> Generation:
+        engine = OpenAIEngine(url)
+        try:
+            await engine.push_weights(weights, 3)
+            assert await engine.served_version() == 3
+            return await engine.generate(fmt.encode("2 + 3"), SamplingParams(4, temperature=0))
+        finally:
+            await engine.close()
+
+    with codeloop_serve(tmp_path) as url:
+        generated = asyncio.run(main(url))
+    expected = _logprobs(other, fmt.encode("2 + 3"), generated)
+    assert generated.logprobs == pytest.approx(expected, abs=1e-4)
+
+
 def test_a_server_that_is_not_there_cannot_serve_now() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
