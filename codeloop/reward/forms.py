@@ -4,6 +4,8 @@ Each rewrite is one family of spellings; docs/reward.md states the policies.
 - Several boxed answers inside one answer (`\\boxed{(1, 2)}, \\boxed{(2, 1)}`) -> the list
   `(1, 2), (2, 1)`; the same value boxed twice is one answer.
 - `\\sqrt(2)` -> `\\sqrt{2}` (math-verify reads `4\\sqrt(2)` as 4).
+- A power of 1, `1^{...}`, -> `1` (its exponent is not evaluated: `1^{(2^{235423523})}` would
+  cost seconds of big-integer arithmetic), unless the exponent holds an infinity.
 - Plain-text math, when the answer has no backslash: `pi/2`, `sqrt(17)`, `exp(16)`, `2**3`,
   `-2*pi`, `2^(1/3)`, `inf`, `1.5e3` (scientific notation, not 1.5 times Euler's e^3) -> LaTeX.
 - Relations: `>=`, `≥`, `\\ge`, `\\geqslant` -> `\\geq`; `\\leq` and `\\neq` likewise.
@@ -76,6 +78,27 @@ def _replace_calls(text: str, name: str, render: Callable[[str], str]) -> str:
     return text
 
 
+_ONE_TO_THE = re.compile(r"(?<![\w.}\)\]])1\^\{")  # not the last digit of 21, 0.1, x_1
+
+
+def _powers_of_one(text: str) -> str:
+    """Every `1^{...}` (braces matched) -> `1`, unless its exponent holds `\\infty`."""
+    start = 0
+    while (match := _ONE_TO_THE.search(text, start)) is not None:
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        if depth:
+            return text  # unbalanced: leave it to the parser
+        if "\\infty" in text[match.end() : end]:
+            start = end
+            continue
+        text = text[: match.start()] + "1" + text[end:]
+        start = match.start() + 1
+    return text
+
+
 def plain_to_latex(text: str) -> str:
     """LaTeX for an answer written as a program would (`pi/2`, `sqrt(17)`, `2**3`)."""
     if "\\" in text or not re.search(r"[a-z*^]", text):
@@ -142,6 +165,8 @@ def rewrite(answer: str) -> str:
     answer = plain_to_latex(answer)
     if "\\sqrt" in answer:  # `4\\sqrt(2)`: the parentheses hold the radicand
         answer = _replace_calls(answer, "\\sqrt", lambda arg: f"\\sqrt{{{arg}}}")
+    if "1^{" in answer:
+        answer = _powers_of_one(answer)
     answer = _VECTOR_NAME.sub("", _FUNCTION_NAME.sub("", answer))
     for pattern, form in _SYNONYMS:
         answer = pattern.sub(form, answer)

@@ -72,6 +72,13 @@ def _right(verifier: Verifier, answer: str, gold: str) -> bool:
         ("4\\sqrt(2)", "4", False),
         ("4\\sqrt(2)", "4\\sqrt{2}", True),
         ("4\\sqrt{2}", "4", False),
+        # a power of 1 is 1 without evaluating its exponent; other powers are left alone
+        ("1^{(2^{235423523})}", "1", True),
+        ("1^{2}+1^{3}", "2", True),
+        ("\\frac{1^{5}}{3}", "\\frac13", True),
+        ("21^{2}", "441", True),
+        ("0.1^{2}", "0.01", True),
+        ("x_1^{2}", "1", False),
         # misreadings that would accept a wrong answer on an integer gold
         ("-[0,1)", "1", False),
         ("Answer $ \n 9 \n $", "9", False),  # inline math ends at the line

@@ -201,3 +201,22 @@ def test_a_list_splits_at_its_top_level_commas_only(text: str, parts: list[str])
 def test_words_compare_without_case() -> None:
     assert equivalent("Monday", "monday") and equivalent("monday", "Monday")
     assert not equivalent("Tuesday", "monday")
+
+
+@pytest.mark.parametrize(
+    ("answer", "form"),
+    [
+        ("1^{(2^{235423523})}", "1"),  # not seconds of big-integer arithmetic
+        ("-1^{2}", "-1"),
+        ("\\frac{3}{1^{x+1}}", "\\frac{3}{1}"),
+        ("1^{\\infty}", "1^{\\infty}"),  # indeterminate: left to the parser
+        ("21^{2}", "21^{2}"),
+        ("0.1^{2}", "0.1^{2}"),
+        ("x_1^{2}", "x_1^{2}"),
+        ("1^{2", "1^{2"),  # unbalanced
+    ],
+)
+def test_a_power_of_one_is_one(answer: str, form: str) -> None:
+    from codeloop.reward.forms import rewrite
+
+    assert rewrite(answer) == form
