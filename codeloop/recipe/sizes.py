@@ -31,7 +31,8 @@ GPU_CONFIG = "configs/gsm8k_smollm2_gpu.toml"
 # One GPU, sized from the rates measured on an H200 (evaluations at ~16 trajectories/s, screens
 # and RL sampling at ~19, SFT in about a minute): SFT on 5,973 solutions, 500 x 2 development
 # scores (~64 s each), 300 problems screened x 4 (~63 s; the screens kept 8% in [0.25, 0.75],
-# ~24 problems), 12 RL steps of 16 x 16 samples (~17 s each), within 9 minutes.
+# ~24 problems), 12 RL steps of 16 x 16 samples (~17 s each), within 9 minutes. On an H100:
+# SFT 1.4 min, evaluations 35-40 s, 18 of 300 kept, RL steps ~20 s (docs/benchmarks.md).
 GPU_SIZES = Sizes(
     dev=500,
     eval_problems=500,
