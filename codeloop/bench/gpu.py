@@ -129,7 +129,8 @@ def main(argv: list[str]) -> int:
             }
         )
     if "rollouts" in asked:
-        _rollouts(args, model, work, deadline, logs=logs, report=report)
+        share = "recipe" not in asked  # the recipe's time goes to the rollouts
+        _rollouts(args, model, work, deadline, logs=logs, report=report, share=share)
     else:
         for name in ("rollout smollm2", *(f"rollout {shape}" for shape in SHAPES)):
             _not_asked(name, report)
@@ -141,6 +142,12 @@ def main(argv: list[str]) -> int:
     written = _write(report, out)
     print(f"bench gpu: {report['minutes']:.1f} min; report {written} (and .md)", flush=True)
     return 0 if all(s["outcome"] in ("ok", "skipped") for s in report["steps"]) else 1
+
+
+def rollout_cap(name: str, left_s: float, steps_left: int) -> float:
+    """A rollout step's time when no recipe follows: its cap, or an even share of what is
+    left among it and the rollout steps after it, whichever is longer."""
+    return max(CAPS_S[name], left_s / max(steps_left, 1))
 
 
 def _not_asked(name: str, report: dict[str, Any]) -> None:
@@ -155,10 +162,18 @@ def _rollouts(
     *,
     logs: Path,
     report: dict[str, Any],
+    share: bool = False,
 ) -> None:
     """The plain and agent rows of `bench rollout` for SmolLM2 and each shape, and their
-    figures."""
+    figures; each step within its cap, or (`share`) within at least an even share of the time
+    left."""
     rollout = [sys.executable, "-m", "codeloop", "bench", "rollout"]
+    names = ["rollout smollm2", *(f"rollout {shape}" for shape in SHAPES)]
+
+    def cap(name: str) -> float:
+        left = len(names) - names.index(name)
+        return rollout_cap(name, deadline - time.monotonic(), left) if share else CAPS_S[name]
+
     sizes = DRY_ROLLOUT if args.dry_run else GPU_ROLLOUT + SMOLLM2_SIZES
     smollm2 = "random" if args.dry_run else model or "smollm2"
     file = work / "rollout-smollm2.json"
@@ -166,7 +181,7 @@ def _rollouts(
         Step(
             "rollout smollm2",
             [*rollout, "--model", smollm2, *sizes, "--out", str(file)],
-            CAPS_S["rollout smollm2"],
+            cap("rollout smollm2"),
         ),
         logs,
         deadline,
@@ -180,7 +195,7 @@ def _rollouts(
             Step(
                 f"rollout {shape}",
                 [*rollout, "--model", shape, *sizes, "--out", str(file)],
-                CAPS_S[f"rollout {shape}"],
+                cap(f"rollout {shape}"),
             ),
             logs,
             deadline,

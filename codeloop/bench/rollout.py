@@ -608,7 +608,11 @@ def _plain_rows(
             continue
         if cpu and name == "generate_batch":  # 8.8 s for 8 x 32 tokens of a tiny model, 23x
             continue  # slower than generate on a 2-core EPYC: a GPU's baseline
-        for _ in range(args.repeat):
+        # `generate` compiles nothing: a short warm-up, then one timed run (a minute on a GPU
+        # at 256 x 512); the others may compile on their first run, which `--repeat` leaves out
+        if name == "generate":
+            _measure_generate(model, prompts[:2], 2, pad_id)
+        for _ in range(1 if name == "generate" else args.repeat):
             measured = _baseline(name, measure)
         if measured is not None:
             record(name, measured)

@@ -196,3 +196,12 @@ def test_the_mean_seconds_of_an_rl_step_and_of_its_parts(tmp_path: Path) -> None
             "\n".join(json.dumps(r) for r in rows) + "\nnot json\n"
         )
     assert _rl_step_seconds(tmp_path) == {"step_s": 14.0, "update_s": 7.0}
+
+
+def test_rollouts_without_the_recipe_share_its_time() -> None:
+    from codeloop.bench.gpu import CAPS_S, rollout_cap
+
+    # 9 minutes left for three rollout steps: 180 s each, past their caps
+    assert rollout_cap("rollout smollm2", 540.0, 3) == 180.0
+    # little left: the cap still holds (the deadline cuts the step short anyway)
+    assert rollout_cap("rollout qwen2.5-1.5b", 30.0, 1) == CAPS_S["rollout qwen2.5-1.5b"]
