@@ -23,7 +23,7 @@ Each step's whole output, and the files it wrote (the recipe's run among them), 
 
 `--steps` runs some of the three (`tests`, `rollouts`, `recipe`; the others are reported as not
 asked for, and the report's name ends in the steps run: `gpu-DATE-COMMIT-recipe.json`), for a
-card lent for less time than the whole.
+card lent for less time than the whole; without the recipe, the rollout steps share its time.
 
 `--dry-run` runs the same sequence on the CPU at toy sizes (a random model, a few requests, the
 shapes cut to one layer, the recipe on a tiny model for one step a stage), so the command is
