@@ -60,11 +60,13 @@ def test_the_wording_comes_from_the_config(fmt: PromptFormat) -> None:
 
 
 def test_an_empty_template_setting_takes_the_models_own_where_it_can_prompt_an_agent(
-    fmt: PromptFormat, capsys: pytest.CaptureFixture[str]
+    fmt: PromptFormat, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import copy
 
     from codeloop.rollout import prompt
+
+    monkeypatch.setattr(prompt, "_SAID", set())  # what earlier tests in this process printed
 
     tokenizer = copy.deepcopy(fmt.tokenizer)
     assert not tokenizer.chat_template  # none: codeloop's default, silently
