@@ -24,16 +24,14 @@ from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 
-def _tiny_model(fmt: PromptFormat, seed: int) -> torch.nn.Module:
+def _tiny_model(fmt: PromptFormat, seed: int, **sizes: int) -> torch.nn.Module:
     torch.manual_seed(seed)
+    shape = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
     config = LlamaConfig(
         vocab_size=len(fmt.tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
+        **{**shape, **sizes},
     )
     return AutoModelForCausalLM.from_config(config)
 
@@ -389,21 +387,12 @@ def test_weights_larger_than_a_request_body_are_pushed_whole(
     """A push streams past the 16 MiB a completion's body may hold: 22 MB of float32 weights
     are taken, and the server serves them."""
     from safetensors.torch import save
-    from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=len(fmt.tokenizer),
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        max_position_embeddings=1024,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    sizes = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8)
+    sizes["num_key_value_heads"] = 8
+    _tiny_model(fmt, 0, **sizes).save_pretrained(tmp_path)
     fmt.tokenizer.save_pretrained(tmp_path)
-    torch.manual_seed(1)
-    other = AutoModelForCausalLM.from_config(config)
+    other = _tiny_model(fmt, 1, **sizes)
     weights = save(other.state_dict())
     assert len(weights) > 20 << 20
 
