@@ -32,6 +32,7 @@ BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench`
     "train": "training tokens/s, peak memory, RL step time split",
     "ceiling": "what the host can feed a GPU: the recipe's sampling with a zero-cost replay",
     "gpu": "every GPU figure in one run: GPU tests, rollout rows, the GPU recipe; one report",
+    "lora": "LoRA RL against full fine-tuning: update time, memory, checkpoint and sync bytes",
 }
 
 
@@ -48,6 +49,8 @@ def _bench(args: argparse.Namespace) -> int:
             from codeloop.bench.gpu import main as run
         case "ceiling":
             from codeloop.bench.ceiling import main as run
+        case "lora":
+            from codeloop.bench.lora import main as run
         case _:
             from codeloop.bench.train import main as run
     return run(args.extra)

@@ -301,6 +301,20 @@ class AlgoConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters trained instead of the full weights (through peft: the lora extra)."""
+
+    rank: int = knob(0, "Adapter rank; 0 = train the full weights (no LoRA).", ge=0)
+    alpha: float = knob(16.0, "Adapter scale numerator: updates are scaled by alpha / rank.", gt=0)
+    target_modules: list[str] = knob(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Names of the linear layers that get adapters (the attention and MLP projections of "
+        "Llama, Qwen, Mistral and Gemma models).",
+    )
+    dropout: float = knob(0.0, "Dropout on the adapters' input while training.", ge=0, lt=1)
+
+
+@dataclass
 class TrainerConfig:
     """The policy, optimiser, checkpoints and logs."""
 
@@ -374,6 +388,10 @@ class TrainerConfig:
         "its log gets profile/gpu_share (the kernels' time over the step's; the rest is the GPU "
         "waiting), and profile_step_NNNNNN.txt the ops that took the most. 0: none.",
         ge=0,
+    )
+    lora: LoraConfig = field(
+        default_factory=LoraConfig,
+        metadata={"help": "LoRA adapters instead of the full weights (rank > 0; docs/lora.md)."},
     )
 
 

@@ -39,6 +39,12 @@ def config_page() -> str:
         lines += ["", f"## [{section.name}]", ""]
         owner = getattr(Config(), section.name)
         lines += _table(type(owner), owner, section.name)
+        for f in dataclasses.fields(owner):  # a table inside the section ([trainer.lora])
+            inner = getattr(owner, f.name)
+            if dataclasses.is_dataclass(inner):
+                name = f"{section.name}.{f.name}"
+                lines += ["", f"### [{name}]", "", str(f.metadata.get("help", "")), ""]
+                lines += _table(type(inner), inner, name)
         if section.name == "recipe":
             lines += ["", "### [[recipe.stages]]", "", "Each stage is a table of these keys:", ""]
             lines += _table(StageConfig, StageConfig(), "")
@@ -51,6 +57,8 @@ def _table(cls: type, instance: Any, prefix: str) -> list[str]:
     for f in dataclasses.fields(instance):
         value = getattr(instance, f.name)
         if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            continue
+        if dataclasses.is_dataclass(value):  # its own table (config_page)
             continue
         default = "[]" if f.name == "stages" else _toml_value(value)
         help_text = str(f.metadata.get("help", "")).replace("|", "\\|")

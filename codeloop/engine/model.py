@@ -48,6 +48,7 @@ def end_of_turn_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
+MODEL_FILES = ("config.json", "adapter_config.json")  # a model, or a LoRA policy on a base
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
@@ -57,8 +58,11 @@ def check_source(name_or_path: str, what: str = "model") -> None:
         raise ModelError(f"no {what} given (a directory or a hub name)")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if what == "model" and not (path / "config.json").is_file():
-            raise ModelError(f"{what} {name_or_path!r}: no model there (no config.json)")
+        if what == "model" and not any((path / f).is_file() for f in MODEL_FILES):
+            raise ModelError(
+                f"{what} {name_or_path!r}: no model there (no config.json, and no LoRA "
+                "adapter_config.json)"
+            )
         if what == "tokenizer" and not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelError(
                 f"{what} {name_or_path!r}: no tokenizer there (none of "
@@ -94,9 +98,22 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 def load_pretrained(name_or_path: str, dtype: str = "auto") -> tuple[Any, Any]:
     """(model, tokenizer) from a directory or a hub name, with `from_pretrained` (a policy with
-    its prompt format: `rollout.policy.Policy.load`)."""
+    its prompt format: `rollout.policy.Policy.load`). A LoRA policy (`engine/adapter.py`)
+    loads as its base model with the adapter merged (the base checked by its fingerprint)."""
+    from codeloop.engine.adapter import is_adapter_dir, merge_into, read_adapter
+
     check_source(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
+    if is_adapter_dir(name_or_path):
+        base = read_adapter(name_or_path)[1]["base"]
+        if not base:
+            raise ModelError(f"LoRA policy {name_or_path!r}: it does not name its base model")
+        try:
+            model, _ = load_pretrained(base, dtype)
+        except ModelError as err:
+            raise ModelError(f"LoRA policy {name_or_path!r}: its base model: {err}") from None
+        merge_into(model, name_or_path)
+        return model, tokenizer
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
     except Exception as err:  # noqa: BLE001 - missing (OSError) or unreadable files: many types

@@ -17,7 +17,10 @@ Routes (JSON):
   what a killed run had published). How a trainer on another host updates the server without a
   shared filesystem.
   Weights are checked before they replace anything (`check_weights`: names, shapes, floating
-  point, finite); a refused push answers 400 and the old weights keep serving.
+  point, finite); a refused push answers 400 and the old weights keep serving. A LoRA run
+  pushes its adapters alone (safetensors metadata `lora_scaling` and `lora_base`, the base's
+  fingerprint): they are merged into the base weights the server keeps (`engine/adapter.py`),
+  and refused (400) when the server's base is not the one they were trained on.
 - `POST /v1/reload` `{"path": DIR}`: load the weights of a policy directory in place; only a
   directory under the one the server was started with (`--weights-dir`), 403 otherwise (and
   always without one).
@@ -41,6 +44,7 @@ from aiohttp import web
 
 from codeloop.auth import CLIENT_TIMEOUT_S, chunks_within, read_body_within, require_token
 from codeloop.config import RolloutConfig
+from codeloop.engine.adapter import SCALING, AdapterBase, metadata
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
 from codeloop.engine.model import default_device, load_pretrained
 from codeloop.engine.protocol import SamplingParams
@@ -127,6 +131,7 @@ def build_app(
     version: int | None = None  # of the weights last pushed
     tokenizer = engine.tokenizer
     root = Path(weights_dir).resolve() if weights_dir else None
+    base = AdapterBase()  # what pushed LoRA adapters are merged into
     most_bytes = 2 * 4 * sum(p.numel() for p in engine.model.parameters()) + (1 << 20)
     vocab = engine.model.get_input_embeddings().num_embeddings
     context = getattr(engine.model.config, "max_position_embeddings", None) or (1 << 20)
@@ -195,7 +200,13 @@ def build_app(
         except OSError as err:  # the client went away mid-body
             return _error(400, f"connection lost while reading the weights ({err})")
         try:
-            engine.update_weights(load(bytes(body)), pushed)
+            state, meta = load(bytes(body)), metadata(body)
+            adapter = SCALING in meta  # a LoRA adapter: merged into the base this server keeps
+            if adapter:
+                state = base.merge(engine.model.state_dict(), state, meta)
+            engine.update_weights(state, pushed)
+            if not adapter:  # new full weights: the next adapter's base
+                base.forget()
         except (ValueError, SafetensorError) as err:  # unreadable bytes, or `check_weights`
             message = str(err) if str(err).startswith("bad weights") else f"bad weights: {err}"
             return _error(400, message)
@@ -218,6 +229,7 @@ def build_app(
             dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
             fresh, _ = load_pretrained(path, dtype)
             engine.update_weights(fresh.state_dict())
+            base.forget()
         except ModelError as err:
             return _error(400, f"cannot load {path}: {err}")
         return web.json_response({"ok": True, "path": path})

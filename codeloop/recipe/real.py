@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from codeloop.config import Config, eval_rollout_config, load_config
+from codeloop.config import Config, ConfigError, eval_rollout_config, load_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.files import write_atomic
@@ -191,6 +191,11 @@ EVAL_MARGIN = 1.25  # the last evaluation, against the longest one so far
 async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0) -> dict[str, Any]:
     """The whole recipe (see the module docstring) within `minutes` (0: no limit); returns
     (and writes) the summary."""
+    if cfg.trainer.lora.rank:
+        raise ConfigError(
+            "codeloop real trains the full weights: trainer.lora works with codeloop train and "
+            "codeloop recipe (docs/lora.md)"
+        )
     sizes = sizes or Sizes()
     start = time.perf_counter()
     end = start + 60 * minutes if minutes else None

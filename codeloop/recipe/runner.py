@@ -36,7 +36,8 @@ from codeloop.files import write_atomic
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import ToolExecutor
-from codeloop.trainer.checkpoint import latest_checkpoint, read_state, read_weights
+from codeloop.trainer import lora
+from codeloop.trainer.checkpoint import latest_checkpoint, read_state
 from codeloop.trainer.distributed import World, barrier, one_process
 from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.rl import RLRun, opened_run
@@ -70,6 +71,8 @@ async def run_recipe(
     world = world or one_process(cfg.trainer.dtype)
     if not cfg.recipe.stages:
         raise ConfigError("recipe.stages is empty: nothing to run")
+    if cfg.trainer.lora.rank and not world.distributed:  # every stage trains these adapters
+        model = lora.attach(model, cfg.trainer.lora)
     summaries: list[dict[str, Any]] = []
     carried: dict[str, Any] | None = None  # optimiser and schedule state of the previous stage
     current = list(problems)  # what the stage before trained on
@@ -80,7 +83,7 @@ async def run_recipe(
         if done.is_file():
             carried = _load_final_state(stage_dir, model)
             if engine is not None:
-                engine.update_weights(model.state_dict())
+                engine.update_weights(lora.merged_state(model))
             summaries.append(json.loads(done.read_text()))
             current = _refiltered(stage_dir, problems) or current
             if after_stage is not None:
@@ -220,7 +223,7 @@ def _load_final_state(stage_dir: Path, model: Any) -> dict[str, Any]:
     """Load a finished stage's final weights into `model`; return its optimiser, schedule and
     run state."""
     path = _final_checkpoint(stage_dir)
-    model.load_state_dict(read_weights(path))
+    lora.load_weights(model, path / "model")
     state = read_state(path)
     return {
         "optimizer": state["optimizer"],

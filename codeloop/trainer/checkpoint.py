@@ -19,6 +19,7 @@ import torch
 
 from codeloop.files import directory_atomic
 from codeloop.rollout.policy import Policy
+from codeloop.trainer.lora import load_weights
 
 STATE = "state.pt"  # beside model/ in a checkpoint: written by save_checkpoint, read by read_state
 
@@ -95,8 +96,9 @@ def load_checkpoint(
 ) -> tuple[int, dict[str, Any]]:
     """Restore everything into the given objects; return (step, extra). `sharded`: the model
     and optimiser are FSDP2's and take the full states through `torch.distributed.checkpoint`."""
-    weights, state = read_weights(path), read_state(path)
+    state = read_state(path)
     if sharded:
+        weights = read_weights(path)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -107,7 +109,7 @@ def load_checkpoint(
         set_model_state_dict(model, weights, options=full)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=full)
     else:
-        model.load_state_dict(weights)
+        load_weights(model, Path(path) / "model")  # full weights, or LoRA adapters
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["lr_schedule"])
     _set_rng_state(state["rng"])

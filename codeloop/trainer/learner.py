@@ -10,7 +10,10 @@ parameters, gradients and AdamW state stay float32 and the passes run in `traine
 learning rate warms up linearly over `trainer.warmup_steps` RL steps, then stays constant (the
 report's); `lr_schedule` steps once per RL step, whether or not the step had signal.
 `full_state` gathers the weights for a `WeightSink`; `save`/`load` write and read full
-(unsharded) checkpoints that any world size resumes from.
+(unsharded) checkpoints that any world size resumes from. With `trainer.lora.rank` > 0 the
+learner trains LoRA adapters on the frozen policy (`lora.py`, one process): the optimiser and the
+checkpoints hold the adapters only, `full_state` is the merged weights and `adapter` the
+adapters alone (what a `codeloop serve` is sent).
 
 `update_async` is the same update for a loop that generates meanwhile (`trainer.mode =
 "async"`). On a GPU it runs in a worker thread. On a CPU it runs on the event loop's thread and
@@ -35,6 +38,7 @@ from codeloop.config import Config, ConfigError
 from codeloop.memory import trim_when_above
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer import lora
 from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
 from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
@@ -55,10 +59,17 @@ class Learner:
     def __init__(self, model: Any, cfg: Config, world: World, pad_id: int = 0) -> None:
         t = cfg.trainer
         self.cfg, self.world, self.pad_id = cfg, world, pad_id
+        if t.lora.rank:
+            if world.distributed:
+                raise ConfigError(
+                    "trainer.lora trains in one process: run it without torchrun, or train the "
+                    "full weights (trainer.lora.rank = 0)"
+                )
+            model = lora.attach(model, t.lora)
+        self.lora = lora.attached(model)
         self.model = shard(model, world)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay
-        )
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=t.lr, weight_decay=t.weight_decay)
         warmup = t.warmup_steps  # linear warm-up, then constant (the report's)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -187,8 +198,15 @@ class Learner:
     # -- weights and checkpoints -------------------------------------------------------------
 
     def full_state(self, everywhere: bool) -> dict[str, torch.Tensor]:
-        """The full (unsharded) weights: on every rank, or on rank 0 only (empty elsewhere)."""
+        """The full (unsharded) weights: on every rank, or on rank 0 only (empty elsewhere);
+        with LoRA, the weights with the adapters merged."""
+        if self.lora is not None:
+            return lora.merged_state(self.model)
         return full_state_dict(self.model, self.world, everywhere=everywhere)
+
+    def adapter(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters (`lora.adapter_state`); empty when training the full weights."""
+        return lora.adapter_state(self.model) if self.lora is not None else {}
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimiser's and the learning-rate schedule's state (what a recipe stage carries
@@ -208,7 +226,7 @@ class Learner:
     ) -> None:
         """A full checkpoint of step `step` in `run_dir` (rank 0 writes it), with `extra`; the
         policy (this model prompted with `fmt`) loads on its own from its `model/`."""
-        weights = full_state_dict(self.model, self.world, everywhere=False)
+        weights = None if self.lora else full_state_dict(self.model, self.world, everywhere=False)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.world)
         if self.world.is_main:
             save_checkpoint(

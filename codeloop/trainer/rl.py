@@ -47,6 +47,7 @@ from codeloop.trainer.logs import RunLogger
 from codeloop.trainer.profile import StepProfile
 from codeloop.trainer.rollout_side import RolloutSide, build_rollout
 from codeloop.trainer.state import RunState, problem_digest
+from codeloop.trainer.weights import ServerSink
 from codeloop.types import Trajectory
 
 
@@ -184,8 +185,11 @@ class RLRun:
 
     async def sync_weights(self) -> None:
         """The engines sample with the trained weights (gathered from the shards)."""
-        sink = self.rollout.sink
-        await sink.publish(self.learner.full_state(everywhere=sink.everywhere), self.step_index)
+        sink, learner = self.rollout.sink, self.learner
+        if learner.lora is not None and sink.takes_adapters:  # a few MB instead of the model
+            await sink.publish(learner.adapter(), self.step_index)
+            return
+        await sink.publish(learner.full_state(everywhere=sink.everywhere), self.step_index)
 
     async def close(self) -> None:
         await self.rollout.close()
@@ -325,6 +329,8 @@ def build_run(
         cfg, model, fmt, tools, world=world, run_dir=logger.run_dir, probe=probe, engine=engine
     )
     learner = Learner(model, cfg, world, fmt.tokenizer.pad_token_id or 0)  # after the copy
+    if learner.lora is not None and isinstance(rollout.sink, ServerSink):
+        rollout.sink.adapter_metadata = learner.lora.push_metadata()
     return RLRun(
         cfg,
         learner,

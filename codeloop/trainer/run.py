@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from codeloop.config import Config
+from codeloop.config import Config, ConfigError
 from codeloop.data.curate import curate
 from codeloop.data.problems import Problem, load_problems
 from codeloop.rollout.policy import Policy
@@ -19,6 +19,11 @@ from codeloop.trainer.sft import load_conversations, train_sft
 
 def run_sft(cfg: Config) -> Path:
     """Train `trainer.model` on `sft.data`; save the result to `<output_dir>/sft_model`."""
+    if cfg.trainer.lora.rank:
+        raise ConfigError(
+            "trainer.lora is for RL: codeloop sft trains the full weights (set "
+            "trainer.lora.rank = 0 for it, and use the SFT policy as trainer.model of the RL run)"
+        )
     world = distributed.init(cfg.trainer.dtype)  # torchrun: FSDP2 over the ranks; else one
     named = load_conversations(cfg.sft.data)
     policy = Policy.load(cfg.trainer.model, cfg)  # trained in float32

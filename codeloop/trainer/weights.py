@@ -3,7 +3,8 @@
 - `EngineSink`: the in-process engine of each rank copies the gathered weights in place
   (`TransformersEngine.update_weights`); every rank needs the full weights.
 - `ServerSink`: OpenAI-compatible servers. Rank 0 casts the weights to the compute dtype (half
-  the bytes in bfloat16) and sends them to every `codeloop serve` over HTTP
+  the bytes in bfloat16) and sends them (a LoRA run: its adapters alone, which the server merges
+  into its base, `engine/adapter.py`) to every `codeloop serve` over HTTP
   (`OpenAIEngine.push_weights`: no shared filesystem needed), or, for vLLM and SGLang, saves
   them with the tokenizer to `rollout.weights_dir` and asks every server to reload that
   directory (`OpenAIEngine.reload`: the servers must see it at the same path). Every rank then
@@ -38,8 +39,21 @@ WATCH_S = 0.5  # how often rank 0 asks every codeloop server which weights it ho
 log = logging.getLogger(__name__)
 
 
+def payload(state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """What a push sends a `codeloop serve`: safetensors bytes of `state` (tied weights, one
+    tensor under two names, sent once) with `metadata` (a LoRA adapter's)."""
+    from safetensors.torch import save
+
+    once: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if all(tensor.data_ptr() != kept.data_ptr() for kept in once.values()):
+            once[name] = tensor
+    return save(once, metadata=metadata)
+
+
 class WeightSink(Protocol):
     everywhere: bool  # every rank needs the full weights (else rank 0 alone)
+    takes_adapters: bool  # a LoRA run publishes its adapters alone (else the merged weights)
 
     async def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Make the rollout sample with `state` (empty on ranks that do not need it), policy
@@ -51,6 +65,7 @@ class WeightSink(Protocol):
 
 class EngineSink:
     everywhere = True
+    takes_adapters = False  # the engine is copied the merged weights in place
 
     def __init__(self, engine: WeightUpdatable) -> None:
         self.engine = engine
@@ -126,6 +141,8 @@ class ServerSink:
         self.model, self.tokenizer, self.world = model, tokenizer, world
         self.read_capacity, self.check = read_capacity, check
         self.over_network = all(server.backend == "codeloop" for server in self.servers)
+        self.takes_adapters = self.over_network  # codeloop serve merges a pushed adapter
+        self.adapter_metadata: dict[str, str] = {}  # a LoRA run's: set by build_run
         self._sent: tuple[bytes, int] = (b"", -1)  # rank 0: the last weights sent, their version
         self._pushing = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
@@ -134,7 +151,9 @@ class ServerSink:
         if self.world.is_main:
             dtype = self.world.compute_dtype
             cast = {name: value.to(dtype) for name, value in state.items()}
-            if self.over_network:
+            if self.adapter_metadata:  # adapters: megabytes instead of the model
+                await self._push(cast, version, self.adapter_metadata)
+            elif self.over_network:
                 await self._push(cast, version)
             else:
                 await self._reload_files(cast)
@@ -153,15 +172,11 @@ class ServerSink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
 
-    async def _push(self, state: dict[str, torch.Tensor], version: int) -> None:
-        from safetensors.torch import save
-
-        once: dict[str, torch.Tensor] = {}  # tied weights (one tensor, two names) sent once
-        for name, tensor in state.items():
-            if all(tensor.data_ptr() != kept.data_ptr() for kept in once.values()):
-                once[name] = tensor
+    async def _push(
+        self, state: dict[str, torch.Tensor], version: int, metadata: dict[str, str] | None = None
+    ) -> None:
         async with self._pushing:
-            self._sent = (save(once), version)
+            self._sent = (payload(state, metadata), version)
             answers = await asyncio.gather(
                 *(s.push_weights(*self._sent) for s in self.servers), return_exceptions=True
             )

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_rl import PAIRS, PROBLEMS, _config, _served_policy
-from trainer_helpers import conversation
+from test_rl import PROBLEMS, _config, _served_policy
 
 from codeloop.algo.loss import behaviour_weights, policy_loss
-from codeloop.config import ConfigError, SandboxConfig, SFTConfig
+from codeloop.config import ConfigError, SandboxConfig
 from codeloop.data.problems import Problem
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import tiny_model
@@ -27,25 +26,11 @@ from codeloop.trainer.distributed import World
 from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, build_run
-from codeloop.trainer.sft import train_sft
 
 MORE = PROBLEMS + [
     Problem(f"q{i}", f"What is {a} + {b}?", str(a + b))
     for i, (a, b) in enumerate([(2, 5), (6, 1), (4, 4), (9, 3)])
 ]
-
-
-@pytest.fixture(scope="module")
-def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
-    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
-    train_sft(
-        model,
-        trainer_fmt,
-        data,
-        SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4),
-    )
-    return copy.deepcopy(model.state_dict())
 
 
 def _async_run(

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from trainer_helpers import conversation
+from trainer_helpers import PAIRS
 
 from codeloop.algo.group import make_group
-from codeloop.config import AlgoConfig, Config, SandboxConfig, SFTConfig
+from codeloop.config import AlgoConfig, Config, SandboxConfig
 from codeloop.data.problems import Problem
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.model import tiny_model
@@ -24,7 +24,6 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger, read_metrics
 from codeloop.trainer.rl import RLRun, build_run
-from codeloop.trainer.sft import train_sft
 from codeloop.types import (
     ExecResult,
     ExecStatus,
@@ -34,18 +33,7 @@ from codeloop.types import (
     Trajectory,
 )
 
-PAIRS = [(1, 2), (3, 4), (10, 20), (7, 8)]
 PROBLEMS = [Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)]
-
-
-@pytest.fixture(scope="module")
-def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
-    """A tiny policy that has learnt the tool format on these problems, but not perfectly."""
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
-    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
-    cfg = SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4)
-    train_sft(model, trainer_fmt, data, cfg)
-    return copy.deepcopy(model.state_dict())
 
 
 def _config(run_dir: Path) -> Config:
@@ -66,7 +54,11 @@ def _run(
     run_dir: Path,
     steps: int,
     resume: bool = False,
+    lora_rank: int = 0,
 ) -> tuple[list[dict[str, float]], RLRun]:
+    """`steps` RL steps of the policy with `weights` (trainer.lora.rank `lora_rank`), sampled by
+    a deterministic in-process engine."""
+
     async def main() -> tuple[list[dict[str, float]], RLRun]:
         model = tiny_model(len(fmt.tokenizer), hidden_size=64, layers=2)
         model.load_state_dict(weights)
@@ -75,9 +67,9 @@ def _run(
         )  # deterministic
         async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
             logger = RunLogger(run_dir)
-            run = build_run(
-                _config(run_dir), model, fmt, PROBLEMS, tools=sandbox, logger=logger, engine=engine
-            )
+            cfg = _config(run_dir)
+            cfg.trainer.lora.rank = lora_rank
+            run = build_run(cfg, model, fmt, PROBLEMS, tools=sandbox, logger=logger, engine=engine)
             if resume:
                 assert run.resume()
             metrics = await run.train(steps)

@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from codeloop.config import SFTConfig
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import PYTHON_TOOL
+from codeloop.trainer.sft import train_sft
 
 CORPUS = [
     "Solve the problem step by step. What is 12345 + 678? The answer is 13023.",
@@ -20,6 +24,19 @@ CORPUS = [
 @pytest.fixture(scope="session")
 def trainer_fmt() -> PromptFormat:
     return PromptFormat(train_tokenizer(CORPUS * 20, vocab_size=400))
+
+
+PAIRS = [(1, 2), (3, 4), (10, 20), (7, 8)]
+
+
+@pytest.fixture(scope="session")
+def sft_weights(trainer_fmt: PromptFormat) -> dict[str, torch.Tensor]:
+    """A tiny policy that has learnt the tool format on PAIRS' problems, but not perfectly."""
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2)
+    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
+    cfg = SFTConfig(epochs=60, lr=1e-2, warmup_steps=5, conversations_per_step=4)
+    train_sft(model, trainer_fmt, data, cfg)
+    return copy.deepcopy(model.state_dict())
 
 
 def conversation(fmt: PromptFormat, a: int, b: int) -> list[dict[str, str]]:
