@@ -19,6 +19,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -32,6 +33,9 @@ ENV = "CODELOOP_TOKEN"
 # (the body: after a 408). A connection that holds part of a request holds at most
 # `client_max_size` bytes, and none is held longer than this.
 CLIENT_TIMEOUT_S = 60.0
+# Open connections a server holds at most; one more is closed as it arrives, before it is read.
+# With the client limit above, connections that send nothing hold a server for at most 60 s.
+MAX_CONNECTIONS = 1024
 OPEN_ROUTES = frozenset({"/health"})  # a load balancer's or a test's probe needs no secret
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -126,3 +130,21 @@ def require_token(token: str | None) -> Middleware:
         return await handler(request)
 
     return check
+
+
+def cap_connections(runner: web.AppRunner, most: int) -> None:
+    """A server (`runner`, set up) that holds at most `most` open connections: one more is
+    closed as it arrives, before any of it is read, and the server goes on serving the others.
+    It is closed once its handler has started (a few milliseconds later), as a client that
+    hangs up on an idle connection is: aiohttp's handler needs to start before it can end."""
+    server = runner.server
+    assert server is not None, "cap_connections needs runner.setup() first"
+    made = server.connection_made
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        over = len(server.connections) >= most
+        made(handler, transport)
+        if over:
+            asyncio.get_running_loop().call_later(0.01, transport.close)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]

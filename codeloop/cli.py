@@ -71,9 +71,20 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def _positive_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
+    return count
+
+
 def _sandbox_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    for key in ("host", "port", "workers", "token_file", "tls_cert", "tls_key", "client_timeout_s"):
+    keys = ("host", "port", "workers", "token_file", "tls_cert", "tls_key", "client_timeout_s")
+    for key in (*keys, "max_connections"):
         if getattr(args, key) is not None:
             set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
     if args.require_isolation:
@@ -122,6 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
         weights_dir=args.weights_dir,
         tls=tls,
         client_timeout_s=args.client_timeout,
+        max_connections=args.max_connections,
     )
     return 0
 
@@ -182,6 +194,12 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         help="a client has this long for a request's line and headers (from connecting, or "
         "from the answer before) and as long again for its body; then its connection is cut "
         "(the body: after a 408)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_count,
+        metavar="N",
+        help="open connections held at most; one more is closed as it arrives (default 1024)",
     )
     serve.add_argument(
         "--weights-dir",
@@ -758,6 +776,14 @@ def _add_sandbox_commands(
         metavar="SECONDS",
         help="a client has this long for a request's line and headers and as long again for "
         "its body; then its connection is cut (sandbox.client_timeout_s, default 60)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        dest="max_connections",
+        type=_positive_count,
+        metavar="N",
+        help="open connections held at most; one more is closed as it arrives "
+        "(sandbox.max_connections, default 1024)",
     )
     serve.add_argument(
         "--require-isolation",

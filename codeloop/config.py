@@ -92,6 +92,12 @@ class SandboxConfig:
         "plain HTTP.",
     )
     tls_key: str = knob("", "The private key of tls_cert (PEM).")
+    max_connections: int = knob(
+        1024,
+        "Open connections the sandbox server holds at most; one more is closed as it arrives "
+        "(those that send nothing are cut after client_timeout_s).",
+        ge=1,
+    )
     client_timeout_s: float = knob(
         60.0,
         "The server gives a client this long for a request's line and headers (from its "

@@ -290,3 +290,47 @@ def test_slow_clients_are_cut_off_at_the_stated_limit(
             else:
                 assert got == b"", got
         assert _completes(url) if server == "inference" else _runs(url)
+
+
+@pytest.mark.parametrize("server", ["inference", "sandbox"])
+def test_connections_past_the_cap_are_closed_and_the_others_served(
+    server: str, tmp_path: Any, codeloop_serve: Any, sandbox_serve: Any
+) -> None:
+    """With `--max-connections 4`, of five connections that send nothing exactly one is closed
+    at once (whichever the server counted fifth; the others are held until the client limit,
+    60 s); once a held one goes, a request is served again."""
+    import select
+    import time
+
+    options = ("--max-connections", "4")
+    if server == "inference":
+        from codeloop.data.tokenizer import train_tokenizer
+
+        tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
+        tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+        serving = codeloop_serve(tmp_path, *options)
+    else:
+        serving = sandbox_serve(*options)
+    with serving as url:
+        where = urllib.parse.urlsplit(url)
+        held = [socket.create_connection((where.hostname, where.port)) for _ in range(5)]
+        try:
+            readable, _, _ = select.select(held, [], [], 15)
+            closed = [s for s in readable if s.recv(1) == b""]
+            assert len(closed) == 1, len(closed)
+            time.sleep(1)  # and no other one after it
+            assert select.select([s for s in held if s not in closed], [], [], 0)[0] == []
+            served = False
+            for s in held[:2]:  # two held ones go: one is a counted one
+                s.close()
+            for _ in range(40):  # the server forgets them as their handlers end
+                try:
+                    served = _completes(url) if server == "inference" else _runs(url)
+                    break
+                except (ConnectionError, urllib.error.URLError):
+                    time.sleep(0.5)
+            assert served
+        finally:
+            for s in held:
+                s.close()

@@ -34,6 +34,8 @@ Routes (JSON):
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import ssl
 import time
 import uuid
@@ -42,7 +44,14 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import CLIENT_TIMEOUT_S, chunks_within, read_body_within, require_token
+from codeloop.auth import (
+    CLIENT_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    cap_connections,
+    chunks_within,
+    read_body_within,
+    require_token,
+)
 from codeloop.config import RolloutConfig
 from codeloop.engine.adapter import SCALING, AdapterBase, metadata
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
@@ -285,6 +294,7 @@ def serve(
     weights_dir: str = "",
     tls: ssl.SSLContext | None = None,
     client_timeout_s: float = CLIENT_TIMEOUT_S,
+    max_connections: int | None = None,
 ) -> None:
     """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
     `token`, every route but /health asks for it; `/v1/reload` loads only directories under
@@ -300,11 +310,34 @@ def serve(
     banner = f"codeloop serve: {name} ({device}) on {scheme}://{host}:{port}" + (
         " (a token is required)" if token else ""
     )
-    web.run_app(  # a connection without a whole request line and headers in time is cut
-        app,
-        host=host,
-        port=port,
-        ssl_context=tls,
-        keepalive_timeout=client_timeout_s,
-        print=lambda *_: print(banner, flush=True),
+    most = max_connections or MAX_CONNECTIONS
+    asyncio.run(_run(app, host, port, tls, banner, client_timeout_s, most))
+
+
+async def _run(
+    app: web.Application,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    banner: str,
+    client_timeout_s: float,
+    max_connections: int,
+) -> None:
+    """Serve `app` until SIGTERM or SIGINT: a connection without a whole request line and
+    headers within `client_timeout_s` is cut, and one past `max_connections` closed."""
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=client_timeout_s
     )
+    await runner.setup()
+    cap_connections(runner, max_connections)
+    site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=tls)
+    await site.start()
+    print(banner, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

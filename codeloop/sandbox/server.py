@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import read_body_within, read_token, require_token
+from codeloop.auth import cap_connections, read_body_within, read_token, require_token
 from codeloop.config import SandboxConfig
 from codeloop.net import server_tls
 from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
@@ -182,6 +182,7 @@ async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
         app, access_log=None, handle_signals=False, keepalive_timeout=cfg.client_timeout_s
     )
     await runner.setup()
+    cap_connections(runner, cfg.max_connections)
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, ssl_context=tls)
     await site.start()
     log.info(
