@@ -255,6 +255,21 @@ def _cut_after(url: str, partial: bytes, limit_s: float) -> tuple[bytes, float]:
     return got, time.monotonic() - began
 
 
+def _serving(
+    server: str, tmp_path: Any, codeloop_serve: Any, sandbox_serve: Any, *options: str
+) -> Any:
+    """A fresh server started with `options`: `codeloop serve` of a tiny model saved in
+    `tmp_path` ("inference"), or `codeloop sandbox serve` ("sandbox")."""
+    if server == "sandbox":
+        return sandbox_serve(*options)
+    from codeloop.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
+    tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    return codeloop_serve(tmp_path, *options)
+
+
 @pytest.mark.parametrize("server", ["inference", "sandbox"])
 def test_slow_clients_are_cut_off_at_the_stated_limit(
     server: str, tmp_path: Any, codeloop_serve: Any, sandbox_serve: Any
@@ -262,17 +277,8 @@ def test_slow_clients_are_cut_off_at_the_stated_limit(
     """With `--client-timeout 2`: a connection that sends nothing, one stuck in its headers and
     one stuck in its body are each closed after about 2 s (the body's after a 408), whatever
     the machine's speed within 40 s; a whole request is still served after them."""
-    from codeloop.data.tokenizer import train_tokenizer
-
     options = ("--client-timeout", "2")
-    if server == "inference":
-        tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
-        tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(tmp_path)
-        tokenizer.save_pretrained(tmp_path)
-        serving = codeloop_serve(tmp_path, *options)
-    else:
-        serving = sandbox_serve(*options)
-    with serving as url:
+    with _serving(server, tmp_path, codeloop_serve, sandbox_serve, *options) as url:
         head = b"POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
         partials = [b"", head, head + b"\r\n{"]
         if server == "inference":  # a push of weights that stalls
@@ -303,16 +309,7 @@ def test_connections_past_the_cap_are_closed_and_the_others_served(
     import time
 
     options = ("--max-connections", "4")
-    if server == "inference":
-        from codeloop.data.tokenizer import train_tokenizer
-
-        tokenizer = train_tokenizer(["1 + 1 = 2, print(x)"] * 20, vocab_size=300)
-        tiny_model(len(tokenizer), hidden_size=16, layers=1, heads=2).save_pretrained(tmp_path)
-        tokenizer.save_pretrained(tmp_path)
-        serving = codeloop_serve(tmp_path, *options)
-    else:
-        serving = sandbox_serve(*options)
-    with serving as url:
+    with _serving(server, tmp_path, codeloop_serve, sandbox_serve, *options) as url:
         where = urllib.parse.urlsplit(url)
         held = [socket.create_connection((where.hostname, where.port)) for _ in range(5)]
         try:
