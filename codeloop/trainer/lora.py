@@ -17,6 +17,7 @@ trainer:
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,24 @@ def merged_state(model: Any) -> dict[str, torch.Tensor]:
         return dict(model.state_dict())
     state = base_state(model)
     return state | merged(state, adapter_state(model), found.scaling)
+
+
+def plain_copy(model: Any) -> Any:
+    """A copy of `model` without adapters, its weights merged: the model an in-process engine
+    samples with (a model without adapters is copied as it is)."""
+    copied = copy.deepcopy(model)
+    found = attached(model)
+    if found is None:
+        return copied
+    for name in _layers(copied):  # each adapted layer back to the linear layer it wraps
+        parent, _, child = name.rpartition(".")
+        holder = copied.get_submodule(parent)
+        setattr(holder, child, getattr(holder, child).base_layer)
+    for extra in ("_codeloop_lora", "peft_config"):
+        if extra in vars(copied):
+            delattr(copied, extra)
+    copied.load_state_dict(merged_state(model))
+    return copied
 
 
 def write_policy(directory: str | Path, model: Any, fmt: PromptFormat) -> None:

@@ -10,7 +10,6 @@ receives it; `agent` makes the `Agent` a rollout runs through.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import ToolExecutor
+from codeloop.trainer import lora
 from codeloop.trainer.distributed import World
 from codeloop.trainer.weights import EngineSink, ReloadCheck, ServerSink, WeightSink
 
@@ -110,7 +110,7 @@ def local_engine(cfg: Config, model: Any, fmt: PromptFormat, world: World) -> Tr
     """The in-process engine `cfg.rollout` describes, sampling with a copy of `model` in the
     compute dtype on this rank's device; its KV slots are planned for the response budget now
     (one that cannot fit is refused here, before any step)."""
-    copied = copy.deepcopy(model).to(world.device, world.compute_dtype)
+    copied = lora.plain_copy(model).to(world.device, world.compute_dtype)  # adapters merged
     longest = max(cfg.rollout.max_response_tokens, cfg.eval.max_response_tokens)
     return engine_from_config(copied, fmt.tokenizer, cfg.rollout, longest_response=longest)
 

@@ -103,6 +103,24 @@ def test_stages_run_in_order_and_a_rerun_skips_finished_ones(
 
 
 @pytest.mark.slow
+def test_a_lora_recipe_trains_one_set_of_adapters_through_its_stages(
+    fmt: PromptFormat, tmp_path: Path
+) -> None:
+    """Each stage samples with its own engine, a plain copy with the adapters merged; each
+    checkpoints the adapters alone; a rerun loads the finished stages' adapters onto the same
+    base and runs nothing."""
+    cfg = _config(tmp_path)
+    cfg.trainer.lora.rank, cfg.recipe.stages = 2, cfg.recipe.stages[:2]
+    summaries = _recipe(fmt, cfg)
+    assert [s["stage"] for s in summaries] == ["short", "longer"]
+    for stage in ("1-short", "2-longer"):
+        saved = sorted((tmp_path / stage / "checkpoints").glob("step_*"))[-1] / "model"
+        assert (saved / "adapter_model.safetensors").is_file()
+        assert not (saved / "model.safetensors").exists()
+    assert _recipe(fmt, cfg) == summaries
+
+
+@pytest.mark.slow
 def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
     fmt: PromptFormat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
