@@ -29,6 +29,7 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 BASE_RECORD = "codeloop_lora.json"  # beside them: the base model's path and fingerprint
 PEFT_PREFIX = "base_model.model."  # peft's names for an adapter's tensors start with it
 SAMPLED = 4096  # values of each tensor a fingerprint reads
+ADAPTER = "default"  # peft's name for the one adapter
 
 
 def fingerprint(state: Mapping[str, torch.Tensor]) -> str:
@@ -183,3 +184,39 @@ def merge_into(model: Any, path: str | Path) -> None:
     with torch.no_grad():
         for name, weight in merged(state, adapter, record["scaling"]).items():
             state[name].copy_(weight)
+
+
+def adapted_layers(model: Any) -> dict[str, Any]:
+    """The adapted layers of `model`, by module name."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "lora_A") and ADAPTER in getattr(module, "lora_A", {})
+    }
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    """The adapters: `M.lora_A.weight` (rank, in) and `M.lora_B.weight` (out, rank) of every
+    adapted module `M`, named as in the plain model."""
+    state = {}
+    for name, layer in adapted_layers(model).items():
+        state[f"{name}.lora_A.weight"] = layer.lora_A[ADAPTER].weight.detach()
+        state[f"{name}.lora_B.weight"] = layer.lora_B[ADAPTER].weight.detach()
+    return state
+
+
+def write_policy(directory: str | Path, model: Any, fmt: Any) -> None:
+    """A LoRA policy into `directory`: peft's adapter files, the base's path and fingerprint,
+    the tokenizer and the prompt format (see the module docstring)."""
+    from safetensors.torch import save_file
+
+    found = getattr(model, "_codeloop_lora", None)
+    assert found is not None, "write_policy needs a model with adapters"
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+    tensors = {PEFT_PREFIX + k: v.contiguous().cpu() for k, v in adapter_state(model).items()}
+    save_file(tensors, str(where / ADAPTER_WEIGHTS))
+    found.config.save_pretrained(str(where))
+    record = {"base": found.base, "fingerprint": found.fingerprint}
+    (where / BASE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    fmt.save_pretrained(where)

@@ -60,8 +60,8 @@ def check_source(name_or_path: str, what: str = "model") -> None:
     if path.is_dir():
         if what == "model" and not any((path / f).is_file() for f in MODEL_FILES):
             raise ModelError(
-                f"{what} {name_or_path!r}: no model there (no config.json, and no LoRA "
-                "adapter_config.json)"
+                f"{what} {name_or_path!r}: no model there (no config.json) and no LoRA policy "
+                "(no adapter_config.json)"
             )
         if what == "tokenizer" and not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelError(

@@ -49,9 +49,9 @@ class Policy:
         """The weights (`weights`: a full state dict gathered from a sharded model, else the
         model's own), the tokenizer and the prompt format into `directory`; a model with LoRA
         adapters writes a LoRA policy (`trainer/lora.py`: the adapters and its base's path)."""
-        from codeloop.trainer.lora import attached, write_policy
+        from codeloop.engine.adapter import write_policy
 
-        if attached(self.model) is not None:
+        if getattr(self.model, "_codeloop_lora", None) is not None:
             write_policy(directory, self.model, self.fmt)
             return
         self.model.save_pretrained(directory, state_dict=weights)

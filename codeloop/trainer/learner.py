@@ -35,6 +35,7 @@ import torch
 
 from codeloop.algo.loss import LOSSES, behaviour_weights
 from codeloop.config import Config, ConfigError
+from codeloop.engine.adapter import adapter_state
 from codeloop.memory import trim_when_above
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
@@ -206,7 +207,7 @@ class Learner:
 
     def adapter(self) -> dict[str, torch.Tensor]:
         """The LoRA adapters (`lora.adapter_state`); empty when training the full weights."""
-        return lora.adapter_state(self.model) if self.lora is not None else {}
+        return adapter_state(self.model) if self.lora is not None else {}
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimiser's and the learning-rate schedule's state (what a recipe stage carries

@@ -18,7 +18,6 @@ trainer:
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,19 +26,16 @@ import torch
 
 from codeloop.config import ConfigError, LoraConfig
 from codeloop.engine.adapter import (
-    ADAPTER_WEIGHTS,
+    ADAPTER,
     BASE,
-    BASE_RECORD,
-    PEFT_PREFIX,
     SCALING,
+    adapted_layers,
+    adapter_state,
     fingerprint,
     is_adapter_dir,
     merged,
     read_adapter,
 )
-from codeloop.rollout.prompt import PromptFormat
-
-ADAPTER = "default"  # peft's name for the one adapter
 
 
 @dataclass(frozen=True)
@@ -105,25 +101,6 @@ def attach(model: Any, settings: LoraConfig) -> Any:
     return model
 
 
-def _layers(model: Any) -> dict[str, Any]:
-    """The adapted layers of `model`, by module name."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if hasattr(module, "lora_A") and ADAPTER in getattr(module, "lora_A", {})
-    }
-
-
-def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters: `M.lora_A.weight` (rank, in) and `M.lora_B.weight` (out, rank) of every
-    adapted module `M`, named as in the plain model."""
-    state = {}
-    for name, layer in _layers(model).items():
-        state[f"{name}.lora_A.weight"] = layer.lora_A[ADAPTER].weight.detach()
-        state[f"{name}.lora_B.weight"] = layer.lora_B[ADAPTER].weight.detach()
-    return state
-
-
 def base_state(model: Any) -> dict[str, torch.Tensor]:
     """The frozen base weights, named as in the plain model."""
     return {
@@ -151,7 +128,7 @@ def plain_copy(model: Any) -> Any:
     found = attached(model)
     if found is None:
         return copied
-    for name in _layers(copied):  # each adapted layer back to the linear layer it wraps
+    for name in adapted_layers(copied):  # each adapted layer back to the linear layer it wraps
         parent, _, child = name.rpartition(".")
         holder = copied.get_submodule(parent)
         setattr(holder, child, getattr(holder, child).base_layer)
@@ -160,23 +137,6 @@ def plain_copy(model: Any) -> Any:
             delattr(copied, extra)
     copied.load_state_dict(merged_state(model))
     return copied
-
-
-def write_policy(directory: str | Path, model: Any, fmt: PromptFormat) -> None:
-    """A LoRA policy into `directory`: peft's adapter files, the base's path and fingerprint,
-    the tokenizer and the prompt format (see the module docstring)."""
-    from safetensors.torch import save_file
-
-    found = attached(model)
-    assert found is not None, "write_policy needs a model with adapters"
-    where = Path(directory)
-    where.mkdir(parents=True, exist_ok=True)
-    tensors = {PEFT_PREFIX + k: v.contiguous().cpu() for k, v in adapter_state(model).items()}
-    save_file(tensors, str(where / ADAPTER_WEIGHTS))
-    found.config.save_pretrained(str(where))
-    record = {"base": found.base, "fingerprint": found.fingerprint}
-    (where / BASE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    fmt.save_pretrained(where)
 
 
 @torch.no_grad()
