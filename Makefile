@@ -6,9 +6,9 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# The suite runs in two processes (pytest-xdist), a test file in one of them; PYTEST_PARALLEL=
-# runs it in one.
-PYTEST_PARALLEL ?= -n 2 --dist loadfile
+# The suite runs in two processes (pytest-xdist), a test file in one of them, the files with
+# slow tests first (tests/conftest.py); PYTEST_PARALLEL= runs it in one.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 BIN := $(VENV)/bin
 
 .PHONY: demo real test test-fast lint clean chromium torch bench-gpu mutate

@@ -190,7 +190,10 @@ def _rollouts(
     report.update(_smollm2_figures(file))
     for shape in SHAPES:
         file = work / f"rollout-{shape}.json"
-        sizes = [*DRY_ROLLOUT, "--layers", "1"] if args.dry_run else GPU_ROLLOUT + SHAPE_SIZES
+        # a dry run's shapes: one layer, and generate alone beside the engine (SmolLM2's step
+        # has run the static baseline)
+        dry = [*DRY_ROLLOUT, "--layers", "1", "--baselines", "generate"]
+        sizes = dry if args.dry_run else GPU_ROLLOUT + SHAPE_SIZES
         _run(
             Step(
                 f"rollout {shape}",

@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
+import importlib
 import json
 import logging
 import random
@@ -498,8 +500,7 @@ def _shaped(shape: str, args: argparse.Namespace) -> tuple[Any, PromptFormat, st
         config = Qwen2Config(
             vocab_size=QWEN_VOCAB, tie_word_embeddings=True, rope_parameters=rope, **dims
         )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float().eval()
+    model = _drawn(AutoModelForCausalLM, config).eval()
     try:
         from codeloop.data.pretrained import PretrainedError, smollm2
 
@@ -510,6 +511,29 @@ def _shaped(shape: str, args: argparse.Namespace) -> tuple[Any, PromptFormat, st
         fmt = PromptFormat(train_tokenizer(["What is 123 + 456? print(123 + 456)"] * 50, 300))
     layers = dims["num_hidden_layers"]
     return model, fmt, f"{shape} shape, random weights ({layers} layers)"
+
+
+def _drawn(auto: Any, config: Any) -> Any:
+    """`auto.from_config(config)` in float32, tied as the config says, each weight matrix drawn
+    once from a uniform of the config's standard deviation, biases zero: the constructors' own
+    initialisation (torch's, then transformers' normal draws) passes over every weight twice,
+    tens of seconds for a 1.5B shape on a CPU."""
+    try:
+        skipped: Any = importlib.import_module("transformers.initialization").no_init_weights
+    except (ImportError, AttributeError):  # transformers 4: its draws run too, then ours
+        skipped = contextlib.nullcontext
+    torch.manual_seed(0)
+    with skipped():
+        model = auto.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # skipped with the initialisation: the output layer is the embedding
+    bound = config.initializer_range * 3**0.5  # a uniform on [-b, b] has deviation b / sqrt(3)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.dim() >= 2:
+                weight.uniform_(-bound, bound)
+            elif name.endswith("bias"):
+                weight.zero_()
+    return model
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, PromptFormat, str]:
