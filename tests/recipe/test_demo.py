@@ -43,8 +43,8 @@ OVERRIDES = [
     "--sandbox.workers=1",
     "--recipe.stages.2.refilter_samples=1",
     "--recipe.stages.2.refilter_max_pass_rate=1.0",
-    # a budget of 64 tokens everywhere: a tiny policy's responses run to their budget, and a
-    # step of the engine's costs the same at any length, so this bounds the tests' time
+    # a budget of 64 tokens everywhere: a tiny policy's responses run to their budget, and
+    # decoding them is most of a run's time, so the budget bounds the tests' time
     "--rollout.max_response_tokens=64",
     *(f'--recipe.stages.{i}.overrides={{"rollout.max_response_tokens" = 64}}' for i in range(3)),
 ]
