@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from codeloop import __version__
 from codeloop.config import (
     Config,
+    ConfigError,
     apply_overrides,
     apply_policy_settings,
     load_config,
@@ -157,10 +158,11 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16"),
+        choices=("auto", "native", "float32", "bfloat16"),
         default="auto",
-        help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU "
-        "(bfloat16 decodes ~1.8x faster on CPUs with AMX-BF16)",
+        help="the weights' dtype: auto = bfloat16 on a GPU, float32 on a CPU; native = "
+        "bfloat16 on a GPU and on CPUs with bfloat16 instructions (it decodes ~1.8x faster "
+        "on CPUs with AMX-BF16, ~8x slower on CPUs without)",
     )
     serve.add_argument(
         "--token-file",
@@ -597,10 +599,16 @@ def _real(args: argparse.Namespace) -> int:
 
     from codeloop.engine.model import require_cuda
     from codeloop.recipe.real import main
-    from codeloop.recipe.sizes import CPU_CONFIG, GPU_CONFIG, GPU_MINUTES, GPU_SIZES, Sizes
+    from codeloop.recipe.sizes import GPU_CONFIG, GPU_MINUTES, GPU_SIZES, MODEL_RECIPES
 
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
+        if args.model != "smollm2":
+            raise ConfigError(
+                f"--gpu: the recipe for one GPU is SmolLM2's; for {args.model} give --config "
+                "and the sizes"
+            )
+    cpu_config, cpu_sizes = MODEL_RECIPES[args.model]
 
     given = {
         name: getattr(args, name)
@@ -615,11 +623,14 @@ def _real(args: argparse.Namespace) -> int:
     }
     given["eval_every_stage"] = args.eval_every_stage or None
     sizes = replace(
-        GPU_SIZES if args.gpu else Sizes(), **{k: v for k, v in given.items() if v is not None}
+        GPU_SIZES if args.gpu else cpu_sizes, **{k: v for k, v in given.items() if v is not None}
     )
-    config = args.config or (GPU_CONFIG if args.gpu else CPU_CONFIG)
+    config = args.config or (GPU_CONFIG if args.gpu else cpu_config)
     minutes = args.time_limit if args.time_limit is not None else GPU_MINUTES if args.gpu else 0.0
-    return main(config, _with_out(args), sizes, minutes)
+    overrides = _with_out(args)
+    if args.config and args.model != "smollm2":  # the model named, in the config given
+        overrides = [f"--trainer.model={args.model}", *overrides]
+    return main(config, overrides, sizes, minutes)
 
 
 def _docs(args: argparse.Namespace) -> int:
@@ -648,9 +659,20 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
     )
+    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, MODEL_RECIPES, Sizes
+
+    real.add_argument(
+        "--model",
+        choices=list(MODEL_RECIPES),
+        default="smollm2",
+        help="the packaged model and its recipe: smollm2 (SmolLM2-135M-Instruct, the real "
+        "extra) or gemma3-270m (Gemma 3 270M base, the gemma3 extra; "
+        "configs/gsm8k_gemma3.toml and its sizes) (default smollm2)",
+    )
     real.add_argument(
         "--config",
-        help="default configs/gsm8k_smollm2.toml, or with --gpu configs/gsm8k_smollm2_gpu.toml",
+        help="default configs/gsm8k_smollm2.toml (gsm8k_gemma3.toml with --model gemma3-270m), "
+        "or with --gpu configs/gsm8k_smollm2_gpu.toml",
     )
     real.add_argument(
         "--out",
@@ -663,8 +685,6 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="the recipe sized for one GPU: "
         "configs/gsm8k_smollm2_gpu.toml and each size's GPU default",
     )
-    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, Sizes
-
     real.add_argument(
         "--time-limit",
         type=float,
@@ -689,7 +709,10 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         ),
     ):
         field = name.replace("-", "_")
-        defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu)"
+        gemma3 = getattr(MODEL_RECIPES["gemma3-270m"][1], field)
+        defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu" + (
+            f"; {gemma3} with --model gemma3-270m)" if gemma3 != getattr(cpu, field) else ")"
+        )
         real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
     real.add_argument(
         "--eval-every-stage",

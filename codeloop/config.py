@@ -340,11 +340,13 @@ class TrainerConfig:
     recompute_old_logprobs: bool = knob(
         False, "Recompute old logprobs with the trainer instead of using the engine's."
     )
-    dtype: Literal["auto", "float32", "bfloat16"] = knob(
+    dtype: Literal["auto", "native", "float32", "bfloat16"] = knob(
         "auto",
         "Compute dtype of training passes (autocast; FSDP2 all-gathers) and of the in-process "
-        "engine and evaluated models; auto = bfloat16 on CUDA, float32 on CPU (a CPU with "
-        "AMX-BF16 runs bfloat16 matmuls ~7x faster than float32: set it there). Trained "
+        "engine and evaluated models; auto = bfloat16 on CUDA, float32 on CPU; native = "
+        "bfloat16 on CUDA and on CPUs with bfloat16 instructions (AVX512-BF16, AMX-BF16: "
+        "bfloat16 matmuls up to ~7x faster than float32), float32 on other CPUs (where "
+        "bfloat16 runs ~8x slower). Trained "
         "parameters, gradients and AdamW states stay float32: a step of lr 1e-6 is below "
         "bfloat16's resolution.",
     )

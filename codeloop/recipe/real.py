@@ -1,7 +1,8 @@
 """`codeloop real`: a real pretrained model learns GSM8K with the Python tool, end to end.
 
-1. The model: `trainer.model` in the config, or SmolLM2-135M-Instruct imported from the GGUF
-   file of the `real` extra when it is empty (`data/pretrained.py`).
+1. The model: `trainer.model` in the config: a directory, or a packaged model's name
+   (`data/pretrained.py`: `gemma3-270m`, or SmolLM2-135M-Instruct when it is empty) imported
+   from its GGUF file on first use.
 2. Data: GSM8K's training split in its original format (`data.train`; empty: the copy packaged
    with codeloop, `codeloop/data/gsm8k/train.jsonl`, MIT, OpenAI 2021); a development split
    (`Sizes.dev` problems, drawn with `trainer.seed`) is carved out first and never trained on.
@@ -40,11 +41,12 @@ from typing import Any
 import torch
 
 from codeloop.config import Config, ConfigError, eval_rollout_config, load_config
+from codeloop.data.pretrained import PACKAGED, packaged
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.files import write_atomic
 from codeloop.intervals import compare, verdict
-from codeloop.memory import trim_when_above
+from codeloop.memory import total_bytes, trim_when_above
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
@@ -78,6 +80,49 @@ def disk_warning(run_dir: Path, needed: int) -> str | None:
         f"codeloop real: {free / 1e9:.1f} GB free under {existing}, and a run takes up to "
         f"{needed / 1e9:.1f} GB (checkpoints with the optimiser's state, the two policies): "
         f"it may stop with 'No space left on device'"
+    )
+
+
+LOGITS_COPIES = 4  # float32 [tokens, vocabulary] tensors of a training pass: the output
+# layer's, log-softmax's and the gradients of both (the output layer's share of the FLOPs and
+# of the memory grows with the vocabulary: 49,152 for SmolLM2, 262,144 for Gemma 3)
+ACTIVATION_WIDTHS = 16  # hidden-sized float32 tensors a layer keeps for backward, a token (and
+# 4 intermediate-sized ones): by this count 8,192-token micro-batches take SmolLM2 to ~24 GB,
+# where they were seen past 20 GB
+
+
+def memory_plan(config: Any, parameters: int, cfg: Config) -> dict[str, int]:
+    """Bytes of what a run holds at its peak, for a model of `config` (a transformers config)
+    with `parameters`: the float32 weights, their gradients and AdamW's two moments; the SFT
+    weights kept to score the trained problems; the logits and the activations of the larger
+    micro-batch (`trainer.micro_batch_tokens`, `sft.micro_batch_tokens`); an evaluation's KV
+    cache (EVAL_KV_TOKENS)."""
+    tokens = max(cfg.trainer.micro_batch_tokens, cfg.sft.micro_batch_tokens)
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_layer = ACTIVATION_WIDTHS * hidden + 4 * config.intermediate_size
+    return {
+        "weights and AdamW": 16 * parameters,
+        "SFT weights": 4 * parameters,
+        "logits": LOGITS_COPIES * 4 * config.vocab_size * tokens,
+        "activations": 4 * per_layer * layers * tokens,
+        "KV cache": EVAL_KV_TOKENS * 2 * layers * kv_heads * head_dim * 4,
+    }
+
+
+def memory_line(plan: dict[str, int], total: int) -> tuple[str, bool]:
+    """The plan in one line against the machine's `total` memory, and whether it fits."""
+    need = sum(plan.values())
+    parts = ", ".join(f"{name} {size / 2**30:.1f}" for name, size in plan.items())
+    line = f"memory: about {need / 2**30:.1f} GiB at the peak ({parts}) of {total / 2**30:.1f} GiB"
+    if not total or need <= total:
+        return line, True
+    return (
+        f"{line}: it will not fit; lower trainer.micro_batch_tokens and sft.micro_batch_tokens "
+        "(the logits and activations grow with them)",
+        False,
     )
 
 
@@ -200,14 +245,14 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     start = time.perf_counter()
     end = start + 60 * minutes if minutes else None
     run_dir = Path(cfg.trainer.output_dir)
-    if not cfg.trainer.model:
-        from codeloop.data.pretrained import smollm2
-
-        cfg.trainer.model = str(smollm2())
+    if not cfg.trainer.model or cfg.trainer.model in PACKAGED:  # imported on first use
+        cfg.trainer.model = str(packaged(cfg.trainer.model or "smollm2")())
     train, dev = _splits(cfg, run_dir, sizes)
     pretrained = Policy.load(cfg.trainer.model, cfg)
     model, fmt = pretrained.model, pretrained.fmt
     parameters = sum(p.numel() for p in model.parameters())
+    line, fits = memory_line(memory_plan(model.config, parameters, cfg), total_bytes())
+    print(line, file=sys.stdout if fits else sys.stderr, flush=True)
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
     if warning := disk_warning(run_dir, needed):
         print(warning, file=sys.stderr, flush=True)

@@ -42,3 +42,9 @@ GPU_SIZES = Sizes(
     trained_samples=4,
 )
 GPU_MINUTES = 9.0  # the GPU recipe's time limit (`codeloop real --time-limit`)
+
+# `codeloop real --model NAME`: the packaged models (`data/pretrained.py`), each with the config
+# and the CPU sizes of its recipe
+GEMMA3_CONFIG = "configs/gsm8k_gemma3.toml"
+GEMMA3_SIZES = Sizes(dev=500, eval_problems=300, sft_problems=600, rl_problems=80)
+MODEL_RECIPES = {"smollm2": (CPU_CONFIG, Sizes()), "gemma3-270m": (GEMMA3_CONFIG, GEMMA3_SIZES)}

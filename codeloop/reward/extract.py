@@ -37,7 +37,8 @@ class Extraction:
     reason: Reason
 
 
-_SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_end|>, <|eot_id|>: markup, not text
+# <|im_end|>, <|eot_id|>, Gemma's <end_of_turn>: markup, not text
+_SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|<(?:start|end)_of_turn>")
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
 _BOX = re.compile(r"\\(?:boxed|fbox)\b\s*")
 # "the answer is X", "Final Answer: The final answer is $X$. I hope it is correct." (the
@@ -52,8 +53,9 @@ _PHRASE = re.compile(
 
 def strip_tool_output(text: str) -> str:
     """The text with every tool response (closed, or cut off at the end) and every special
-    token (`<|im_end|>`, which a decoded trajectory holds at the end of each turn) removed."""
-    if "<|" in text:
+    token (`<|im_end|>`, `<end_of_turn>`: a decoded trajectory holds one at the end of each
+    turn) removed."""
+    if "<|" in text or "_of_turn>" in text:
         text = _SPECIAL_TOKEN.sub("\n", text)
     return _TOOL_RESPONSE.sub("", text) if "<tool_response>" in text else text
 

@@ -17,7 +17,7 @@ from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
 from codeloop.eval.evaluate import problem_result
 from codeloop.eval.evaluate import summary as eval_summary
-from codeloop.recipe.real import disk_needed, disk_warning, run_real
+from codeloop.recipe.real import disk_needed, disk_warning, memory_line, memory_plan, run_real
 from codeloop.recipe.sizes import Sizes
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
@@ -349,6 +349,80 @@ def test_real_gpu_takes_the_gpu_config_and_sizes(monkeypatch: pytest.MonkeyPatch
     assert cpu_config == "configs/gsm8k_smollm2.toml" and cpu == Sizes()
     # the GPU recipe's SFT and RL problems fit in GSM8K's 7,473 outside the development split
     assert gpu.dev + gpu.sft_problems + 600 <= 7473
+
+
+def test_real_model_takes_the_packaged_models_config_and_sizes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codeloop import cli
+    from codeloop.recipe import real
+    from codeloop.recipe.sizes import GEMMA3_SIZES
+
+    calls: list[tuple[str, list[str], Sizes]] = []
+    monkeypatch.setattr(real, "main", lambda c, o, s, m: calls.append((c, o, s)) or 0)
+    assert cli.main(["real", "--model", "gemma3-270m", "--dev", "100"]) == 0
+    assert cli.main(["real", "--model", "gemma3-270m", "--config", "mine.toml"]) == 0
+    assert calls[0] == ("configs/gsm8k_gemma3.toml", [], replace(GEMMA3_SIZES, dev=100))
+    assert calls[1] == ("mine.toml", ["--trainer.model=gemma3-270m"], GEMMA3_SIZES)
+    cfg = load_config("configs/gsm8k_gemma3.toml")
+    assert cfg.trainer.model == "gemma3-270m"  # imported on first use by run_real
+    assert cfg.rollout.chat_template.endswith("gemma_chat_template.jinja")
+    with pytest.raises(SystemExit):
+        cli.main(["real", "--model", "gemma-7b"])
+    assert "invalid choice: 'gemma-7b'" in capsys.readouterr().err
+
+
+def test_the_memory_plan_counts_state_logits_activations_and_the_kv_cache() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
+    cfg = load_config(
+        None, ["--trainer.micro_batch_tokens", "100", "--sft.micro_batch_tokens", "200"]
+    )
+    plan = memory_plan(config, 10_000, cfg)
+    assert plan == {
+        "weights and AdamW": 160_000,  # 4 + 4 + 8 bytes a parameter
+        "SFT weights": 40_000,
+        "logits": 4 * 4 * 1000 * 200,  # four float32 copies of the larger micro-batch's
+        "activations": 4 * (16 * 64 + 4 * 128) * 2 * 200,
+        "KV cache": 32768 * 2 * 2 * 2 * 16 * 4,  # K and V, 2 layers, 2 heads of 16, float32
+    }
+    need = sum(plan.values())
+    line, fits = memory_line(plan, need)
+    assert fits and line.startswith("memory: about 0.0 GiB at the peak (weights and AdamW 0.0")
+    line, fits = memory_line(plan, need - 1)
+    assert not fits and "will not fit; lower trainer.micro_batch_tokens" in line
+
+
+def test_gemma3_s_recipe_is_planned_to_fit_in_24_gib() -> None:
+    """Gemma 3 270M (268M parameters, 18 layers of width 640, a 262,144-token vocabulary) at
+    its recipe's micro-batches; 4,096-token ones (SmolLM2's) would not fit."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=262_144,
+    )
+    cfg = load_config("configs/gsm8k_gemma3.toml")
+    plan = memory_plan(config, 268_098_176, cfg)
+    assert sum(plan.values()) < 20 * 2**30
+    bigger = load_config(
+        "configs/gsm8k_gemma3.toml",
+        ["--trainer.micro_batch_tokens", "4096", "--sft.micro_batch_tokens", "4096"],
+    )
+    assert not memory_line(memory_plan(config, 268_098_176, bigger), 24 * 2**30)[1]
 
 
 def test_the_gpu_config_loads_with_the_engines_slots() -> None:
