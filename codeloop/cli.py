@@ -608,7 +608,7 @@ def _real(args: argparse.Namespace) -> int:
                 f"--gpu: the recipe for one GPU is SmolLM2's; for {args.model} give --config "
                 "and the sizes"
             )
-    cpu_config, cpu_sizes = MODEL_RECIPES[args.model]
+    cpu_config, cpu_sizes, cpu_minutes = MODEL_RECIPES[args.model]
 
     given = {
         name: getattr(args, name)
@@ -626,7 +626,9 @@ def _real(args: argparse.Namespace) -> int:
         GPU_SIZES if args.gpu else cpu_sizes, **{k: v for k, v in given.items() if v is not None}
     )
     config = args.config or (GPU_CONFIG if args.gpu else cpu_config)
-    minutes = args.time_limit if args.time_limit is not None else GPU_MINUTES if args.gpu else 0.0
+    minutes = args.time_limit
+    if minutes is None:
+        minutes = GPU_MINUTES if args.gpu else cpu_minutes
     overrides = _with_out(args)
     if args.config and args.model != "smollm2":  # the model named, in the config given
         overrides = [f"--trainer.model={args.model}", *overrides]
@@ -692,7 +694,8 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="no RL step starts that would leave too little time for the last "
         "evaluation: the policy where RL stopped is scored, and a rerun "
         "goes on (default none; "
-        f"{GPU_MINUTES:g} with --gpu; 0: none)",
+        f"{GPU_MINUTES:g} with --gpu; {MODEL_RECIPES['gemma3-270m'][2]:g} with --model "
+        "gemma3-270m; 0: none)",
     )
 
     cpu = Sizes()

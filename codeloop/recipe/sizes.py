@@ -43,8 +43,15 @@ GPU_SIZES = Sizes(
 )
 GPU_MINUTES = 9.0  # the GPU recipe's time limit (`codeloop real --time-limit`)
 
-# `codeloop real --model NAME`: the packaged models (`data/pretrained.py`), each with the config
-# and the CPU sizes of its recipe
+# `codeloop real --model NAME`: the packaged models (`data/pretrained.py`), each with the config,
+# the CPU sizes and the CPU time limit of its recipe (minutes; 0: none). Gemma 3 270M costs
+# twice SmolLM2's compute a token (536 against 270 MFLOP; its output layer is two thirds of it):
+# fewer SFT solutions and development problems, fewer problems screened, and a limit that stops
+# RL where the last evaluation still fits in 90 minutes on two cores.
 GEMMA3_CONFIG = "configs/gsm8k_gemma3.toml"
-GEMMA3_SIZES = Sizes(dev=500, eval_problems=300, sft_problems=600, rl_problems=80)
-MODEL_RECIPES = {"smollm2": (CPU_CONFIG, Sizes()), "gemma3-270m": (GEMMA3_CONFIG, GEMMA3_SIZES)}
+GEMMA3_SIZES = Sizes(dev=500, eval_problems=250, sft_problems=400, rl_problems=80)
+GEMMA3_MINUTES = 85.0
+MODEL_RECIPES = {
+    "smollm2": (CPU_CONFIG, Sizes(), 0.0),
+    "gemma3-270m": (GEMMA3_CONFIG, GEMMA3_SIZES, GEMMA3_MINUTES),
+}

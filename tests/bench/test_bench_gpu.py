@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from codeloop.bench.gpu import Step, _pytest_counts, _recipe_figures, _run, markdown
+from codeloop.bench.gpu import (
+    Step,
+    _pytest_counts,
+    _recipe_figures,
+    _run,
+    gpu_test_files,
+    markdown,
+)
 
 REQUIRED = (
     "date",
@@ -205,3 +212,14 @@ def test_rollouts_without_the_recipe_share_its_time() -> None:
     assert rollout_cap("rollout smollm2", 540.0, 3) == 180.0
     # little left: the cap still holds (the deadline cuts the step short anyway)
     assert rollout_cap("rollout qwen2.5-1.5b", 30.0, 1) == CAPS_S["rollout qwen2.5-1.5b"]
+
+
+def test_the_gpu_step_collects_the_files_that_mark_gpu_tests_alone(tmp_path: Path) -> None:
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "test_card.py").write_text("@pytest.mark.gpu\ndef test_a(): ...\n")
+    (tmp_path / "test_cpu.py").write_text("def test_b(): ...\n")
+    (tmp_path / "gpu_helpers.py").write_text("pytestmark = pytest.mark.gpu\n")  # not a test file
+    assert gpu_test_files(tmp_path) == [tmp_path / "engine" / "test_card.py"]
+    tests = Path(__file__).parents[1]
+    names = [f.relative_to(tests).as_posix() for f in gpu_test_files(tests)]
+    assert names == ["engine/test_slot_cache.py", "trainer/test_gpu.py"]

@@ -358,12 +358,12 @@ def test_real_model_takes_the_packaged_models_config_and_sizes(
     from codeloop.recipe import real
     from codeloop.recipe.sizes import GEMMA3_SIZES
 
-    calls: list[tuple[str, list[str], Sizes]] = []
-    monkeypatch.setattr(real, "main", lambda c, o, s, m: calls.append((c, o, s)) or 0)
+    calls: list[tuple[str, list[str], Sizes, float]] = []
+    monkeypatch.setattr(real, "main", lambda c, o, s, m: calls.append((c, o, s, m)) or 0)
     assert cli.main(["real", "--model", "gemma3-270m", "--dev", "100"]) == 0
-    assert cli.main(["real", "--model", "gemma3-270m", "--config", "mine.toml"]) == 0
-    assert calls[0] == ("configs/gsm8k_gemma3.toml", [], replace(GEMMA3_SIZES, dev=100))
-    assert calls[1] == ("mine.toml", ["--trainer.model=gemma3-270m"], GEMMA3_SIZES)
+    assert cli.main(["real", "--model=gemma3-270m", "--config=mine.toml", "--time-limit=0"]) == 0
+    gemma3 = ("configs/gsm8k_gemma3.toml", [], replace(GEMMA3_SIZES, dev=100), 85.0)
+    assert calls == [gemma3, ("mine.toml", ["--trainer.model=gemma3-270m"], GEMMA3_SIZES, 0.0)]
     cfg = load_config("configs/gsm8k_gemma3.toml")
     assert cfg.trainer.model == "gemma3-270m"  # imported on first use by run_real
     assert cfg.rollout.chat_template.endswith("gemma_chat_template.jinja")
