@@ -54,6 +54,12 @@ def test_tensorboard_hides_the_events_after_the_rewound_step(tmp_path: Path) -> 
     for step in (1, 2, 3):
         first.log(step, {"x": float(step)})
     first.close()
+    # A resumed run is a later process, so its event file sorts after the first run's (the name
+    # starts with the time in seconds). Within one second, one process's files sort by a
+    # counter as text ("10" before "9"): the first run's file is dated a second earlier.
+    for old in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+        stamp = old.name.split(".")[3]
+        old.rename(old.with_name(old.name.replace(stamp, f"{int(stamp) - 1:010d}", 1)))
     again = RunLogger(
         tmp_path, [TensorBoardSink(tmp_path)]
     )  # a resumed run: its checkpoint was step 1
