@@ -694,7 +694,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="no RL step starts that would leave too little time for the last "
         "evaluation: the policy where RL stopped is scored, and a rerun "
         "goes on (default none; "
-        f"{GPU_MINUTES:g} with --gpu; {MODEL_RECIPES['gemma3-270m'][2]:g} with --model "
+        f"{GPU_MINUTES:g} with --gpu; {MODEL_RECIPES['gemma3-270m'].minutes:g} with --model "
         "gemma3-270m; 0: none)",
     )
 
@@ -712,7 +712,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         ),
     ):
         field = name.replace("-", "_")
-        gemma3 = getattr(MODEL_RECIPES["gemma3-270m"][1], field)
+        gemma3 = getattr(MODEL_RECIPES["gemma3-270m"].sizes, field)
         defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu" + (
             f"; {gemma3} with --model gemma3-270m)" if gemma3 != getattr(cpu, field) else ")"
         )

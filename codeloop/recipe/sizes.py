@@ -4,6 +4,7 @@ command line's help reads these)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,22 @@ GPU_SIZES = Sizes(
 )
 GPU_MINUTES = 9.0  # the GPU recipe's time limit (`codeloop real --time-limit`)
 
+
+class ModelRecipe(NamedTuple):
+    """A packaged model's CPU recipe."""
+
+    config: str
+    sizes: Sizes
+    minutes: float  # `codeloop real --time-limit` (0: none)
+
+
 # `codeloop real --model NAME`: the packaged models (`data/pretrained.py`), each with the config,
 # the CPU sizes and the CPU time limit of its recipe (minutes; 0: none). Gemma 3 270M costs
 # twice SmolLM2's compute a token (536 against 270 MFLOP; its output layer is two thirds of it):
 # fewer SFT solutions and development problems, fewer problems screened, and a limit that stops
 # RL where the last evaluation still fits in 90 minutes on two cores.
-GEMMA3_CONFIG = "configs/gsm8k_gemma3.toml"
 GEMMA3_SIZES = Sizes(dev=500, eval_problems=250, sft_problems=400, rl_problems=80)
-GEMMA3_MINUTES = 85.0
 MODEL_RECIPES = {
-    "smollm2": (CPU_CONFIG, Sizes(), 0.0),
-    "gemma3-270m": (GEMMA3_CONFIG, GEMMA3_SIZES, GEMMA3_MINUTES),
+    "smollm2": ModelRecipe(CPU_CONFIG, Sizes(), 0.0),
+    "gemma3-270m": ModelRecipe("configs/gsm8k_gemma3.toml", GEMMA3_SIZES, 85.0),
 }
