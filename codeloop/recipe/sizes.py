@@ -58,7 +58,9 @@ class ModelRecipe(NamedTuple):
 # twice SmolLM2's compute a token (536 against 270 MFLOP; its output layer is two thirds of it):
 # fewer SFT solutions and development problems, fewer problems screened, and a limit that stops
 # RL where the last evaluation still fits in 90 minutes on two cores.
-GEMMA3_SIZES = Sizes(dev=500, eval_problems=250, sft_problems=400, rl_problems=80)
+GEMMA3_SIZES = Sizes(
+    dev=500, eval_problems=200, sft_problems=300, rl_problems=64, trained_samples=4
+)
 MODEL_RECIPES = {
     "smollm2": ModelRecipe(CPU_CONFIG, Sizes(), 0.0),
     "gemma3-270m": ModelRecipe("configs/gsm8k_gemma3.toml", GEMMA3_SIZES, 85.0),
