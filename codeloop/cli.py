@@ -599,8 +599,16 @@ def _real(args: argparse.Namespace) -> int:
 
     from codeloop.engine.model import require_cuda
     from codeloop.recipe.real import main
-    from codeloop.recipe.sizes import GPU_CONFIG, GPU_MINUTES, GPU_SIZES, MODEL_RECIPES
+    from codeloop.recipe.sizes import (
+        GPU_CONFIG,
+        GPU_MINUTES,
+        GPU_SIZES,
+        LONG_RECIPE,
+        MODEL_RECIPES,
+    )
 
+    if args.long and (args.gpu or args.model != "smollm2"):
+        raise ConfigError("--long: the long recipe is SmolLM2's on a CPU (no --gpu or --model)")
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
         if args.model != "smollm2":
@@ -608,7 +616,7 @@ def _real(args: argparse.Namespace) -> int:
                 f"--gpu: the recipe for one GPU is SmolLM2's; for {args.model} give --config "
                 "and the sizes"
             )
-    cpu_config, cpu_sizes, cpu_minutes = MODEL_RECIPES[args.model]
+    recipe = LONG_RECIPE if args.long else MODEL_RECIPES[args.model]
 
     given = {
         name: getattr(args, name)
@@ -623,13 +631,14 @@ def _real(args: argparse.Namespace) -> int:
     }
     given["eval_every_stage"] = args.eval_every_stage or None
     sizes = replace(
-        GPU_SIZES if args.gpu else cpu_sizes, **{k: v for k, v in given.items() if v is not None}
+        GPU_SIZES if args.gpu else recipe.sizes,
+        **{k: v for k, v in given.items() if v is not None},
     )
-    config = args.config or (GPU_CONFIG if args.gpu else cpu_config)
+    config = args.config or (GPU_CONFIG if args.gpu else recipe.config)
     minutes = args.time_limit
     if minutes is None:
-        minutes = GPU_MINUTES if args.gpu else cpu_minutes
-    overrides = _with_out(args)
+        minutes = GPU_MINUTES if args.gpu else recipe.minutes
+    overrides = [*recipe.overrides, *_with_out(args)]
     if args.config and args.model != "smollm2":  # the model named, in the config given
         overrides = [f"--trainer.model={args.model}", *overrides]
     return main(config, overrides, sizes, minutes)
@@ -661,7 +670,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
     )
-    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, MODEL_RECIPES, Sizes
+    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, LONG_RECIPE, MODEL_RECIPES, Sizes
 
     real.add_argument(
         "--model",
@@ -678,8 +687,9 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     real.add_argument(
         "--out",
-        help="output directory (trainer.output_dir: runs/real, with --gpu "
-        "runs/real-gpu; rerunning resumes it)",
+        help="output directory (trainer.output_dir: runs/real; runs/real-gpu with --gpu, "
+        "runs/real-long with --long, runs/real-gemma3 with --model gemma3-270m; rerunning "
+        "resumes it)",
     )
     real.add_argument(
         "--gpu",
@@ -688,14 +698,20 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "configs/gsm8k_smollm2_gpu.toml and each size's GPU default",
     )
     real.add_argument(
+        "--long",
+        action="store_true",
+        help="SmolLM2's CPU recipe with long RL: 300 problems screened, 40 RL steps asked, "
+        f"a {LONG_RECIPE.minutes:g}-minute limit, runs/real-long (a night on a laptop)",
+    )
+    real.add_argument(
         "--time-limit",
         type=float,
         metavar="MINUTES",
         help="no RL step starts that would leave too little time for the last "
         "evaluation: the policy where RL stopped is scored, and a rerun "
         "goes on (default none; "
-        f"{GPU_MINUTES:g} with --gpu; {MODEL_RECIPES['gemma3-270m'].minutes:g} with --model "
-        "gemma3-270m; 0: none)",
+        f"{GPU_MINUTES:g} with --gpu; {LONG_RECIPE.minutes:g} with --long; "
+        f"{MODEL_RECIPES['gemma3-270m'].minutes:g} with --model gemma3-270m; 0: none)",
     )
 
     cpu = Sizes()
@@ -712,10 +728,14 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         ),
     ):
         field = name.replace("-", "_")
-        gemma3 = getattr(MODEL_RECIPES["gemma3-270m"].sizes, field)
-        defaults = f"(default {getattr(cpu, field)}; {getattr(GPU_SIZES, field)} with --gpu" + (
-            f"; {gemma3} with --model gemma3-270m)" if gemma3 != getattr(cpu, field) else ")"
+        others = [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")]
+        others.append((MODEL_RECIPES["gemma3-270m"].sizes, "--model gemma3-270m"))
+        defaults = f"(default {getattr(cpu, field)}" + "".join(
+            f"; {getattr(sizes, field)} with {option}"
+            for sizes, option in others
+            if getattr(sizes, field) != getattr(cpu, field) or option == "--gpu"
         )
+        defaults += ")"
         real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
     real.add_argument(
         "--eval-every-stage",

@@ -51,6 +51,7 @@ class ModelRecipe(NamedTuple):
     config: str
     sizes: Sizes
     minutes: float  # `codeloop real --time-limit` (0: none)
+    overrides: tuple[str, ...] = ()  # dotted options before the user's own
 
 
 # `codeloop real --model NAME`: the packaged models (`data/pretrained.py`), each with the config,
@@ -65,3 +66,20 @@ MODEL_RECIPES = {
     "smollm2": ModelRecipe(CPU_CONFIG, Sizes(), 0.0),
     "gemma3-270m": ModelRecipe("configs/gsm8k_gemma3.toml", GEMMA3_SIZES, 85.0),
 }
+
+# `codeloop real --long`: SmolLM2's recipe with RL long enough to move the problems it trains on
+# (a night on a laptop, or ~2.5 hours on two cores). The screen of 300 problems keeps ~25 that
+# the SFT policy solves sometimes (it kept 4-11 of 120), and the stages ask for 40 steps, more
+# than fit: the limit stops RL where the last evaluation and the trained problems' two scores
+# still fit. At ~110 s a step on two cores, about 35-40 steps run.
+LONG_RECIPE = ModelRecipe(
+    CPU_CONFIG,
+    Sizes(rl_problems=300),
+    150.0,
+    (
+        "--trainer.output_dir=runs/real-long",
+        "--recipe.stages.0.steps=16",
+        "--recipe.stages.1.steps=12",
+        "--recipe.stages.2.steps=12",
+    ),
+)

@@ -372,6 +372,35 @@ def test_real_model_takes_the_packaged_models_config_and_sizes(
     assert "invalid choice: 'gemma-7b'" in capsys.readouterr().err
 
 
+def test_real_long_is_smollm2s_recipe_with_rl_asked_for_more_steps_than_fit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codeloop import cli
+    from codeloop.recipe import real
+
+    calls: list[tuple[str, list[str], Sizes, float]] = []
+    monkeypatch.setattr(real, "main", lambda c, o, s, m: calls.append((c, o, s, m)) or 0)
+    assert cli.main(["real", "--long"]) == 0
+    assert cli.main(["real", "--long", "--out", "L", "--recipe.stages.2.steps=3"]) == 0
+    assert cli.main(["real", "--long", "--rl-problems", "90", "--time-limit", "60"]) == 0
+    (config, overrides, sizes, minutes), mine, smaller = calls
+    assert config == "configs/gsm8k_smollm2.toml"
+    assert sizes == Sizes(rl_problems=300) and minutes == 150.0
+    cfg = load_config(config, overrides)
+    assert cfg.trainer.output_dir == "runs/real-long"  # not make real's run, which it would resume
+    assert [stage.steps for stage in cfg.recipe.stages] == [16, 12, 12]
+    assert cfg.recipe.stages[0].refilter  # on screened problems
+    cfg = load_config(mine[0], mine[1])  # the user's options after the preset's
+    assert cfg.trainer.output_dir == "L" and [s.steps for s in cfg.recipe.stages] == [16, 12, 3]
+    assert smaller[2] == Sizes(rl_problems=90) and smaller[3] == 60.0
+    capsys.readouterr()
+    assert cli.main(["real", "--long", "--model", "gemma3-270m"]) != 0
+    assert cli.main(["real", "--long", "--gpu"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("--long: the long recipe is SmolLM2's on a CPU") == 2
+    assert len(calls) == 3
+
+
 def test_the_memory_plan_counts_state_logits_activations_and_the_kv_cache() -> None:
     from transformers import LlamaConfig
 
