@@ -670,7 +670,14 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="a real model learns GSM8K with the Python tool: SFT, RL, eval (make real)",
         usage="codeloop real [--config FILE] [options] [--section.key VALUE ...]",
     )
-    from codeloop.recipe.sizes import GPU_MINUTES, GPU_SIZES, LONG_RECIPE, MODEL_RECIPES, Sizes
+    from codeloop.recipe.sizes import (
+        GPU_MINUTES,
+        GPU_SIZES,
+        LONG_RECIPE,
+        LONG_STEPS,
+        MODEL_RECIPES,
+        Sizes,
+    )
 
     real.add_argument(
         "--model",
@@ -700,8 +707,9 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
     real.add_argument(
         "--long",
         action="store_true",
-        help="SmolLM2's CPU recipe with long RL: 300 problems screened, 40 RL steps asked, "
-        f"a {LONG_RECIPE.minutes:g}-minute limit, runs/real-long (a night on a laptop)",
+        help=f"SmolLM2's CPU recipe with long RL: {LONG_RECIPE.sizes.rl_problems} problems "
+        f"screened, {sum(LONG_STEPS)} RL steps asked, a {LONG_RECIPE.minutes:g}-minute limit, "
+        "runs/real-long (a night on a laptop)",
     )
     real.add_argument(
         "--time-limit",

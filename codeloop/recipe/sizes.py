@@ -69,18 +69,17 @@ MODEL_RECIPES = {
 }
 
 # `codeloop real --long`: SmolLM2's recipe with RL long enough to move the problems it trains on
-# (a night on a laptop, or ~2.5 hours on two cores). The screen of 300 problems keeps ~25 that
-# the SFT policy solves sometimes (it kept 4-11 of 120), and the stages ask for 40 steps, more
-# than fit: the limit stops RL where the last evaluation and the trained problems' two scores
-# still fit. At ~110 s a step on two cores, about 35-40 steps run.
+# (a night on a laptop, or up to ~2.5 hours on two cores). A screen of 300 problems is expected
+# to keep ~25 that the SFT policy solves sometimes (it kept 4-11 of 120), and the stages ask for
+# more steps than are planned to fit: the limit stops RL where the last evaluation and the
+# trained problems' two scores still fit (planned from make real's ~110 s a step: ~35 steps).
+LONG_STEPS = (16, 12, 12)  # of the three stages of CPU_CONFIG
 LONG_RECIPE = ModelRecipe(
     CPU_CONFIG,
     Sizes(rl_problems=300),
     150.0,
     (
         "--trainer.output_dir=runs/real-long",
-        "--recipe.stages.0.steps=16",
-        "--recipe.stages.1.steps=12",
-        "--recipe.stages.2.steps=12",
+        *(f"--recipe.stages.{i}.steps={n}" for i, n in enumerate(LONG_STEPS)),
     ),
 )
