@@ -4,21 +4,22 @@ The sampling phases of the GPU recipe (configs/gsm8k_smollm2_gpu.toml with `code
 --gpu`'s sizes) run as the recipe runs them: an evaluation (`eval` settings, development
 problems x samples), the stage-1 screen (its overrides, RL problems x `refilter_samples`) and RL
 steps (`prompts_per_step` problems x `group_size` x `oversample` samples each), through the
-in-process engine on its slot path (the GPU's: fixed slots, batched joins, a worker thread for
-the steps), with SmolLM2's tokenizer and the recipe's prompt format, the real sandbox and the
-real verifier. Only the model is replaced: a replay answers every turn with the problem's own
-SFT conversation (built as the recipe builds it, its tool calls run in the sandbox), at no cost,
-and `--step-ms` and `--prefill-ms` set the device time of a decoding step and of a prefill
-(slept in the engine's worker thread, as a GPU computes while the host goes on). Problems whose
+in-process engine on its slot path (the GPU's: fixed slots, batched joins, next turns fed
+through the decoding steps, a worker thread for the steps), with SmolLM2's tokenizer and the
+recipe's prompt format, the real sandbox and the real verifier. Only the model is replaced: a
+replay answers every turn with the problem's own SFT conversation (built as the recipe builds
+it, its tool calls run in the sandbox), at no cost, and `--step-ms` and `--prefill-ms` set the
+device time of a decoding step and of a prefill (slept in the engine's worker thread, as a GPU
+computes while the host goes on); `--feed-tokens 0` prefills every join instead. Problems whose
 solution gives no conversation are left out, and counted.
 
 It reports, over all phases and for each: tokens/s, trajectories/s, tool calls/s and their
 latency (p50, p99), the host's milliseconds a decoding step (the engine's time a step less the
-device time slept), prefills a step, rows a step, and each phase's seconds. With the device time
-at zero it shows what the host can feed; with a GPU's step time, what the recipe's sampling
-would take. `--scale` runs a share of every phase's problems and steps. `--json` prints one
-JSON object as the last line (`tokens_per_s`, `trajectories_per_s`, `host_ms_per_step`,
-`prefills_per_step`, `rows_per_step`, ...); `--out` writes it too.
+device time slept), prefills a step, prompt tokens fed a step, rows a step, and each phase's
+seconds. With the device time at zero it shows what the host can feed; with a GPU's step time,
+what the recipe's sampling would take. `--scale` runs a share of every phase's problems and
+steps. `--json` prints one JSON object as the last line (`tokens_per_s`, `trajectories_per_s`,
+`host_ms_per_step`, `prefills_per_step`, `rows_per_step`, ...); `--out` writes it too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from codeloop.config import Config, RolloutConfig, eval_rollout_config, load_config, stage_config
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
-from codeloop.engine.hf_engine import JOIN_WAIT_STEPS, TransformersEngine
+from codeloop.engine.hf_engine import FEED_TOKENS, JOIN_WAIT_STEPS, TransformersEngine
 from codeloop.engine.kv_batch import _common_prefix
 from codeloop.engine.model import tiny_model
 from codeloop.engine.protocol import SamplingParams
@@ -156,6 +157,13 @@ class ReplayDecoder(SlotDecoder):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return logits[:, 0].long(), torch.zeros(len(logits))
 
+    def feed(self, slots: list[int], prompts: Sequence[Sequence[int]], cached: list[int]) -> None:
+        # the cursor starts as many tokens before the turn as the prompt has left to feed, so
+        # that it reaches the turn's first token with the prompt's last
+        for slot, prompt, count in zip(slots, prompts, cached, strict=True):
+            start, self.end[slot] = self.scripts.start(prompt)
+            self.cursor[slot] = start - (len(prompt) - count)
+
     def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return []  # a prefill recomputes a cursor from the whole prompt: nothing to keep
 
@@ -217,6 +225,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--prefill-ms", type=float, default=0.0, help="device time of a prefill")
     parser.add_argument(
+        "--feed-tokens",
+        type=int,
+        default=FEED_TOKENS,
+        help="a joining request with at most this many prompt tokens not in the prefix cache "
+        "goes through decoding steps instead of a prefill (0: every join is prefilled)",
+    )
+    parser.add_argument(
         "--scale",
         type=float,
         default=1.0,
@@ -274,6 +289,7 @@ async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         "config": args.config or GPU_CONFIG,
         "step_ms": args.step_ms,
         "prefill_ms": args.prefill_ms,
+        "feed_tokens": args.feed_tokens,
         "scale": args.scale,
         "max_batch": max_batch,
         "problems_without_conversation": sum(built.dropped.values()),
@@ -327,6 +343,7 @@ def _engine(
         slot_cache=True,
         step_in_thread=True,
         join_wait_steps=JOIN_WAIT_STEPS,
+        feed_tokens=args.feed_tokens,
     )
     decoder = ReplayDecoder(scripts, max_batch, args.step_ms / 1000, args.prefill_ms / 1000)
     engine.slots = decoder
@@ -370,6 +387,7 @@ async def _run_phase(
         "steps": found["steps"],
         "host_ms_per_step": 1000 * (found["decode_s"] + found["host_s"] - decode_slept) / steps,
         "prefills_per_step": found["prefills"] / steps,
+        "fed_tokens_per_step": found["fed_tokens"] / steps,
         "rows_per_step": found["rows_per_step"],
         "device_s": slept,
     }
@@ -388,7 +406,7 @@ def _totals(phases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     steps = sum(p["steps"] for p in phases)
     per_step = {
         key: sum(p[key] * p["steps"] for p in phases) / max(steps, 1)
-        for key in ("host_ms_per_step", "prefills_per_step", "rows_per_step")
+        for key in ("host_ms_per_step", "prefills_per_step", "fed_tokens_per_step", "rows_per_step")
     }
     return {
         "seconds": seconds,
@@ -403,7 +421,8 @@ def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"bench ceiling: {report['config']} at scale {report['scale']:g}, {report['max_batch']} "
         f"slots, device time {report['step_ms']:g} ms a step and {report['prefill_ms']:g} ms a "
-        f"prefill; {report['problems_without_conversation']} problems left out (no "
+        f"prefill, turns of at most {report['feed_tokens']} new tokens fed; "
+        f"{report['problems_without_conversation']} problems left out (no "
         f"conversation); scripts built in {report['scripts_s']:.1f} s"
     )
     for name, p in report["phases"].items():
@@ -412,11 +431,13 @@ def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{p['tokens_per_s']:9.0f} tokens/s {p['trajectories_per_s']:7.1f} traj/s "
             f"{p['tool_calls_per_s']:6.1f} calls/s (p50 {p['tool_call_p50_ms']:.0f} ms, p99 "
             f"{p['tool_call_p99_ms']:.0f} ms)  host {p['host_ms_per_step']:.2f} ms/step  "
-            f"{p['prefills_per_step']:.3f} prefills/step  {p['rows_per_step']:.0f} rows/step"
+            f"{p['prefills_per_step']:.3f} prefills/step  {p['fed_tokens_per_step']:.1f} fed "
+            f"tokens/step  {p['rows_per_step']:.0f} rows/step"
         )
     print(
         f"  all        {report['seconds']:7.1f} s  {report['tokens_per_s']:.0f} tokens/s, "
         f"{report['trajectories_per_s']:.1f} trajectories/s, host "
         f"{report['host_ms_per_step']:.2f} ms a step, {report['prefills_per_step']:.3f} "
-        f"prefills a step, {report['rows_per_step']:.0f} rows a step"
+        f"prefills a step, {report['fed_tokens_per_step']:.1f} tokens fed a step, "
+        f"{report['rows_per_step']:.0f} rows a step"
     )

@@ -595,6 +595,7 @@ def _print_stats(engine: Engine) -> dict[str, float]:
     print(
         f"    {found['steps']:.0f} decoding steps of {found['rows_per_step']:.1f} rows; "
         f"{found['prefills']:.0f} prefills of {found['prefill_tokens']:.0f} tokens, "
+        f"{found['fed_tokens']:.0f} tokens fed through decoding steps, "
         f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache; "
         f"time in prefill {found['prefill_s']:.2f} s, decoding {found['decode_s']:.2f} s, "
         f"between steps {found['host_s']:.2f} s ({100 * found['host_s'] / max(busy, 1e-9):.0f}"
@@ -679,9 +680,13 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
         serialised = speed("tools_serialised")
         ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / serialised
     ratios["agent: overlapped / plain continuous"] = speed("tools_overlapped") / speed("continuous")
+    if "tools_prefilled" in rows:
+        prefilled = speed("tools_prefilled")
+        ratios["agent: turns fed / turns prefilled"] = speed("tools_overlapped") / prefilled
     if "tools_joins_at_once" in rows:
         at_once = speed("tools_joins_at_once")
-        ratios["agent: joins batched / joins at once"] = speed("tools_overlapped") / at_once
+        batched = speed(next(r for r in ("tools_prefilled", "tools_overlapped") if r in rows))
+        ratios["agent: joins batched / joins at once"] = batched / at_once
     return ratios
 
 
@@ -873,9 +878,11 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
 
-    def agent_row(row: str, serialised: bool, join_wait: int | None = None) -> TransformersEngine:
+    def agent_row(
+        row: str, serialised: bool, join_wait: int | None = None, feed: int | None = None
+    ) -> TransformersEngine:
         engine = TransformersEngine(
-            model, fmt.tokenizer, set(), args.max_batch, join_wait_steps=join_wait
+            model, fmt.tokenizer, set(), args.max_batch, join_wait_steps=join_wait, feed_tokens=feed
         )
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
@@ -885,8 +892,10 @@ def main(argv: list[str]) -> int:
     overlapped = agent_row("tools_overlapped", False)
     if not args.quick:
         agent_row("tools_serialised", True)
+    if overlapped.feed_tokens:  # the baseline of fed turns, kept by --quick too
+        agent_row("tools_prefilled", False, feed=0)
     if overlapped.join_wait_steps and not args.quick:
-        agent_row("tools_joins_at_once", False, 0)  # the baseline of batched joins
+        agent_row("tools_joins_at_once", False, 0, feed=0)  # the baseline of batched joins
     if cpu and not args.quick:
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():

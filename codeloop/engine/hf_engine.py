@@ -17,7 +17,11 @@ leaves a GPU waiting on the host. Elsewhere, transformers' own `DynamicCache`, l
 (`kv_batch.py`), which measured faster than the slots' eager step on a CPU. `slot_cache`
 chooses. A finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most
 recently used first), so a trajectory's next turn and the other samples of a prompt prefill only
-their new tokens; identical prompts in one prefill are computed once; new weights empty it.
+their new tokens; identical prompts in one prefill are computed once; new weights empty it. On
+the slot path with graphs, a request with at most `feed_tokens` tokens not in that cache (a
+trajectory's next turn: its tool's output and the turn markers) is not prefilled at all: it
+takes a slot at the next step with its cached KV, and its remaining tokens go through the
+decoding steps, one a step beside the running rows, its logits unread until the last one is in.
 transformers' continuous-batching manager (`generate_batch`, paged attention) measured at a
 fraction of `generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which
 is why this is hand-written.
@@ -62,6 +66,8 @@ class _Request:
     seed: int  # of its draws (`uniforms`)
     completers: Completers | None  # of its stop strings (`stop_completers`), looked up once
     arrived_step: int  # the engine's decoding steps when it was queued
+    to_feed: int = 0  # prompt tokens still to go into its slot through decoding steps
+    uncached: int | None = None  # prompt tokens the prefix cache lacked when first looked at
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
@@ -85,6 +91,7 @@ class EngineStats:
     rows_decoded: int = 0
     prefills: int = 0
     prefill_tokens: int = 0  # not served from the prefix cache (identical prompts once)
+    fed_tokens: int = 0  # prompt tokens fed through decoding steps instead of a prefill
     reused_tokens: int = 0  # served from the prefix cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -101,11 +108,12 @@ class EngineStats:
     def metrics(self) -> dict[str, float]:
         """Flat figures for logs and the bench: the counters, mean rows per step, and the
         share of prompt tokens served from the cache."""
-        prompt = self.prefill_tokens + self.reused_tokens
+        prompt = self.prefill_tokens + self.fed_tokens + self.reused_tokens
         return {
             "steps": self.steps,
             "prefills": self.prefills,
             "prefill_tokens": self.prefill_tokens,
+            "fed_tokens": self.fed_tokens,
             "reused_tokens": self.reused_tokens,
             "rows_per_step": self.rows_decoded / max(self.steps, 1),
             "prefix_reuse": self.reused_tokens / prompt if prompt else 0.0,
@@ -128,6 +136,12 @@ PREFIX_CACHE_TOKENS = 32768  # the prefix cache without slots (a CPU's DynamicCa
 # batches.
 JOIN_WAIT_STEPS = 8
 JOIN_SHARE = 16
+# On that path a request with at most FEED_TOKENS prompt tokens not in the prefix cache joins at
+# the next step without a prefill: those tokens are fed through the decoding steps, one a step
+# (a replayed step costs about the same for any rows up to its captured size). A prefill took
+# ~53 ms on an H200 and ~95 ms on an H100 (an eager forward) against ~8-10 ms a step, and a
+# returning turn brings ~40 new tokens.
+FEED_TOKENS = 64
 
 
 def default_kv_tokens(model: Any) -> int:
@@ -208,6 +222,7 @@ class TransformersEngine:
         step_in_thread: bool | None = None,
         slot_cache: bool | None = None,
         join_wait_steps: int | None = None,
+        feed_tokens: int | None = None,
     ) -> None:
         self.model = model.eval()
         # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
@@ -251,6 +266,11 @@ class TransformersEngine:
         if join_wait_steps is None:
             join_wait_steps = JOIN_WAIT_STEPS if self.slots and self.slots.graphs_on else 0
         self.join_wait_steps = join_wait_steps
+        # The most uncached prompt tokens fed through decoding steps rather than prefilled
+        # (FEED_TOKENS); None: that on slots with graphs, 0 (every join prefilled) elsewhere.
+        if feed_tokens is None:
+            feed_tokens = FEED_TOKENS if self.slots and self.slots.graphs_on else 0
+        self.feed_tokens = feed_tokens if self.slots else 0
         self._last_join_step = -join_wait_steps  # the decoding steps when requests last joined
         self._stats = EngineStats()
         self._worker: asyncio.Task[None] | None = None
@@ -328,9 +348,7 @@ class TransformersEngine:
         while self._queue or self._running:
             if ended is not None:  # results handed out, callers run, requests taken
                 self._stats.host_s += time.perf_counter() - ended
-            joining = self._admit() if self._join_now() else []
-            if joining:
-                self._last_join_step = self._stats.steps
+            joining = self._admit(everyone=self._join_now())
             try:
                 if self.step_in_thread:
                     done = await asyncio.to_thread(self._step, joining)
@@ -368,19 +386,44 @@ class TransformersEngine:
             return True
         return self._stats.steps - self._last_join_step >= self.join_wait_steps
 
-    def _admit(self) -> list[_Request]:
-        """Queued requests that fit beside the running ones, in arrival order."""
+    def _admit(self, *, everyone: bool) -> list[_Request]:
+        """Queued requests that fit beside the running ones, in arrival order: all of them
+        (`everyone`: a join now, `_join_now`) or only those to be fed (`_fed`), which need no
+        prefill and never wait."""
         joining: list[_Request] = []
+        waiting: list[_Request] = []
         reserved = self.kv_tokens_used
-        self._queue = [r for r in self._queue if not r.future.cancelled()]
-        while self._queue and len(self._running) + len(joining) < self.max_batch:
-            tokens = self._queue[0].reserved_tokens
+        full = False
+        for request in self._queue:
+            if request.future.cancelled():
+                continue
+            if full or len(self._running) + len(joining) >= self.max_batch:
+                waiting.append(request)
+                continue
+            if not everyone and not self._fed(request):
+                waiting.append(request)
+                continue
+            tokens = request.reserved_tokens
             alone = not self._running and not joining  # one too large for the cap runs alone
             if self.max_kv_tokens and reserved + tokens > self.max_kv_tokens and not alone:
-                break
-            joining.append(self._queue.pop(0))
+                full = True  # none overtakes it
+                waiting.append(request)
+                continue
+            joining.append(request)
             reserved += tokens
+        self._queue = waiting
         return joining
+
+    def _fed(self, request: _Request) -> bool:
+        """Whether a request's prompt tokens not in the prefix cache are few enough to feed
+        through decoding steps (`feed_tokens`). The count is taken when first asked: the cache
+        may change before the request joins, and `_step` looks again."""
+        if not self.feed_tokens:
+            return False
+        if request.uncached is None:
+            prompt = request.prompt_ids
+            request.uncached = len(prompt) - self.prefixes.peek(tuple(prompt[:-1]))
+        return request.uncached <= self.feed_tokens
 
     def update_weights(
         self, state_dict: Mapping[str, torch.Tensor], version: int | None = None
@@ -406,21 +449,27 @@ class TransformersEngine:
             device = next(self.model.parameters()).device
             finished: list[_Request] = []
             stats = self._stats
-            if joining:
+            fed = self._to_feed(joining)
+            fed_ids = {id(r) for r in fed}
+            prefilled = [r for r in joining if id(r) not in fed_ids]
+            if prefilled:
                 began = time.perf_counter()
+                self._last_join_step = stats.steps  # fed joins do not count: no prefill
                 stats.prefills += 1
                 reused = self.prefixes.reused_tokens
-                batch, logits = self._prefill(joining, device)
-                done, joined = self._sample_and_retire(joining, batch, logits)
+                batch, logits = self._prefill(prefilled, device)
+                done, joined = self._sample_and_retire(prefilled, batch, logits)
                 finished += done
                 if joined:
                     self._batch = batch if self._batch is None else self._batch.merge(batch)  # type: ignore[arg-type]
                     self._running += joined
-                unique = {tuple(r.prompt_ids) for r in joining}  # prefilled once each
+                unique = {tuple(r.prompt_ids) for r in prefilled}  # prefilled once each
                 stats.prefill_tokens += sum(map(len, unique)) - (
                     self.prefixes.reused_tokens - reused
                 )
                 stats.prefill_s += time.perf_counter() - began
+            if fed:
+                self._join_fed(fed)
             if self._running:
                 assert self._batch is not None
                 began = time.perf_counter()
@@ -428,8 +477,14 @@ class TransformersEngine:
                 stats.rows_decoded += len(self._running)
                 if stats.steps % TRIM_EVERY_STEPS == 0:
                     trim_when_above()  # KV buffers of changing sizes pile up in glibc otherwise
-                tokens = torch.tensor([r.out_ids[-1] for r in self._running], device=device)
-                logits = self._batch.decode(self._forward, tokens)
+                inputs = [
+                    r.prompt_ids[-r.to_feed] if r.to_feed else r.out_ids[-1] for r in self._running
+                ]
+                logits = self._batch.decode(self._forward, torch.tensor(inputs, device=device))
+                for request in self._running:
+                    if request.to_feed:
+                        request.to_feed -= 1
+                        stats.fed_tokens += 1
                 done, self._running = self._sample_and_retire(self._running, self._batch, logits)
                 finished += done
                 stats.decode_s += time.perf_counter() - began
@@ -457,6 +512,36 @@ class TransformersEngine:
             columns=columns,
         )
 
+    def _to_feed(self, joining: list[_Request]) -> list[_Request]:
+        """The joining requests to feed through decoding steps: those `_fed` holds so, their
+        uncached tokens counted again now (the cache may have changed since)."""
+        if not self.feed_tokens or not joining:
+            return []
+        fed = []
+        for request in joining:
+            prompt = request.prompt_ids
+            request.uncached = len(prompt) - self.prefixes.peek(tuple(prompt[:-1]))
+            if request.uncached <= self.feed_tokens:
+                fed.append(request)
+        return fed
+
+    def _join_fed(self, fed: list[_Request]) -> None:
+        """Put requests to be fed in the slots after the running rows, with their cached KV;
+        their remaining prompt tokens go in with the next decoding steps."""
+        assert self.slots is not None
+        columns = max(r.reserved_tokens for r in [*self._running, *fed])
+        batch, cached = SlotBatch.feed(
+            self.slots,
+            [r.prompt_ids for r in fed],
+            self.prefixes,
+            offset=len(self._running),
+            columns=columns,
+        )
+        for request, count in zip(fed, cached, strict=True):
+            request.to_feed = len(request.prompt_ids) - count
+        self._batch = batch if self._batch is None else self._batch.merge(batch)  # type: ignore[arg-type]
+        self._running += fed
+
     def _forward(self, cache: DynamicCache, **inputs: torch.Tensor) -> torch.Tensor:
         """The model's last-position logits [B, V] (float32), extending `cache`."""
         output = self.model(**inputs, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
@@ -466,15 +551,18 @@ class TransformersEngine:
     def _sample_and_retire(
         self, rows: list[_Request], batch: KVBatch | SlotBatch, logits: torch.Tensor
     ) -> tuple[list[_Request], list[_Request]]:
-        """Sample a token for each row of `batch`, record it, and cut finished rows out (their
-        KV goes to the prefix cache: the prompt and every sampled token but the last); returns
-        the finished requests and the others in the batch's new row order."""
+        """Sample a token for each row of `batch` (but those still being fed their prompt),
+        record it, and cut finished rows out (their KV goes to the prefix cache: the prompt and
+        every sampled token but the last); returns the finished requests and the others in the
+        batch's new row order."""
         draws = uniforms(
             torch.tensor([r.seed for r in rows]), torch.tensor([len(r.out_ids) for r in rows])
         )
         tokens, logprobs = batch.sample(logits, [r.params for r in rows], draws)
         picked = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer
         for request, token, logprob in zip(rows, map(int, picked[0]), picked[1], strict=True):
+            if request.to_feed:
+                continue
             request.out_ids.append(token)
             request.out_logprobs.append(logprob)
             request.out_versions.append(self.version)

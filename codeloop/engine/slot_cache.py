@@ -26,7 +26,8 @@ captured as a CUDA graph and replayed in one launch:
 - On CUDA a decoding step of `b` rows and `width` columns is captured once, lazily, for `b` on a
   ladder (1, 2, 4, 8, then multiples of 16) and replayed for any batch up to `b` (the extra rows
   decode a token 0 at position 0 in free slots). Prefill runs eagerly, right-padded, in chunks
-  whose attention scores stay under `PREFILL_SCORES` elements.
+  whose attention scores stay under `PREFILL_SCORES` elements; a row may instead take the rest
+  of its prompt through the decoding steps, a token a step (`SlotBatch.feed`).
 - `SlotBatch` is `KVBatch`'s counterpart for the engine: rows, their lengths, the prefix cache's
   copies, and rows leaving (the last rows move into the holes, one copy each).
 
@@ -414,6 +415,11 @@ class SlotDecoder:
             last=last.to(self.device),
         )
 
+    def feed(self, slots: list[int], prompts: Sequence[Sequence[int]], cached: list[int]) -> None:
+        """Slots that take their prompts past the first `cached` tokens through decoding steps,
+        a token a step: nothing to do here, as each step brings its tokens; a decoder whose
+        step does not read them (the replay of `codeloop bench ceiling`) places them here."""
+
     def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A copy of a slot's first `length` columns: per layer (keys, values), each [KV
         heads, length, head size] (the prefix cache's layout)."""
@@ -502,6 +508,30 @@ class SlotBatch:
         index = [position[tuple(p)] for p in prompts]
         picked = logits[torch.tensor(index, device=logits.device)]
         return cls(decoder, offset, [len(p) for p in prompts]), picked
+
+    @classmethod
+    def feed(
+        cls,
+        decoder: SlotDecoder,
+        prompts: list[list[int]],
+        prefixes: PrefixCache,
+        *,
+        offset: int,
+        columns: int,
+    ) -> tuple[SlotBatch, list[int]]:
+        """The prompts in slots `offset`.., each holding the KV of its cached prefix and no
+        more, and the tokens cached of each: the rest go in through decoding steps
+        (`SlotDecoder.feed`). Every slot has room for `columns` tokens."""
+        decoder.ensure_columns(columns)
+        cached = []
+        for row, prompt in enumerate(prompts):
+            n, entry = prefixes.lookup(prompt)
+            if entry is not None and n:
+                decoder.load_kv(offset + row, entry.kv, n)
+            cached.append(n)
+        slots = list(range(offset, offset + len(prompts)))
+        decoder.feed(slots, prompts, cached)
+        return cls(decoder, offset, cached), cached
 
     def decode(self, _forward: Any, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([n]); the next-token logits [n, V]."""

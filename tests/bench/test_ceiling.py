@@ -53,8 +53,8 @@ def test_a_prompt_finds_its_problem_and_turn(fmt: PromptFormat) -> None:
     assert scripts.start(returning + returning[-5:] + fmt.tool_response_ids("x")) == (0, 0)
 
 
-def test_the_engine_on_the_replay_samples_each_problems_turns(fmt: PromptFormat) -> None:
-    scripts = Scripts(fmt, TURNS)
+def _replay_engine(fmt: PromptFormat, step_s: float, **settings: object) -> TransformersEngine:
+    """The engine on 4 slots with the replay of TURNS in place of its model."""
     engine = TransformersEngine(
         tiny_model(len(fmt.tokenizer), hidden_size=8, layers=1, heads=1),
         fmt.tokenizer,
@@ -62,9 +62,14 @@ def test_the_engine_on_the_replay_samples_each_problems_turns(fmt: PromptFormat)
         max_batch=4,
         max_kv_tokens=4 * 2048,
         slot_cache=True,
-        step_in_thread=True,
+        **settings,  # type: ignore[arg-type]
     )
-    engine.slots = ReplayDecoder(scripts, 4, step_s=0.001, prefill_s=0.0)
+    engine.slots = ReplayDecoder(Scripts(fmt, TURNS), 4, step_s=step_s, prefill_s=0.0)
+    return engine
+
+
+def test_the_engine_on_the_replay_samples_each_problems_turns(fmt: PromptFormat) -> None:
+    engine = _replay_engine(fmt, step_s=0.001, step_in_thread=True)
     params = SamplingParams(200, 1.0, 1.0, STOP_STRINGS, seed=0)
 
     async def both() -> list:
@@ -78,6 +83,22 @@ def test_the_engine_on_the_replay_samples_each_problems_turns(fmt: PromptFormat)
     assert answer.token_ids[-1] in fmt.end_of_turn_ids and answer.finish_reason == "stop"
     assert set(call.logprobs) == {0.0}
     assert engine.slots.slept_s == pytest.approx(0.001 * engine.stats().steps)
+
+
+def test_a_returning_turn_fed_through_the_replay_gets_its_next_turn(fmt: PromptFormat) -> None:
+    """A turn with few uncached tokens goes through decoding steps (`feed_tokens`): the
+    replay's cursor reaches the turn's first token with the prompt's last."""
+    engine = _replay_engine(fmt, step_s=0.0, feed_tokens=64)
+    params = SamplingParams(200, 1.0, 1.0, STOP_STRINGS, seed=0)
+    first = fmt.prompt_ids("What is 1 + 2?")
+    call = asyncio.run(engine.generate(first, params))
+    returning = first + call.token_ids + fmt.tool_response_ids("3\n")
+    answer = asyncio.run(engine.generate(returning, params))
+    assert answer.token_ids[:-1] == fmt.encode(TURNS["What is 1 + 2?"][1])
+    stats = engine.stats()
+    fed = len(returning) - (len(first) + len(call.token_ids) - 1)  # the call's last token on
+    assert stats.prefills == 1 and stats.fed_tokens == fed
+    assert stats.steps == len(call.token_ids) - 1 + fed + len(answer.token_ids) - 1
 
 
 @pytest.mark.slow

@@ -13,10 +13,8 @@ from codeloop.errors import ModelError
 from codeloop.rollout.prompt import PromptFormat
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["dynamic_cache", "slot_cache"])
-def engine(fmt: PromptFormat, request: pytest.FixtureRequest) -> TransformersEngine:
-    """The engine on each of its KV caches (kv_batch.py, slot_cache.py): every test that takes
-    it holds for both."""
+def _tiny_llama(fmt: PromptFormat) -> Any:
+    """A random two-layer Llama with grouped-query attention (seed 0) over the fmt's vocabulary."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fmt.tokenizer),
@@ -27,9 +25,19 @@ def engine(fmt: PromptFormat, request: pytest.FixtureRequest) -> TransformersEng
         num_key_value_heads=2,
         max_position_embeddings=1024,
     )
-    model = AutoModelForCausalLM.from_config(config)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["dynamic_cache", "slot_cache"])
+def engine(fmt: PromptFormat, request: pytest.FixtureRequest) -> TransformersEngine:
+    """The engine on each of its KV caches (kv_batch.py, slot_cache.py): every test that takes
+    it holds for both."""
     return TransformersEngine(
-        model, fmt.tokenizer, fmt.end_of_turn_ids, batch_window_ms=20, slot_cache=request.param
+        _tiny_llama(fmt),
+        fmt.tokenizer,
+        fmt.end_of_turn_ids,
+        batch_window_ms=20,
+        slot_cache=request.param,
     )
 
 
@@ -762,6 +770,98 @@ def test_a_next_turn_reuses_the_finished_turns_kv(
     assert engine.prefixes.tokens == 0
 
 
+@pytest.fixture(scope="module")
+def model(fmt: PromptFormat) -> Any:
+    """The engine fixture's model, for tests of the slot path alone."""
+    return _tiny_llama(fmt).eval()
+
+
+def _on_slots(model: Any, fmt: PromptFormat, **settings: Any) -> TransformersEngine:
+    return TransformersEngine(
+        model, fmt.tokenizer, set(), slot_cache=True, batch_window_ms=0, **settings
+    )
+
+
+def test_a_next_turn_with_few_new_tokens_is_fed_through_decoding_steps(
+    model: Any, fmt: PromptFormat
+) -> None:
+    """On slots, a returning turn whose uncached tokens are at most `feed_tokens` takes them
+    through decoding steps, a token a step, and samples what a prefill of them samples."""
+    prompt = fmt.encode("What is 2 + 3?")
+    observation = fmt.encode("print(5)\nx")
+    new = len(observation) + 1  # the first turn's last token was never fed
+    first_params = SamplingParams(8, temperature=0.8, seed=3)
+    params = SamplingParams(10, temperature=0.8, seed=4)
+    runs = {}
+    for feed in (new, new - 1):  # fed at the bound; one token over it, prefilled
+        served = _on_slots(model, fmt, feed_tokens=feed)
+        first = asyncio.run(served.generate(prompt, first_params))
+        follow = prompt + first.token_ids + observation
+        runs[feed] = (served, follow, asyncio.run(served.generate(follow, params)))
+    scorer, follow, second = runs[new]
+    stats, prefilled = scorer.stats(), runs[new - 1][2]
+    assert runs[new - 1][1] == follow  # the same first turn
+    assert second.token_ids == prefilled.token_ids and len(second.token_ids) == 10
+    assert second.logprobs == pytest.approx(prefilled.logprobs, abs=1e-5)
+    assert second.logprobs == pytest.approx(_recompute(scorer, follow, second, 0.8), abs=1e-4)
+    # one prefill (the first turn); 7 steps for its other tokens, then `new` steps feeding
+    # the next turn (the last of them samples its first token) and 9 for the rest
+    assert stats.prefills == 1 and stats.fed_tokens == new
+    assert stats.steps == 7 + new + 9 and stats.rows_decoded == stats.steps
+    assert stats.reused_tokens == len(prompt) + 7
+    assert stats.prefill_tokens == len(prompt)
+    other = runs[new - 1][0].stats()
+    assert other.prefills == 2 and other.fed_tokens == 0 and other.steps == 7 + 9
+
+
+def test_a_fed_turn_joins_at_the_next_step_while_a_prefilled_one_waits(
+    model: Any, fmt: PromptFormat
+) -> None:
+    """Joins wait for a batch worth a prefill (here 2 of 32 slots) or 8 steps; a request to be
+    fed needs no prefill and joins at the next step, beside the running rows."""
+    observation = fmt.encode("print(5)")
+    feed = len(observation) + 1  # the next turn's uncached tokens; a new prompt has more
+    waiting = _on_slots(model, fmt, join_wait_steps=8, max_batch=32, feed_tokens=feed)
+    prompt, other, new = (fmt.encode(q) for q in ("What is 2 + 3?", "x = 1 + 2 * 3", "def g(k): k"))
+    assert min(len(prompt), len(other), len(new)) > feed
+    first = asyncio.run(waiting.generate(prompt, SamplingParams(6, seed=1)))
+    follow = prompt + first.token_ids + observation
+    alone = asyncio.run(_on_slots(model, fmt).generate(follow, SamplingParams(5, seed=2)))
+    joins: list[tuple[str, int, int]] = []
+    prefill, join_fed = waiting._prefill, waiting._join_fed
+
+    def recording_prefill(joining: Any, device: Any) -> Any:
+        joins.extend(("prefill", r.arrived_step, waiting.stats().steps) for r in joining)
+        return prefill(joining, device)
+
+    def recording_feed(fed: Any) -> None:
+        joins.extend(("fed", r.arrived_step, waiting.stats().steps) for r in fed)
+        join_fed(fed)
+
+    waiting._prefill = recording_prefill  # type: ignore[method-assign]
+    waiting._join_fed = recording_feed  # type: ignore[method-assign]
+
+    async def main() -> list[Generation]:
+        long = asyncio.ensure_future(waiting.generate(other, SamplingParams(40)))
+        while waiting.stats().steps < first_steps + 2:
+            await asyncio.sleep(0.001)
+        fresh = asyncio.ensure_future(waiting.generate(new, SamplingParams(4)))
+        turn = await waiting.generate(follow, SamplingParams(5, seed=2))
+        return [turn, await fresh, await long]
+
+    first_steps = waiting.stats().steps
+    turn = asyncio.run(main())[0]
+    assert turn.token_ids == alone.token_ids
+    assert [kind for kind, _, _ in joins] == ["prefill", "fed", "prefill"], joins
+    kinds = {kind: (arrived, at) for kind, arrived, at in joins[1:]}
+    arrived, at = kinds["fed"]
+    assert at == arrived  # no wait
+    arrived, at = kinds["prefill"]
+    # alone, it waited until 8 steps had passed since the long one's prefill (the fed join
+    # between them is not a prefill)
+    assert at == max(arrived, first_steps + 8)
+
+
 def test_identical_prompts_are_prefilled_once_and_sampled_apart(
     engine: TransformersEngine, fmt: PromptFormat
 ) -> None:
@@ -847,19 +947,7 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
 
 def _free_running(fmt: PromptFormat) -> TransformersEngine:
     """An engine on a random model that stops only at max_tokens."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(fmt.tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-    )
-    return TransformersEngine(
-        AutoModelForCausalLM.from_config(config), fmt.tokenizer, [], batch_window_ms=0
-    )
+    return TransformersEngine(_tiny_llama(fmt), fmt.tokenizer, [], batch_window_ms=0)
 
 
 def test_each_token_records_the_weights_that_sampled_it(fmt: PromptFormat) -> None:

@@ -293,6 +293,40 @@ def test_greedy_on_the_gpu_equals_generate(fmt: PromptFormat, family: str) -> No
         assert gen.token_ids == out[0, len(prompt) :].tolist()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_turns_fed_through_replayed_steps_decode_greedy_as_a_full_forward(
+    fmt: PromptFormat, family: str
+) -> None:
+    """Next turns join running rows through the captured steps (`feed_tokens`, the default on
+    a GPU) and decode what a full forward pass decodes."""
+    engine = _cuda_engine(fmt, family)
+    assert engine.feed_tokens > 0
+    greedy = SamplingParams(8, temperature=0)
+    prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "print(sum(range(10)))", "x = 7")]
+    firsts = asyncio.run(_many(engine, prompts, greedy))
+    follows = [
+        p + g.token_ids + fmt.encode(f"print({i})\n{i}")
+        for i, (p, g) in enumerate(zip(prompts, firsts, strict=True))
+    ]
+
+    async def beside_running_rows() -> list[Any]:
+        running = [engine.generate([5, 6, 7, 8 + i], SamplingParams(40)) for i in range(5)]
+        return (await asyncio.gather(*running, *(engine.generate(f, greedy) for f in follows)))[5:]
+
+    before = engine.stats()
+    turns = asyncio.run(beside_running_rows())
+    found = engine.stats().since(before)
+    # every prompt here has at most 64 tokens not in the prefix cache: no prefill at all
+    uncached = 5 * 4 + sum(
+        len(f) - len(p) - len(g.token_ids) + 1
+        for f, p, g in zip(follows, prompts, firsts, strict=True)
+    )
+    assert found.prefills == 0 and found.fed_tokens == uncached
+    for follow, turn in zip(follows, turns, strict=True):
+        assert turn.token_ids == _greedy(engine.model, follow, 8)
+
+
 async def _many(
     engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams
 ) -> list[Any]:
