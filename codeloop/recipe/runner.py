@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from codeloop.config import Config, ConfigError, stage_config
+from codeloop.algo.group import expected_signal, sampled_per_step
+from codeloop.config import AlgoConfig, Config, ConfigError, stage_config
 from codeloop.data.problems import DataError, Problem
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
@@ -172,6 +173,9 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -
                 if unscored
                 else ""
             )
+            + _signal_outlook(
+                run.cfg.algo, list(rates.values()), [rates[p.id] for p in kept], samples
+            )
         )
     if not kept:
         too_easy = sum(rates.get(p.id, 0.0) > high for p in problems)
@@ -182,6 +186,21 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -
             "problems"
         )
     return kept
+
+
+def _signal_outlook(
+    algo: AlgoConfig, screened: list[float], kept: list[float], samples: int
+) -> str:
+    """What the screen says of RL's groups (`expected_signal`): the share expected to have
+    signal and, when those without are refilled, the prompts a step samples for each kept."""
+    if not kept:
+        return ""
+    n = algo.group_size * algo.oversample
+    signal = expected_signal(screened, kept, samples, n)
+    outlook = f"; expected in RL: signal in about {100 * signal:.0f}% of groups of {n} samples"
+    if algo.drop_zero_signal_groups and signal > 0:
+        outlook += f", about {sampled_per_step(signal):.1f}x a step's prompts sampled"
+    return outlook
 
 
 PROBLEMS_FILE = "problems.json"  # a refiltered stage's problem ids, in training order
