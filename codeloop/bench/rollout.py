@@ -581,7 +581,8 @@ def _print(name: str, row: dict[str, float], peak_gflops: float) -> None:
     share = 100 * row["gflops"] / peak_gflops
     print(
         f"  {name:17} {row['tokens_per_s']:8.1f} tokens/s  {row['gflops']:6.1f} GFLOP/s "
-        f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s",
+        f"({share:4.1f}% of the matmul rate)  {row['seconds']:6.1f} s"
+        + (f" (first run, compiling: {row['compile_s']:.1f} s)" if "compile_s" in row else ""),
         flush=True,
     )
 
@@ -644,6 +645,10 @@ def _plain_rows(
     engines: dict[str, Engine] = {
         "continuous": TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
     }
+    if args.compile and not cpu:  # its first run compiles: `compile_s` is that run's time
+        engines["continuous_compiled"] = TransformersEngine(
+            model, fmt.tokenizer, set(), args.max_batch, compile_backend=args.compile
+        )
     # on a GPU the static engine samples row by row: minutes for 256 x 512 tokens
     if cpu and not args.quick:
         engines["slot_cache"] = TransformersEngine(
@@ -651,8 +656,13 @@ def _plain_rows(
         )
         engines["static"] = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
     for name, engine in engines.items():
-        for _ in range(args.repeat):
+        first_s = 0.0
+        for _ in range(max(args.repeat, 2 if name == "continuous_compiled" else 1)):
+            began = time.perf_counter()
             timed = asyncio.run(_measure(engine, prompts, tokens))
+            first_s = first_s or time.perf_counter() - began
+        if name == "continuous_compiled":
+            timed["compile_s"] = first_s
         if name == "continuous":  # the recorded run's tokens, for the logprob gap
             sampled += timed.pop("generations")
         record(name, {k: v for k, v in timed.items() if k != "generations"})
@@ -672,6 +682,8 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
         "continuous / generate": speed("continuous") / speed("generate"),
         f"continuous / best of transformers ({best})": speed("continuous") / speed(best),
     }
+    if "continuous_compiled" in rows:
+        ratios["compiled / continuous"] = speed("continuous_compiled") / speed("continuous")
     if "static" in rows:
         ratios["continuous / static"] = speed("continuous") / speed("static")
     if "tools_static" in rows:
@@ -755,6 +767,14 @@ def main(argv: list[str]) -> int:
         metavar="N",
         help="plain generation: runs of each row, the last one timed (2 on a "
         "GPU leaves compilation and graph capture out)",
+    )
+    parser.add_argument(
+        "--compile",
+        default="",
+        metavar="BACKEND",
+        help="on a GPU, also the engine with its decoding steps compiled by torch.compile "
+        "with this backend (inductor): the continuous_compiled row, its first run's seconds "
+        "(compilation included) as compile_s",
     )
     parser.add_argument("--hidden", type=int, help="random model: width (default 256)")
     parser.add_argument(

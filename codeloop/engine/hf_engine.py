@@ -223,6 +223,7 @@ class TransformersEngine:
         slot_cache: bool | None = None,
         join_wait_steps: int | None = None,
         feed_tokens: int | None = None,
+        compile_backend: str = "",
     ) -> None:
         self.model = model.eval()
         # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
@@ -231,7 +232,11 @@ class TransformersEngine:
         on_gpu = next(model.parameters()).device.type == "cuda"
         if slot_cache is None:
             slot_cache = on_gpu and unsupported_reason(model) is None
-        self.slots = SlotDecoder(model, max_batch) if slot_cache else None
+        # `compile_backend` ("inductor" on a GPU): the slots' decoding steps compiled by
+        # `torch.compile` (fused kernels; the first steps of each shape pay the compilation)
+        self.slots = (
+            SlotDecoder(model, max_batch, compile_backend=compile_backend) if slot_cache else None
+        )
         use_decode_attention(model)  # on a CPU: decoding steps without SDPA (attention.py)
         # Where a step runs. None: on a GPU a worker thread, so the event loop runs while the
         # GPU computes; on a CPU the event loop's own thread, blocked for the step (tool calls

@@ -44,7 +44,7 @@ change with the sequence's length;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -110,7 +110,9 @@ def ladder(rows: int) -> list[int]:
 class SlotDecoder:
     """The model's forward over a slot cache of `rows` slots; see the module docstring."""
 
-    def __init__(self, model: Any, rows: int, graphs: bool | None = None) -> None:
+    def __init__(
+        self, model: Any, rows: int, graphs: bool | None = None, *, compile_backend: str = ""
+    ) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the slot cache cannot run this model: {reason}")
@@ -149,8 +151,49 @@ class SlotDecoder:
         self.qkv = [self._qkv_weight(layer) for layer in self.layers]
         self.qkv_bias = [self._qkv_bias(layer) for layer in self.layers]
         self.gate_up = [self._gate_up_weight(layer) for layer in self.layers]
-        self.split = [self.heads * self.head_dim, *2 * [self.kv_heads * self.head_dim]]
+        attn, act = self.layers[0].self_attn, self.layers[0].mlp.act_fn
+        qk_norm = hasattr(attn, "q_norm")
+        self.spec = _Spec(
+            self.heads, self.kv_heads, self.head_dim, self.gemma, qk_norm, float(attn.scaling), act
+        )
+        # each layer's tensors, in `_layer`'s order (the merged ones are the copies above)
+        self.weights = [self._layer_weights(index) for index in range(len(self.layers))]
+        # the decoding step's layers compiled with `compile_backend` (`torch.compile`: one
+        # program for every layer, as they differ only in their tensors), or None: eager
+        self._compiled: Any = (
+            torch.compile(_layer, backend=compile_backend, dynamic=True, fullgraph=True)
+            if compile_backend
+            else None
+        )
         self.ensure_columns(MIN_COLUMNS)
+
+    def _layer_weights(self, index: int) -> _Weights:
+        layer = self.layers[index]
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def norm(module: Any) -> tuple[torch.Tensor, float]:
+            eps = getattr(module, "variance_epsilon", None)
+            return module.weight, float(module.eps if eps is None else eps)
+
+        q_norm, k_norm = (
+            (norm(attn.q_norm), norm(attn.k_norm)) if self.spec.qk_norm else (None, None)
+        )
+        gemma = self.gemma
+        return _Weights(
+            norm(layer.input_layernorm),
+            self.qkv[index],
+            self.qkv_bias[index],
+            q_norm,
+            k_norm,
+            attn.o_proj.weight,
+            attn.o_proj.bias,
+            norm(layer.post_attention_layernorm),
+            norm(layer.pre_feedforward_layernorm) if gemma else None,
+            self.gate_up[index],
+            mlp.down_proj.weight,
+            mlp.down_proj.bias,
+            norm(layer.post_feedforward_layernorm) if gemma else None,
+        )
 
     @staticmethod
     def _qkv_weight(layer: Any) -> torch.Tensor:
@@ -273,47 +316,20 @@ class SlotDecoder:
             recent = columns > positions.unsqueeze(-1) - self.window
             masks["sliding_attention"] = self._mask(attend & recent, group)
         where = slots.unsqueeze(1).expand(n, t)  # [n, T]
-        norm = self._norm
-        for index, layer in enumerate(self.layers):
-            attn, kind = layer.self_attn, self.layer_types[index]
+        # the compiled layers serve decoding steps (one token a row, slots in place)
+        compiled = self._compiled is not None and t == 1 and isinstance(read, slice)
+        step = self._compiled if compiled else _layer
+        for index, weights in enumerate(self.weights):
+            kind = self.layer_types[index]
             cos, sin = tables[kind]
-            h = norm(layer.input_layernorm, x)
-            qkv = torch.nn.functional.linear(h, self.qkv[index], self.qkv_bias[index])
-            q, k, v = qkv.split(self.split, dim=-1)  # [n, T, heads x D], [n, T, KVH x D] x 2
-            q = q.view(n, t, self.heads, self.head_dim)
-            k = k.view(n, t, self.kv_heads, self.head_dim)
-            v = v.view(n, t, self.kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = norm(attn.q_norm, q), norm(attn.k_norm, k)
-            q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)  # [n, T, heads, D]
             keys, values = self.kv[index, 0], self.kv[index, 1]  # [rows, KVH, columns, D]
-            keys[where, :, positions] = k
-            values[where, :, positions] = v
-            packed = (
-                q.view(n, t, self.kv_heads, group, self.head_dim)
-                .permute(0, 2, 3, 1, 4)
-                .reshape(n, self.kv_heads, group * t, -1)
-            )
-            out = torch.nn.functional.scaled_dot_product_attention(
-                packed,
-                keys[read, :, :width],
-                values[read, :, :width],
-                attn_mask=masks[kind],
-                scale=attn.scaling,
-            )  # [n, KVH, G * T, D]
-            out = out.view(n, self.kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
-            if self.gemma:
-                x = x + norm(layer.post_attention_layernorm, attn.o_proj(out))
-                h = norm(layer.pre_feedforward_layernorm, x)
-            else:
-                x = x + attn.o_proj(out)
-                h = norm(layer.post_attention_layernorm, x)
-            gate, up = torch.nn.functional.linear(h, self.gate_up[index]).chunk(2, dim=-1)
-            mlp = layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-            x = x + (norm(layer.post_feedforward_layernorm, mlp) if self.gemma else mlp)
+            x = step(
+                x, weights, self.spec, cos, sin, masks[kind], keys, values, where, positions,
+                read, width,
+            )  # fmt: skip
         rows = torch.arange(n, device=tokens.device)
         x = x[rows, last] if last is not None else x[:, -1]  # [n, hidden]
-        logits = self.model.lm_head(norm(self.model.model.norm, x))
+        logits = self.model.lm_head(self._norm(self.model.model.norm, x))
         if self.softcap:  # Gemma's final soft-capping, in the model's dtype as transformers'
             logits = torch.tanh(logits / self.softcap) * self.softcap
         scores: torch.Tensor = logits.float()
@@ -328,13 +344,9 @@ class SlotDecoder:
         return blocked[:, None, None].expand(n, 1, group, t, width).reshape(n, 1, group * t, width)
 
     def _norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
-        """`norm` (an RMSNorm module) of `x`, computed as its model does in one normalising op:
-        Gemma's scales by (1 + w) in float32 before casting back."""
-        if not self.gemma:
-            return _rms_norm(norm, x)
-        normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps)
-        scaled: torch.Tensor = (normed * (1.0 + norm.weight.float())).to(x.dtype)
-        return scaled
+        """`norm` (an RMSNorm module) of `x`, as `_normed`."""
+        eps = getattr(norm, "variance_epsilon", None)
+        return _normed(x, (norm.weight, float(norm.eps if eps is None else eps)), self.gemma)
 
     def decode(self, tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
         """One token for each of the first n slots ([n] tokens at these positions); the
@@ -458,12 +470,105 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
     return x * cos.unsqueeze(2) + rolled * sin_signed.unsqueeze(2)
 
 
-def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """`norm` (a Llama-family RMSNorm: its weight and `variance_epsilon`) of `x`, computed in
-    float32 as transformers does, in one normalising op instead of five."""
-    normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
-    scaled: torch.Tensor = norm.weight * normed.to(x.dtype)
+Norm = tuple[torch.Tensor, float]  # an RMSNorm's weight and epsilon
+
+
+def _normed(x: torch.Tensor, norm: Norm, gemma: bool) -> torch.Tensor:
+    """An RMSNorm of `x` computed as its model does, in float32, in one normalising op instead
+    of five: a Llama-family norm scales by w after casting back, Gemma's by (1 + w) before."""
+    weight, eps = norm
+    normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    if gemma:
+        return (normed * (1.0 + weight.float())).to(x.dtype)
+    scaled: torch.Tensor = weight * normed.to(x.dtype)
     return scaled
+
+
+class _Spec(NamedTuple):
+    """What a layer's step needs besides tensors, the same for every layer."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    gemma: bool  # (1 + w) norms, norms after attention and the MLP too
+    qk_norm: bool
+    scaling: float
+    act: Any  # the MLP's activation (module), layer 0's
+
+
+class _Weights(NamedTuple):
+    """A layer's tensors for `_layer` (the model's own, or the decoder's merged copies)."""
+
+    input_norm: Norm
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: Norm | None
+    k_norm: Norm | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_attention_norm: Norm
+    pre_feedforward_norm: Norm | None  # Gemma's
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    post_feedforward_norm: Norm | None  # Gemma's
+
+
+def _layer(
+    x: torch.Tensor,
+    w: _Weights,
+    spec: _Spec,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    where: torch.Tensor,
+    positions: torch.Tensor,
+    read: slice | torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """One decoder layer over the slot cache: `x` [n, T, hidden] at `positions` [n, T] of the
+    slots `where` [n, T]; its keys and values written to `keys`/`values` [rows, KVH, columns,
+    D] (this layer's) and attention over the slots `read` reads, first `width` columns, under
+    the additive `mask` [n, 1, group x T, width]. Returns the next `x`. A function of tensors,
+    so that `torch.compile` makes one program for every layer."""
+    n, t = positions.shape
+    heads, kv_heads, dim, gemma = spec.heads, spec.kv_heads, spec.head_dim, spec.gemma
+    group = heads // kv_heads
+    h = _normed(x, w.input_norm, gemma)
+    qkv = torch.nn.functional.linear(h, w.qkv, w.qkv_bias)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = q.view(n, t, heads, dim)
+    k = k.view(n, t, kv_heads, dim)
+    v = v.view(n, t, kv_heads, dim)
+    if w.q_norm is not None and w.k_norm is not None:
+        q, k = _normed(q, w.q_norm, gemma), _normed(k, w.k_norm, gemma)
+    q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)  # [n, T, heads, D]
+    keys[where, :, positions] = k
+    values[where, :, positions] = v
+    packed = (
+        q.view(n, t, kv_heads, group, dim)
+        .permute(0, 2, 3, 1, 4)
+        .reshape(n, kv_heads, group * t, -1)
+    )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        packed, keys[read, :, :width], values[read, :, :width], attn_mask=mask, scale=spec.scaling
+    )  # [n, KVH, G * T, D]
+    out = out.view(n, kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
+    attended = torch.nn.functional.linear(out, w.o_proj, w.o_bias)
+    if gemma:
+        assert w.pre_feedforward_norm is not None
+        x = x + _normed(attended, w.post_attention_norm, gemma)
+        h = _normed(x, w.pre_feedforward_norm, gemma)
+    else:
+        x = x + attended
+        h = _normed(x, w.post_attention_norm, gemma)
+    gate, up = torch.nn.functional.linear(h, w.gate_up).chunk(2, dim=-1)
+    mlp = torch.nn.functional.linear(spec.act(gate) * up, w.down, w.down_bias)
+    if w.post_feedforward_norm is not None:
+        mlp = _normed(mlp, w.post_feedforward_norm, gemma)
+    return x + mlp
 
 
 class SlotBatch:

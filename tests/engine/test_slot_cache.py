@@ -393,6 +393,42 @@ def test_new_weights_reach_the_merged_projections(fmt: PromptFormat) -> None:
     assert asyncio.run(engine.generate(prompt, greedy)).token_ids == _greedy(other, prompt, 12)
 
 
+@pytest.mark.parametrize("config", [LlamaConfig(**SMALL), _gemma3()], ids=["llama", "gemma3"])
+def test_the_compiled_decoding_step_computes_the_eager_one(config: Any) -> None:
+    """`compile_backend`: the layers of a decoding step traced whole by torch.compile (here
+    its `aot_eager` backend: the trace without code generation; a GPU runs `inductor`) give
+    the eager step's logits and write the same KV. The prefill stays eager."""
+    from torch._dynamo.utils import counters
+
+    model = _model(config)
+    eager, compiled = SlotDecoder(model, 8), SlotDecoder(model, 8, compile_backend="aot_eager")
+    traced = counters["stats"]["unique_graphs"]
+    logits = []
+    for decoder in (eager, compiled):
+        batch, _ = SlotBatch.prefill(
+            decoder, [[1, 2, 3, 4, 5], [6, 7, 8]], PrefixCache(0), pad_id=0, offset=0, columns=64
+        )
+        logits += [
+            batch.decode(None, torch.tensor([9, 10])),
+            batch.decode(None, torch.tensor([11, 12])),
+        ]
+    torch.testing.assert_close(logits[2], logits[0])
+    torch.testing.assert_close(logits[3], logits[1])
+    torch.testing.assert_close(compiled.kv, eager.kv)
+    assert counters["stats"]["unique_graphs"] > traced  # the steps ran compiled
+
+
+@pytest.mark.gpu
+def test_the_compiled_step_replayed_decodes_greedy_as_a_full_forward(fmt: PromptFormat) -> None:
+    config = LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})
+    model = _model(config).cuda()
+    engine = TransformersEngine(model, fmt.tokenizer, set(), compile_backend="inductor")
+    prompts = [fmt.encode(q) for q in ("What is 2 + 3?", "print(sum(range(10)))", "x")]
+    gens = asyncio.run(_many(engine, prompts, SamplingParams(12, temperature=0)))
+    for prompt, gen in zip(prompts, gens, strict=True):
+        assert gen.token_ids == _greedy(model, prompt, 12)
+
+
 # ops that only re-describe a tensor (no kernel on a GPU)
 VIEWS = {
     "view",
