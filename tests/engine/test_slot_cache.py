@@ -419,6 +419,61 @@ def test_the_compiled_decoding_step_computes_the_eager_one(config: Any) -> None:
 
 
 @pytest.mark.gpu
+def test_bfloat16_parity_at_smollm2s_shape_in_a_256_row_bucket() -> None:
+    """SmolLM2-135M's shape (random weights) in bfloat16: a replayed decoding step of 256 rows
+    against transformers' forward of the same tokens, row by row."""
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    )
+    model = _model(config).to("cuda", torch.bfloat16)
+    decoder = SlotDecoder(model, 256)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 49152, (256, 24), generator=generator)
+    batch, _ = SlotBatch.prefill(
+        decoder, prompts.tolist(), PrefixCache(0), pad_id=0, offset=0, columns=64
+    )
+    nxt = torch.randint(0, 49152, (256,), generator=generator)
+    replayed = batch.decode(None, nxt.cuda()).float()  # [256, V]
+    assert decoder.captures == 1
+    with torch.no_grad():
+        ids = torch.cat([prompts, nxt[:, None]], dim=1).cuda()
+        expected = model(input_ids=ids).logits[:, -1].float()
+    torch.testing.assert_close(replayed, expected, atol=0.1, rtol=0.05)
+    agree = (replayed.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    assert agree >= 0.97
+
+
+@pytest.mark.gpu
+def test_replay_while_rows_join_and_leave_across_width_buckets(fmt: PromptFormat) -> None:
+    """Requests of many lengths arrive while others decode, leave at their own lengths and
+    cross from reading 128 columns to 256: each decodes what a full forward pass decodes."""
+    engine = _cuda_engine(fmt)
+    base = fmt.encode("print(sum(range(10)))")
+    prompts = [(base * 20)[: 90 + 9 * i] for i in range(6)]  # 90 to 135 tokens
+    lengths = [40 - 5 * i for i in range(6)]  # some pass position 128, one starts past it
+
+    async def staggered() -> list[Any]:
+        calls = []
+        for prompt, n in zip(prompts, lengths, strict=True):
+            calls.append(asyncio.ensure_future(engine.generate(prompt, SamplingParams(n, 0.0))))
+            await asyncio.sleep(0.02)  # the next joins a running batch
+        return list(await asyncio.gather(*calls))
+
+    gens = asyncio.run(staggered())
+    assert engine.stats().prefills + bool(engine.stats().fed_tokens) >= 2  # joined mid-batch
+    for prompt, n, gen in zip(prompts, lengths, gens, strict=True):
+        assert gen.token_ids == _greedy(engine.model, prompt, n)
+
+
+@pytest.mark.gpu
 def test_the_compiled_step_replayed_decodes_greedy_as_a_full_forward(fmt: PromptFormat) -> None:
     config = LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})
     model = _model(config).cuda()
