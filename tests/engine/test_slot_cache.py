@@ -474,6 +474,7 @@ def test_replay_while_rows_join_and_leave_across_width_buckets(fmt: PromptFormat
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # inductor's compilation: left out of `codeloop bench gpu`
 def test_the_compiled_step_replayed_decodes_greedy_as_a_full_forward(fmt: PromptFormat) -> None:
     config = LlamaConfig(**{**SMALL, "vocab_size": len(fmt.tokenizer)})
     model = _model(config).cuda()
