@@ -97,9 +97,15 @@ async def collect(
     limit = in_flight_limit(scheduler) if concurrency is None else concurrency
     gate = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
 
+    # each problem's prompt rendered once, when its first sample passes the gate (rendering
+    # them all before it blocked the event loop ~1.8 s for 2,000 samples)
+    rendered: dict[int, list[int]] = {}
+
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
-        prompt = agent.fmt.prompt_ids(problem.problem)
         async with gate, scheduler.lease() as leased:
+            prompt = rendered.get(id(problem))
+            if prompt is None:
+                prompt = rendered[id(problem)] = agent.fmt.prompt_ids(problem.problem)
             trajectory = await run_trajectory(
                 leased,
                 agent.tools,

@@ -91,3 +91,35 @@ def test_trajectories_in_flight_are_bounded_by_the_engines_rows(fmt: PromptForma
             groups = asyncio.run(collect(agent, problems, 4, verifier, concurrency=concurrency))
         assert engine.most == most
         assert all(t.reward == 1.0 for g in groups for t in g)
+
+
+class _CountedFormat(PromptFormat):
+    """A prompt format that counts the prompts it renders."""
+
+    rendered = 0
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        self.rendered += 1
+        return super().prompt_ids(problem)
+
+
+def test_each_problems_prompt_is_rendered_once_when_its_first_sample_runs(
+    fmt: PromptFormat,
+) -> None:
+    """10 problems x 4 samples, 3 at a time: 10 renders, not 40, and none ahead of the gate
+    (when the first generation runs, only its own prompt has been rendered)."""
+    counted = _CountedFormat(fmt.tokenizer)
+    problems = [Problem(f"p{i}", f"What is 2 + {i}?", "4") for i in range(10)]
+    seen: list[int] = []
+
+    class _Watching(_Counting):
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            seen.append(counted.rendered)
+            return await super().generate(prompt_ids, params)
+
+    engine = _Watching(counted, None)
+    with Verifier() as verifier:
+        agent = Agent(engine, None, counted, RolloutConfig(max_turns=1))  # type: ignore[arg-type]
+        groups = asyncio.run(collect(agent, problems, 4, verifier, concurrency=3))
+    assert counted.rendered == 10 and seen[0] == 1
+    assert [g[0].prompt_ids for g in groups] == [fmt.prompt_ids(p.problem) for p in problems]
