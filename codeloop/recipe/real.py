@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from codeloop.config import Config, ConfigError, eval_rollout_config, load_config
+from codeloop.config import Config, ConfigError, eval_rollout_config, load_config, stage_config
 from codeloop.data.pretrained import PACKAGED, packaged
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_dev
 from codeloop.engine.hf_engine import TransformersEngine
@@ -229,6 +229,17 @@ async def _sft(
     return model
 
 
+def longest_request(cfg: Config, fmt: PromptFormat, problems: list[Problem]) -> int:
+    """The most tokens one request of the recipe can hold: the longest of the problems'
+    prompts and the largest response budget, the evaluation's or any stage's (a request
+    reserves its prompt and what is left of the budget)."""
+    budgets = [cfg.eval.max_response_tokens, cfg.rollout.max_response_tokens]
+    budgets += [
+        stage_config(cfg, i).rollout.max_response_tokens for i in range(len(cfg.recipe.stages))
+    ]
+    return max((len(fmt.prompt_ids(p.problem)) for p in problems), default=0) + max(budgets)
+
+
 FINISH_S = 15.0  # saving the final policy, the summary and the plot, with room to spare
 EVAL_MARGIN = 1.25  # the last evaluation, against the longest one so far
 
@@ -287,11 +298,13 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             else {k: v.detach().clone() for k, v in model.state_dict().items()}
         )
         engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
+        rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
+        if engine.slots is not None:  # slots for the longest request now, not grown under graphs
+            engine.plan(longest_request(cfg, fmt, [*held_out, *rl_problems]))
         sft_s = time.perf_counter() - start
         await measure("sft")
         if end is not None:
             print(budget(cfg, sizes, minutes, sft_s, eval_s=points[0]["seconds"]), flush=True)
-        rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
         policy = "sft"  # what the model is now: scored at the end, after each stage if asked
 
         async def after_stage(name: str) -> None:

@@ -492,3 +492,21 @@ def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_proble
     # And 15 s to finish.
     assert after_rl_s(points, GPU_SIZES) == pytest.approx(50 + 12 + 15)
     assert after_rl_s([], GPU_SIZES) == 15.0
+
+
+def test_the_slots_are_planned_for_the_longest_prompt_and_budget() -> None:
+    """The GPU recipe's budgets: RL 768 (stage overrides 512 and 768), evaluation 1,024; a
+    request holds its prompt and the budget, so the slots are planned for the longest prompt
+    and 1,024."""
+    from codeloop.recipe.real import longest_request
+    from codeloop.recipe.sizes import GPU_CONFIG
+
+    cfg = load_config(str(Path(__file__).parents[2] / GPU_CONFIG), [])
+    fmt = PromptFormat(train_tokenizer(["Ann has 10 apples and gets 3. How many?"] * 20, 400))
+    problems = [Problem("a", "Ann has 10 apples.", "10"), Problem("b", "Ann " * 30, "1")]
+    longest = max(len(fmt.prompt_ids(p.problem)) for p in problems)
+    assert longest == len(fmt.prompt_ids("Ann " * 30))
+    assert longest_request(cfg, fmt, problems) == longest + 1024
+    stretched = load_config(str(Path(__file__).parents[2] / GPU_CONFIG), [])
+    stretched.recipe.stages[1].overrides = {"rollout.max_response_tokens": 2000}
+    assert longest_request(stretched, fmt, problems) == longest + 2000  # a stage's budget
