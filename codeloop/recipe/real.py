@@ -304,7 +304,9 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         sft_s = time.perf_counter() - start
         await measure("sft")
         if end is not None:
-            print(budget(cfg, sizes, minutes, sft_s, eval_s=points[0]["seconds"]), flush=True)
+            spent_s = time.perf_counter() - start  # less than SFT and the evaluation on a rerun
+            first_s = points[0]["seconds"]
+            print(budget(cfg, sizes, minutes, sft_s, eval_s=first_s, spent_s=spent_s), flush=True)
         policy = "sft"  # what the model is now: scored at the end, after each stage if asked
 
         async def after_stage(name: str) -> None:
@@ -365,10 +367,20 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     return summary
 
 
-def budget(cfg: Config, sizes: Sizes, minutes: float, sft_s: float, *, eval_s: float) -> str:
+def budget(
+    cfg: Config,
+    sizes: Sizes,
+    minutes: float,
+    sft_s: float,
+    *,
+    eval_s: float,
+    spent_s: float | None = None,
+) -> str:
     """The run's plan in time, from the first evaluation's rate (trajectories a second): the
     screen, an RL step's sampling and the last evaluation at that rate (RL's training and its
-    shorter budgets aside), and the RL steps that fit in what is left of `minutes`."""
+    shorter budgets aside), and the RL steps that fit in what is left of `minutes` after
+    `spent_s` (this process's time so far; by default SFT's and the first evaluation's: a rerun
+    that found them done has spent less)."""
     rate = sizes.eval_problems * sizes.eval_samples / max(eval_s, 1e-9)
     first = cfg.recipe.stages[0] if cfg.recipe.stages else None
     screened = sizes.rl_problems * first.refilter_samples if first and first.refilter else 0
@@ -376,7 +388,8 @@ def budget(cfg: Config, sizes: Sizes, minutes: float, sft_s: float, *, eval_s: f
     step_s = cfg.trainer.prompts_per_step * cfg.algo.group_size * cfg.algo.oversample / rate
     last_s = EVAL_MARGIN * eval_s
     trained_s = 2 * expected_trained(sizes) * sizes.trained_samples / rate
-    left_s = 60 * minutes - sft_s - eval_s - screen_s - last_s - trained_s - FINISH_S
+    spent_s = sft_s + eval_s if spent_s is None else spent_s
+    left_s = 60 * minutes - spent_s - screen_s - last_s - trained_s - FINISH_S
     planned = sum(stage.steps for stage in cfg.recipe.stages)
     fits = max(0, min(planned, int(left_s // step_s)))
     return (

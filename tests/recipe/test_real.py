@@ -480,6 +480,10 @@ def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
     text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
     assert "an RL step's sampling 26 s" in text
     assert text.endswith("room for about 3 of the 12 RL steps")
+    # a rerun that found SFT and the evaluation done, 1 s into its time: 540 - 1 - 120 - 125 -
+    # 24 - 15 = 255 s, nine steps
+    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0, spent_s=1.0)
+    assert text.endswith("room for about 9 of the 12 RL steps")
 
 
 def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_problems() -> None:
