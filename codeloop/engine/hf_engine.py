@@ -518,8 +518,9 @@ class TransformersEngine:
         )
 
     def _to_feed(self, joining: list[_Request]) -> list[_Request]:
-        """The joining requests to feed through decoding steps: those `_fed` holds so, their
-        uncached tokens counted again now (the cache may have changed since)."""
+        """The joining requests to feed through decoding steps: those with at most
+        `feed_tokens` prompt tokens not in the prefix cache, counted now (the count `_fed`
+        took at admission may be stale)."""
         if not self.feed_tokens or not joining:
             return []
         fed = []
