@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from codeloop import __version__
 from codeloop.config import (
+    GRACE_S,
     Config,
     ConfigError,
     apply_overrides,
@@ -85,7 +86,7 @@ def _positive_count(text: str) -> int:
 def _sandbox_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     keys = ("host", "port", "workers", "token_file", "tls_cert", "tls_key", "client_timeout_s")
-    for key in (*keys, "max_connections"):
+    for key in (*keys, "max_connections", "grace_s"):
         if getattr(args, key) is not None:
             set_value(cfg, f"sandbox.{key}", getattr(args, key), "command line")
     if args.require_isolation:
@@ -135,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls=tls,
         client_timeout_s=args.client_timeout,
         max_connections=args.max_connections,
+        grace_s=args.grace,
     )
     return 0
 
@@ -202,6 +204,14 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         type=_positive_count,
         metavar="N",
         help="open connections held at most; one more is closed as it arrives (default 1024)",
+    )
+    serve.add_argument(
+        "--grace",
+        type=_positive_seconds,
+        default=GRACE_S,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT, completions in flight are answered within this long; then "
+        "the rest are cancelled, every connection closed, and it exits (default %(default)g)",
     )
     serve.add_argument(
         "--weights-dir",
@@ -838,6 +848,14 @@ def _add_sandbox_commands(
         metavar="N",
         help="open connections held at most; one more is closed as it arrives "
         "(sandbox.max_connections, default 1024)",
+    )
+    serve.add_argument(
+        "--grace",
+        dest="grace_s",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT, calls in flight are answered within this long; then the "
+        "rest are cancelled, every connection closed, and it exits (sandbox.grace_s, default 5)",
     )
     serve.add_argument(
         "--require-isolation",

@@ -75,6 +75,9 @@ DEFAULT_WARMUP = (
 )
 
 
+GRACE_S = 5.0  # a server's drain after SIGTERM/SIGINT (`--grace`; codeloop/serving.py)
+
+
 @dataclass
 class SandboxConfig:
     """Code execution: the warm worker pool, its limits, the HTTP server and the client."""
@@ -103,6 +106,12 @@ class SandboxConfig:
         "The server gives a client this long for a request's line and headers (from its "
         "connection or the answer before) and as long again for its body, then cuts it (the "
         "body: after a 408).",
+        gt=0,
+    )
+    grace_s: float = knob(
+        GRACE_S,
+        "On SIGTERM/SIGINT the sandbox server answers the calls in flight within this long, "
+        "then cancels the rest, closes every connection and exits (within about twice this).",
         gt=0,
     )
     ca_file: str = knob(

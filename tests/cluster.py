@@ -201,13 +201,13 @@ class Cluster:
         self.close()
 
 
-def wait_healthy(url: str, deadline_s: float = 120, context: ssl.SSLContext | None = None) -> None:
+def wait_healthy(url: str, deadline_s: float = 300, context: ssl.SSLContext | None = None) -> None:
     """Wait until `url`'s `/health` answers (a server started on a host: a sandbox server or
     `codeloop serve`); `context` checks an `https://` server's certificate."""
     end = time.monotonic() + deadline_s
     while True:
         try:
-            urllib.request.urlopen(url + "/health", timeout=2, context=context)
+            urllib.request.urlopen(url + "/health", timeout=30, context=context)
             return
         except OSError:
             if time.monotonic() > end:

@@ -35,7 +35,6 @@ Routes (JSON):
 from __future__ import annotations
 
 import asyncio
-import signal
 import ssl
 import time
 import uuid
@@ -47,17 +46,17 @@ from aiohttp import web
 from codeloop.auth import (
     CLIENT_TIMEOUT_S,
     MAX_CONNECTIONS,
-    cap_connections,
     chunks_within,
     read_body_within,
     require_token,
 )
-from codeloop.config import RolloutConfig
+from codeloop.config import GRACE_S, RolloutConfig
 from codeloop.engine.adapter import SCALING, AdapterBase, metadata
 from codeloop.engine.hf_engine import TransformersEngine, engine_from_config
 from codeloop.engine.model import default_device, load_pretrained
 from codeloop.engine.protocol import SamplingParams
 from codeloop.errors import ModelError
+from codeloop.serving import serve_until_signal
 
 MAX_STOPS, MAX_STOP_CHARS = 64, 1024  # stop strings a request may give, and their length
 
@@ -295,10 +294,12 @@ def serve(
     tls: ssl.SSLContext | None = None,
     client_timeout_s: float = CLIENT_TIMEOUT_S,
     max_connections: int | None = None,
+    grace_s: float = GRACE_S,
 ) -> None:
     """Serve `model` (a loaded causal LM, moved here to the default device) as `name`; with a
     `token`, every route but /health asks for it; `/v1/reload` loads only directories under
-    `weights_dir` (none without it); with `tls` (`net.server_tls`) it serves https://."""
+    `weights_dir` (none without it); with `tls` (`net.server_tls`) it serves https://. On SIGTERM
+    or SIGINT it stops within about `grace_s` (`serving.py`)."""
     device = default_device()
     model.to(device)
     rollout = RolloutConfig(engine_max_batch=max_batch, kv_capacity_tokens=kv_capacity_tokens)
@@ -310,34 +311,14 @@ def serve(
     banner = f"codeloop serve: {name} ({device}) on {scheme}://{host}:{port}" + (
         " (a token is required)" if token else ""
     )
-    most = max_connections or MAX_CONNECTIONS
-    asyncio.run(_run(app, host, port, tls, banner, client_timeout_s, most))
-
-
-async def _run(
-    app: web.Application,
-    host: str,
-    port: int,
-    tls: ssl.SSLContext | None,
-    banner: str,
-    client_timeout_s: float,
-    max_connections: int,
-) -> None:
-    """Serve `app` until SIGTERM or SIGINT: a connection without a whole request line and
-    headers within `client_timeout_s` is cut, and one past `max_connections` closed."""
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=client_timeout_s
+    served = serve_until_signal(
+        app,
+        host,
+        port,
+        tls=tls,
+        client_timeout_s=client_timeout_s,
+        max_connections=max_connections or MAX_CONNECTIONS,
+        grace_s=grace_s,
+        started=lambda: print(banner, flush=True),
     )
-    await runner.setup()
-    cap_connections(runner, max_connections)
-    site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=tls)
-    await site.start()
-    print(banner, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    asyncio.run(served)

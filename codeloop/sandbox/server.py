@@ -7,7 +7,8 @@ request objects; results come back as a list in the same order), `POST /v1/sessi
 a 400 with a message; a body over 64 MiB or a batch of over `MAX_BATCH_CALLS` calls, 413; when
 more than `max_queue` calls wait, new calls get 429 with
 Retry-After; while shutting down, 503. On SIGTERM/SIGINT the server stops listening, answers
-the calls already in flight, then stops its workers. Built by `build_app`/`serve`: nothing
+the calls in flight within `sandbox.grace_s`, cancels those still running, closes every
+connection and stops its workers (`serving.py`). Built by `build_app`/`serve`: nothing
 listens at import.
 """
 
@@ -16,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 from typing import Any
 
 from aiohttp import web
 
-from codeloop.auth import cap_connections, read_body_within, read_token, require_token
+from codeloop.auth import read_body_within, read_token, require_token
 from codeloop.config import SandboxConfig
 from codeloop.net import server_tls
 from codeloop.sandbox.pool import LATENCY_BUCKETS_S, WorkerPool, validate
+from codeloop.serving import serve_until_signal
 from codeloop.types import ExecRequest, ExecResult
 
 log = logging.getLogger("codeloop.sandbox")
@@ -170,39 +171,41 @@ def build_app(server: SandboxServer, token: str | None = None) -> web.Applicatio
 
 
 async def serve(cfg: SandboxConfig, ready: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT, then drain: calls in flight are answered before exit."""
+    """Run until SIGTERM/SIGINT, then stop within about `cfg.grace_s` (`serving.py`): calls in
+    flight are answered within the grace, those still running then are cancelled."""
     token = read_token(cfg.token_file, "sandbox.token_file")
     tls = server_tls(cfg.tls_cert, cfg.tls_key, "sandbox.tls_cert and sandbox.tls_key")
     pool = WorkerPool(cfg)
     server = SandboxServer(pool, cfg)
     server.isolation = await pool.start()
     app = build_app(server, token)
-    # a connection that has not sent a whole request line and headers within the limit is cut
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=cfg.client_timeout_s
-    )
-    await runner.setup()
-    cap_connections(runner, cfg.max_connections)
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, ssl_context=tls)
-    await site.start()
-    log.info(
-        "sandbox serving on %s://%s:%d with %d workers%s",
-        "https" if tls else "http",
-        cfg.host,
-        cfg.port,
-        len(pool.workers),
-        " (a token is required)" if token else "",
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    server.shutting_down = True
-    await site.stop()  # no new connections
-    while pool.in_flight:  # answer what was accepted
-        await asyncio.sleep(0.05)
-    await runner.cleanup()
-    await pool.close()
+
+    def started() -> None:
+        log.info(
+            "sandbox serving on %s://%s:%d with %d workers%s",
+            "https" if tls else "http",
+            cfg.host,
+            cfg.port,
+            len(pool.workers),
+            " (a token is required)" if token else "",
+        )
+        if ready is not None:
+            ready.set()
+
+    def stopping() -> None:
+        server.shutting_down = True  # a request on a kept-alive connection now gets 503
+
+    try:
+        await serve_until_signal(
+            app,
+            cfg.host,
+            cfg.port,
+            tls=tls,
+            client_timeout_s=cfg.client_timeout_s,
+            max_connections=cfg.max_connections,
+            grace_s=cfg.grace_s,
+            started=started,
+            stopping=stopping,
+        )
+    finally:
+        await pool.close()  # the calls cancelled after the grace end with their workers

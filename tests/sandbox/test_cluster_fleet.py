@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailabl
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=2) as response:
+    with urllib.request.urlopen(url, timeout=30) as response:
         return str(response.read().decode())
 
 

@@ -45,7 +45,7 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stdout.read()  # type: ignore[union-attr]
             try:
@@ -81,12 +81,12 @@ class Server:
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(30)
+        return self.process.wait(60)
 
     def wait_in_flight(self, calls: int = 1) -> None:
         """Returns once the server runs `calls` calls: a test that needs a call in flight waits
         for it, not for a time chosen on one machine."""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while f"sandbox_in_flight {calls}\n" not in self.get("/metrics")[1]:
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.02)

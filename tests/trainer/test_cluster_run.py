@@ -103,7 +103,7 @@ class ClusterRun:
         return served(url, pattern, self.context)
 
     def health(self, url: str) -> dict[str, Any]:
-        opened = urllib.request.urlopen(url + "/health", timeout=5, context=self.context)
+        opened = urllib.request.urlopen(url + "/health", timeout=30, context=self.context)
         return dict(json.loads(opened.read()))
 
     def tls_flags(self) -> list[str]:
@@ -241,7 +241,7 @@ SANDBOX_CALLS = r'^sandbox_calls_total\{status="\w+"\} (\d+)'
 
 def served(url: str, pattern: str, context: ssl.SSLContext | None = None) -> int:
     """What a server's /metrics counts: requests completed, or sandbox calls."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=5, context=context).read().decode()
+    text = urllib.request.urlopen(url + "/metrics", timeout=30, context=context).read().decode()
     return sum(int(n) for n in re.findall(pattern, text, re.M))
 
 
@@ -365,7 +365,7 @@ def test_a_run_across_seven_hosts_logs_what_the_same_run_on_one_host_logs(
     # three different servers, however the calls are timed.
     assert all(served(url, SANDBOX_CALLS) > 0 for url in cluster_run.sandbox_urls())
     for url in cluster_run.inference_urls():  # both servers hold the last step's weights
-        health = json.loads(urllib.request.urlopen(url + "/health", timeout=5).read())
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=30).read())
         assert health["version"] == cluster_run.steps
     assert "weights" not in {p.name for p in cluster_run.run_dir.iterdir()}  # none through files
 
