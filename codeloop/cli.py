@@ -615,10 +615,16 @@ def _real(args: argparse.Namespace) -> int:
         GPU_SIZES,
         LONG_RECIPE,
         MODEL_RECIPES,
+        TASK_RECIPES,
     )
 
     if args.long and (args.gpu or args.model != "smollm2"):
         raise ConfigError("--long: the long recipe is SmolLM2's on a CPU (no --gpu or --model)")
+    if args.task != "gsm8k" and (args.long or args.gpu or args.model != "smollm2"):
+        raise ConfigError(
+            f"--task {args.task}: its recipe is SmolLM2's on a CPU (no --long, --gpu or "
+            "--model); for another model give --config with data.rl and the sizes"
+        )
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
         if args.model != "smollm2":
@@ -627,6 +633,7 @@ def _real(args: argparse.Namespace) -> int:
                 "and the sizes"
             )
     recipe = LONG_RECIPE if args.long else MODEL_RECIPES[args.model]
+    recipe = TASK_RECIPES.get(args.task, recipe)
 
     given = {
         name: getattr(args, name)
@@ -637,6 +644,7 @@ def _real(args: argparse.Namespace) -> int:
             "sft_problems",
             "rl_problems",
             "trained_samples",
+            "dev_beside",
         )
     }
     given["eval_every_stage"] = args.eval_every_stage or None
@@ -686,6 +694,7 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         LONG_RECIPE,
         LONG_STEPS,
         MODEL_RECIPES,
+        TASK_RECIPES,
         Sizes,
     )
 
@@ -722,6 +731,15 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "runs/real-long (a night on a laptop)",
     )
     real.add_argument(
+        "--task",
+        choices=["gsm8k", *TASK_RECIPES],
+        default="gsm8k",
+        help="what RL trains on: gsm8k (GSM8K's training split), or gym (reasoning-gym tasks "
+        "that the Python tool solves, the gym extra: configs/gym_smollm2.toml, "
+        "runs/real-gym, scored on held-out gym problems and GSM8K's development split) "
+        "(default gsm8k)",
+    )
+    real.add_argument(
         "--time-limit",
         type=float,
         metavar="MINUTES",
@@ -729,7 +747,8 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "evaluation: the policy where RL stopped is scored, and a rerun "
         "goes on (default none; "
         f"{GPU_MINUTES:g} with --gpu; {LONG_RECIPE.minutes:g} with --long; "
-        f"{MODEL_RECIPES['gemma3-270m'].minutes:g} with --model gemma3-270m; 0: none)",
+        f"{MODEL_RECIPES['gemma3-270m'].minutes:g} with --model gemma3-270m; "
+        f"{TASK_RECIPES['gym'].minutes:g} with --task gym; 0: none)",
     )
 
     cpu = Sizes()
@@ -744,10 +763,14 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
             "fresh samples of each problem RL trained on, scored with the SFT policy and the "
             "final one (0: none)",
         ),
+        ("dev-beside", "development problems scored beside the gym ones (--task gym)"),
     ):
         field = name.replace("-", "_")
-        others = [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")]
+        others = (
+            [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")] if field != "dev_beside" else []
+        )
         others.append((MODEL_RECIPES["gemma3-270m"].sizes, "--model gemma3-270m"))
+        others.append((TASK_RECIPES["gym"].sizes, "--task gym"))
         defaults = f"(default {getattr(cpu, field)}" + "".join(
             f"; {getattr(sizes, field)} with {option}"
             for sizes, option in others

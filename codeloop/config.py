@@ -448,6 +448,18 @@ class DataConfig:
     integer_answers_only: bool = knob(True, "Keep only problems with integer answers (report).")
     decontaminate: list[str] = knob([], "Benchmark files whose 8-grams are removed from training.")
     ngram: int = knob(8, "n of the n-gram decontamination (report: 8).", ge=1)
+    rl: str = knob(
+        "",
+        "What `codeloop real` trains on with RL: empty = the training split's problems after "
+        "the SFT ones; gym:TASKS or gym:MIX_FILE = reasoning-gym tasks, scored on held-out "
+        "problems of the same mix (the development split beside them).",
+    )
+    gym_problems: int = knob(
+        1000, "Problems drawn when a source is reasoning-gym tasks (gym:lcm,gcd).", ge=1
+    )
+    gym_seed: int = knob(
+        0, "The seed they are drawn with (another seed: other problems, e.g. to evaluate)."
+    )
 
 
 @dataclass

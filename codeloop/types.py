@@ -189,6 +189,8 @@ class Trajectory:
     reward: float | None = None
     text: str = ""  # decoded response; the reward reads the final answer from it
     versions: list[int] = field(default_factory=list)
+    # its reasoning-gym task's scorer raised or hung on its answer (`reward/task.py`)
+    scorer_failed: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -231,8 +233,9 @@ class Trajectory:
     @property
     def unscorable(self) -> bool:
         """Infrastructure, not the model, decided its end: the engine or server failed (status
-        `error`) or the sandbox failed a call. Evaluations leave it out of their scores."""
-        return self.status == RolloutStatus.ERROR or self.infra_fault
+        `error`), the sandbox failed a call, or a gym task's scorer failed on its answer.
+        Evaluations leave it out of their scores, RL out of its groups."""
+        return self.status == RolloutStatus.ERROR or self.infra_fault or self.scorer_failed
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

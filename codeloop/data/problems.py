@@ -6,19 +6,22 @@ and an `answer` whose last line is `#### 72` (and none of the mapped fields) is 
 `question` with gold answer `72` (thousands separators dropped), its worked solution kept as
 `Problem.solution`, and the line number as its id; the hub names `gsm8k` and `openai/gsm8k`
 load the `main` configuration. A line that is not JSON, or a record without a mapped field, is
-an error that names the file and the line; nothing is skipped silently.
+an error that names the file and the line; nothing is skipped silently. A record with `task` (a
+reasoning-gym task's name) and `metadata` is scored by that task (`data/gym.py`); the source
+`gym:TASK,TASK` or `gym:MIX_FILE` draws `data.gym_problems` of them with `data.gym_seed`.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from codeloop.config import DataConfig
 from codeloop.errors import CodeloopError, read_text_input
+from codeloop.reward.task import TaskGold
 
 GSM8K_TRAIN = Path(__file__).parent / "gsm8k" / "train.jsonl"  # packaged; MIT, OpenAI 2021
 
@@ -29,6 +32,15 @@ class Problem:
     problem: str
     answer: str
     solution: str = ""  # a worked solution, where the source has one (GSM8K)
+    # A reasoning-gym task's problem (`data/gym.py`): the task's name and the metadata its
+    # scorer reads (JSON text); such a problem is scored by that task, not the math verifier.
+    task: str = ""
+    metadata: str = "{}"
+
+    @property
+    def gold(self) -> str | TaskGold:
+        """What the verifier scores an answer against: the answer, or the task's scorer."""
+        return TaskGold(self.task, self.answer, self.metadata) if self.task else self.answer
 
 
 class DataError(CodeloopError, ValueError):
@@ -91,6 +103,10 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
 
 def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
     cfg = cfg or DataConfig()
+    if source.startswith("gym:"):  # reasoning-gym tasks, drawn now (data/gym.py)
+        from codeloop.data import gym
+
+        return gym.generate(gym.parse_mix(source), cfg.gym_problems, cfg.gym_seed)
     problems = []
     for index, (where, record) in enumerate(_records(source)):
         if not isinstance(record, dict):
@@ -115,12 +131,23 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
                     f"set data.{key} to the field that holds it{hint})"
                 )
         problem_id = str(record[cfg.id_field]) if cfg.id_field else str(index)
-        problems.append(
-            Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
-        )
+        problem = Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
+        problems.append(_with_task(problem, record, where) if "task" in record else problem)
     if not problems:
         raise DataError(f"{source}: holds no problems")
     return problems
+
+
+def _with_task(problem: Problem, record: dict[str, Any], where: str) -> Problem:
+    """A line with `task` (a reasoning-gym task) and `metadata` (an object, as the task yields
+    it): the problem is scored by that task (the task checked now, so a bad name fails here)."""
+    from codeloop.data import gym
+
+    task, metadata = record["task"], record.get("metadata", {})
+    if not isinstance(task, str) or not isinstance(metadata, dict):
+        raise DataError(f"{where}: 'task' must be a gym task's name and 'metadata' an object")
+    gym.check_mix([gym.GymTask(task)], where)
+    return replace(problem, task=task, metadata=json.dumps(metadata))
 
 
 def _looks_like_a_path(source: str) -> bool:

@@ -52,6 +52,7 @@ from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
+from codeloop.recipe.tasks import by_task, read_beside, report_lines, task_data
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE
@@ -267,9 +268,10 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
     if warning := disk_warning(run_dir, needed):
         print(warning, file=sys.stderr, flush=True)
-    points_file = run_dir / "points.json"
-    points = read_points(points_file)
-    held_out = dev[: sizes.eval_problems]
+    points_file, beside_file = run_dir / "points.json", run_dir / "beside.json"
+    points, beside = read_points(points_file), read_beside(beside_file)
+    data = task_data(cfg, run_dir, sizes, train, dev)
+    held_out = data.held_out
     world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
     async with LocalSandbox(cfg.sandbox) as tools:
 
@@ -280,9 +282,14 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             metrics = await evaluate(
                 engine, fmt, held_out, tools, cfg=cfg, samples=sizes.eval_samples
             )
+            for name, problems in data.beside.items():  # before the point: a rerun redoes both
+                found = await evaluate(engine, fmt, problems, tools, cfg=cfg, samples=1)
+                beside.setdefault(name, []).append({"stage": stage, **found})
+                write_atomic(beside_file, json.dumps(beside, indent=2))
+                _print_point(beside[name][-1], name)
             points.append({"stage": stage, **metrics, "seconds": time.perf_counter() - began})
             write_atomic(points_file, json.dumps(points, indent=2))
-            _print_point(points[-1])
+            _print_point(points[-1], "gym" if data.beside else "dev")
 
         def rl_deadline() -> float | None:
             """When RL must stop: the end, less what comes after it (`after_rl_s`)."""
@@ -298,7 +305,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             else {k: v.detach().clone() for k, v in model.state_dict().items()}
         )
         engine = local_engine(cfg, model, fmt, world)  # the run's one: evaluations and stages
-        rl_problems = train[sizes.sft_problems : sizes.sft_problems + sizes.rl_problems]
+        rl_problems = data.rl
         if engine.slots is not None:  # slots for the longest request now, not grown under graphs
             engine.plan(longest_request(cfg, fmt, [*held_out, *rl_problems]))
         sft_s = time.perf_counter() - start
@@ -354,7 +361,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
                 flush=True,
             )
     Policy(model, fmt).save(run_dir / "final_model")
-    summary = {
+    summary: dict[str, Any] = {
         "model": cfg.trainer.model,
         "sizes": asdict(sizes),
         "points": points,
@@ -362,6 +369,14 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         "stopped": stopped,
         "trained_problems": trained_result,
     }
+    if data.beside:  # a gym run: its held-out problems by task, and the sets scored beside
+        table = by_task(held_out, points[0], points[-1])
+        summary["gym"], summary["gym_by_task"] = table["overall"], table
+        summary["beside"] = {
+            name: {"points": found, **by_task([], found[0], found[-1])["overall"]}
+            for name, found in beside.items()
+            if len(found) > 1
+        }
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
@@ -497,9 +512,9 @@ async def _score_trained(
     return result
 
 
-def _print_point(point: dict[str, Any]) -> None:
+def _print_point(point: dict[str, Any], what: str = "dev") -> None:
     print(
-        f"[{point['stage']}] dev pass@1 {score_text(point)}, "
+        f"[{point['stage']}] {what} pass@1 {score_text(point)}, "
         f"tool use {100 * point['tool_use']:.0f}%, "
         f"cut off inside a call {100 * point['cut_off_in_call']:.0f}%, "
         f"malformed calls {100 * point['malformed_calls']:.1f}%, "
@@ -515,9 +530,15 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
     summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
     print(
-        f"\nreal: {summary['minutes']:.1f} min; dev pass@1 {score_text(first)} after SFT -> "
+        f"\nreal: {summary['minutes']:.1f} min; {'gym' if 'gym' in summary else 'dev'} pass@1 "
+        f"{score_text(first)} after SFT -> "
         f"{score_text(last)} after RL ({last['stage']}); "
         f"{cfg.trainer.output_dir}/summary.json"
     )
-    print(first_vs_last(summary["points"], "dev pass@1"))
+    gym = "gym" in summary
+    print(first_vs_last(summary["points"], "held-out gym pass@1" if gym else "dev pass@1"))
+    if gym:
+        print("\n".join(report_lines("gym", summary["gym_by_task"])))
+        for name, found in summary["beside"].items():
+            print(first_vs_last(found["points"], f"{name} pass@1"))
     return 0

@@ -25,6 +25,9 @@ class Sizes:
     # at the [eval] settings: the direct check that RL moved the policy where it trained.
     trained_samples: int = 8
     error_share: float = 0.15  # of the SFT conversations: a real tool error, then the fix
+    # With RL on another task (data.rl: a gym mix), the development problems scored beside
+    # its held-out ones after SFT and after RL, once each
+    dev_beside: int = 200
 
 
 CPU_CONFIG = "configs/gsm8k_smollm2.toml"  # the package's own (config.config_path)
@@ -66,6 +69,25 @@ GEMMA3_SIZES = Sizes(
 MODEL_RECIPES = {
     "smollm2": ModelRecipe(CPU_CONFIG, Sizes(), 0.0),
     "gemma3-270m": ModelRecipe("configs/gsm8k_gemma3.toml", GEMMA3_SIZES, 85.0),
+}
+
+# `codeloop real --task gym`: SFT on GSM8K's solutions as above (fewer: the format and the tool,
+# not the task), then RL on reasoning-gym tasks that the tool solves and the SFT policy solves
+# sometimes (configs/gym_mix_smollm2.json, chosen by measured pass rate), scored after SFT and
+# after RL on 400 held-out problems of the mix x 2 samples and 200 development problems.
+GYM_SIZES = Sizes(
+    dev=500,
+    eval_problems=400,
+    eval_samples=2,
+    sft_problems=600,
+    rl_problems=200,
+    trained_samples=4,
+    dev_beside=200,
+)
+TASK_RECIPES = {
+    "gym": ModelRecipe(
+        "configs/gym_smollm2.toml", GYM_SIZES, 60.0, ("--trainer.output_dir=runs/real-gym",)
+    ),
 }
 
 # `codeloop real --long`: SmolLM2's recipe with RL long enough to move the problems it trains on

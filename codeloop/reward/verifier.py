@@ -2,7 +2,8 @@
 
 The fast path runs in the caller: extraction, then the cheap rules of `fastpath.py` (exact
 numbers and ratios, normalised strings, tuples, sets and intervals of numbers).
-Everything else goes to the killable verifier workers (`workers.py`), started on first need,
+Everything else, and every answer to a reasoning-gym problem (its gold a `TaskGold`, scored by
+the task's own scorer), goes to the killable verifier workers (`workers.py`), started on first need,
 so a batch with only integer golds and integer predictions never starts a process.
 `score_async` scores on the verifier's own thread, so that an event loop driving generation
 goes on while a trajectory that has ended is checked.
@@ -19,8 +20,11 @@ from dataclasses import dataclass
 from codeloop.config import RewardConfig
 from codeloop.reward.extract import Reason, extract_answer
 from codeloop.reward.fastpath import fast_check
+from codeloop.reward.task import TaskGold
 from codeloop.reward.workers import Check, VerifierPool, default_workers
 from codeloop.types import RolloutStatus, StrEnum, Trajectory
+
+Gold = str | TaskGold  # a gold answer, or a reasoning-gym task that scores the answer (`task.py`)
 
 
 class Verdict(StrEnum):
@@ -75,20 +79,20 @@ class Verifier:
             self._pool = VerifierPool(workers, self.cfg.deadline_s, self.cfg.worker_memory_mb)
         return self._pool
 
-    def score(self, response: Trajectory | str, gold: str) -> RewardResult:
+    def score(self, response: Trajectory | str, gold: Gold) -> RewardResult:
         return self.score_batch([(response, gold)])[0]
 
-    async def score_async(self, response: Trajectory | str, gold: str) -> RewardResult:
+    async def score_async(self, response: Trajectory | str, gold: Gold) -> RewardResult:
         """`score` on the verifier's thread; the caller's event loop runs on meanwhile."""
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="verifier")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self.score, response, gold)
 
-    def score_batch(self, items: Sequence[tuple[Trajectory | str, str]]) -> list[RewardResult]:
+    def score_batch(self, items: Sequence[tuple[Trajectory | str, Gold]]) -> list[RewardResult]:
         """One result per (response, gold) item, in order."""
         results: list[RewardResult | None] = [None] * len(items)
-        slow: list[tuple[int, str, str, Reason]] = []
+        slow: list[tuple[int, str, Gold, Reason]] = []
         for i, (response, gold) in enumerate(items):
             text = response if isinstance(response, str) else response.text
             found = extract_answer(
@@ -100,7 +104,10 @@ class Verifier:
                 results[i] = _result(_NOT_SCORED[response.status], found.answer, found.reason)
             elif found.answer is None:
                 results[i] = _result(Verdict.NO_ANSWER, None, found.reason)
-            elif (same := fast_check(found.answer, gold)) is not None:
+            elif (
+                not isinstance(gold, TaskGold)
+                and (same := fast_check(found.answer, gold)) is not None
+            ):
                 verdict = Verdict.CORRECT if same else Verdict.WRONG
                 results[i] = _result(verdict, found.answer, found.reason)
             else:

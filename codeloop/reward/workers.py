@@ -6,7 +6,8 @@ zygote process, started with a clean exec (`python -m codeloop.reward.zygote`, s
 `__main__` is never re-run and the caller may be threaded), imports sympy and math-verify once,
 warms the parser and forks the workers; a new worker costs a fork, not the imports. A worker
 that overruns its item's deadline is killed and replaced, and the item is a `TIMEOUT`. A worker
-that dies (a segfault, its memory limit) costs its item a `VERIFIER_ERROR` and is replaced too.
+that dies (a segfault, its memory limit) costs its item a `VERIFIER_ERROR` and is replaced too;
+a reasoning-gym scorer that raises costs its item a `VERIFIER_ERROR` (`task.py`).
 One item per worker at a time, so throughput grows with the number of workers. Workers and the
 zygote die with the process that started them (PDEATHSIG, and EOF on their sockets).
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from codeloop.reward.task import TaskGold
 from codeloop.types import StrEnum
 
 
@@ -34,6 +36,9 @@ class Check(StrEnum):
     NOT_EQUAL = "not_equal"
     TIMEOUT = "timeout"
     VERIFIER_ERROR = "verifier_error"
+
+
+_CHECKS = {True: Check.EQUAL, False: Check.NOT_EQUAL}  # None: a task's scorer raised
 
 
 @dataclass
@@ -85,7 +90,7 @@ class VerifierPool:
         self.replaced += 1
         return self._start()
 
-    def check(self, pairs: Sequence[tuple[str, str]]) -> list[Check]:
+    def check(self, pairs: Sequence[tuple[str, str | TaskGold]]) -> list[Check]:
         """The verdict of each (pred, gold) pair, in order; each within the deadline."""
         results: list[Check | None] = [None] * len(pairs)
         todo = deque(range(len(pairs)))
@@ -110,8 +115,9 @@ class VerifierPool:
                 continue
             if worker.conn in ready:
                 try:
-                    results[item] = Check.EQUAL if worker.conn.recv() else Check.NOT_EQUAL
+                    same = worker.conn.recv()
                     worker.item = None
+                    results[item] = Check.VERIFIER_ERROR if same is None else _CHECKS[same]
                     continue
                 except (EOFError, OSError):
                     results[item] = Check.VERIFIER_ERROR

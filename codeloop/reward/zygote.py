@@ -2,7 +2,8 @@
 
 Imports sympy and math-verify once, warms the parser, then forks one worker per byte read from
 the control socket FD and sends back the worker's pid and its end of a socket pair. A worker
-answers (pred, gold) with a bool until its socket closes.
+answers (pred, gold) with a bool until its socket closes; a gold that is a `TaskGold` is scored
+by its reasoning-gym task (`task.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from multiprocessing.connection import Connection
 
 from codeloop.reward.symbolic import equivalent
+from codeloop.reward.task import TaskGold, task_score
 
 # One of each answer shape: ANTLR learns its parsing decisions on first sight, ~10 ms each.
 WARMUP = [
@@ -38,7 +40,8 @@ WARMUP = [
 
 
 def serve(conn: Connection, memory_mb: int) -> None:
-    """Worker loop: (pred, gold) in, a bool out, until the pipe closes."""
+    """Worker loop: (pred, gold) in, a bool out (None: a task's scorer raised), until the pipe
+    closes."""
     if memory_mb:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -48,7 +51,7 @@ def serve(conn: Connection, memory_mb: int) -> None:
         except (EOFError, ConnectionError):  # closed; or its owner died with a reply unread
             return
         try:
-            same = equivalent(pred, gold)
+            same = task_score(pred, gold) if isinstance(gold, TaskGold) else equivalent(pred, gold)
         except Exception:  # a parser bug, MemoryError, RecursionError: not equal
             same = False
         try:

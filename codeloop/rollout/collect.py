@@ -22,11 +22,13 @@ from codeloop.data.problems import Problem
 from codeloop.engine.protocol import Batched, Engine
 from codeloop.engine.scheduler import Scheduler
 from codeloop.progress import progress_bar
-from codeloop.reward import Verifier
+from codeloop.reward import Verdict, Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
 from codeloop.types import Trajectory
+
+UNSCORED = (Verdict.TIMEOUT, Verdict.VERIFIER_ERROR)  # a gym task's scorer hung or raised
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,9 @@ async def collect(
                 prompt_ids=prompt,
                 seed=seed_of(seed, key, index),
             )
-        result = await verifier.score_async(trajectory, problem.answer)
+        result = await verifier.score_async(trajectory, problem.gold)
         trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+        trajectory.scorer_failed = bool(problem.task) and result.reason in UNSCORED
         bar.update()
         if on_trajectory is not None:
             on_trajectory(trajectory)

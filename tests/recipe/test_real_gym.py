@@ -1,0 +1,52 @@
+"""`codeloop real --task gym` at tiny scale: a small random model, GSM8K-format SFT data
+written here, RL on a reasoning-gym mix; held-out gym problems and GSM8K's development split
+scored after SFT and after RL, the summary's paired differences, and the rerun."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloop[gym]'")
+
+from codeloop.config import load_config  # noqa: E402
+from codeloop.data.problems import load_problems  # noqa: E402
+from codeloop.recipe.real import run_real  # noqa: E402
+from codeloop.recipe.sizes import Sizes  # noqa: E402
+from codeloop.recipe.tasks import by_task  # noqa: E402
+from recipe.test_real import _tiny_recipe  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gym_smollm2.toml"
+TINY = Sizes(
+    dev=3, eval_problems=6, eval_samples=2, sft_problems=4, rl_problems=4, dev_beside=2
+)
+
+
+@pytest.mark.slow
+def test_the_gym_recipe_scores_held_out_gym_problems_and_the_dev_split(tmp_path: Path) -> None:
+    overrides = [*_tiny_recipe(tmp_path), "--data.rl=gym:lcm,gcd"]
+    run_dir = tmp_path / "run"
+    summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
+    train = load_problems(str(run_dir / "gym_train.jsonl"))
+    held = load_problems(str(run_dir / "gym_eval.jsonl"))
+    assert len(train) == 4 and len(held) == 6
+    assert {p.task for p in [*train, *held]} <= {"lcm", "gcd"}
+    assert {p.problem for p in train}.isdisjoint(p.problem for p in held)
+    mix = json.loads((run_dir / "gym_mix.json").read_text())
+    assert [m["task"] for m in mix] == ["lcm", "gcd"]
+    first, last = summary["points"][0], summary["points"][-1]
+    assert sorted(first["per_problem"]) == sorted(p.id for p in held)
+    assert all(4 * v == round(4 * v) for v in first["per_problem"].values())  # 2 samples each
+    assert summary["gym"] == by_task(held, first, last)["overall"]
+    before, after = first["per_problem"], last["per_problem"]
+    assert summary["gym"]["difference"] == pytest.approx(
+        100 * sum(after[i] - before[i] for i in before) / len(before)
+    )
+    assert set(summary["gym_by_task"]) == {"overall", *(p.task for p in held)}
+    dev = summary["beside"]["gsm8k_dev"]
+    assert [p["stage"] for p in dev["points"]] == ["sft", "stage3-hard"]
+    assert dev["problems"] == 2 and "interval95" in dev
+    assert {"difference", "interval95"} <= set(summary["trained_problems"] or {})
+    again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done
+    assert again["gym"] == summary["gym"] and again["beside"] == summary["beside"]
