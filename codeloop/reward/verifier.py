@@ -70,13 +70,16 @@ class Verifier:
     def __init__(self, cfg: RewardConfig | None = None) -> None:
         self.cfg = cfg or RewardConfig()
         self._pool: VerifierPool | None = None
+        self._gym = False  # gym golds seen before the pool started: its workers import the gym
         self._thread: ThreadPoolExecutor | None = None  # for score_async: one at a time
 
     @property
     def pool(self) -> VerifierPool:
         if self._pool is None:
             workers = self.cfg.workers or default_workers()
-            self._pool = VerifierPool(workers, self.cfg.deadline_s, self.cfg.worker_memory_mb)
+            self._pool = VerifierPool(
+                workers, self.cfg.deadline_s, self.cfg.worker_memory_mb, gym=self._gym
+            )
         return self._pool
 
     def score(self, response: Trajectory | str, gold: Gold) -> RewardResult:
@@ -114,6 +117,7 @@ class Verifier:
                 slow.append((i, found.answer, gold, found.reason))
         if slow:  # samples of one prompt often repeat an answer: check each pair once
             distinct = list(dict.fromkeys((pred, gold) for _, pred, gold, _ in slow))
+            self._gym = self._gym or any(isinstance(gold, TaskGold) for _, gold in distinct)
             checks = dict(zip(distinct, self.pool.check(distinct), strict=True))
             for i, pred, gold, reason in slow:
                 results[i] = _result(_CHECK_VERDICT[checks[pred, gold]], pred, reason)

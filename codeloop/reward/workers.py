@@ -52,23 +52,29 @@ class _Worker:
 class VerifierPool:
     """A fixed number of verifier processes; `check` spreads a batch over them, in order."""
 
-    def __init__(self, workers: int, deadline_s: float, memory_mb: int = 4096) -> None:
+    def __init__(
+        self, workers: int, deadline_s: float, memory_mb: int = 4096, *, gym: bool = False
+    ) -> None:
+        """`gym`: the zygote imports reasoning-gym before it forks (seconds that would
+        otherwise count against each worker's first deadline)."""
         if workers < 1:
             raise ValueError(f"VerifierPool needs at least one worker, got {workers}")
         self.deadline_s = deadline_s
         self.memory_mb = memory_mb
         self._lock = threading.Lock()
-        self._zygote, self._control = self._start_zygote()
+        self._zygote, self._control = self._start_zygote(gym)
         self._workers = [self._start() for _ in range(workers)]
         self.replaced = 0  # workers killed or lost so far
 
-    def _start_zygote(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    def _start_zygote(self, gym: bool) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
         command = [sys.executable, "-m", "codeloop.reward.zygote", str(theirs.fileno())]
         zygote = subprocess.Popen(
-            [*command, str(self.memory_mb), str(os.getpid())], pass_fds=[theirs.fileno()], env=env
+            [*command, str(self.memory_mb), str(os.getpid()), "gym" if gym else "math"],
+            pass_fds=[theirs.fileno()],
+            env=env,
         )
         theirs.close()
         return zygote, ours

@@ -67,10 +67,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def zygote(control: socket.socket, memory_mb: int, parent: int) -> None:
+def zygote(control: socket.socket, memory_mb: int, parent: int, gym: bool = False) -> None:
     """Fork one worker per byte received; send back its pid and its end of a socket pair.
-    `parent`: the pid of the process that started it (the zygote and its workers die with it)."""
+    `parent`: the pid of the process that started it (the zygote and its workers die with it);
+    `gym`: import reasoning-gym first (when installed), once for all the workers."""
     _die_with_parent(parent)
+    if gym:
+        with contextlib.suppress(ImportError):  # without it, each answer is unscorable
+            import reasoning_gym  # noqa: F401
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": we own it
     for pred, gold in WARMUP:  # fill the parser's prediction cache once, shared by all workers
         equivalent(pred, gold)
@@ -99,4 +103,5 @@ def _fork_on_request(control: socket.socket, memory_mb: int, me: int) -> None:
 
 
 if __name__ == "__main__":
-    zygote(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))
+    fd, memory_mb, parent, kind = sys.argv[1:5]
+    zygote(socket.socket(fileno=int(fd)), int(memory_mb), int(parent), kind == "gym")

@@ -10,17 +10,16 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloop[gym]'")
 
+from recipe.test_real import _tiny_recipe  # noqa: E402
+
 from codeloop.config import load_config  # noqa: E402
 from codeloop.data.problems import load_problems  # noqa: E402
 from codeloop.recipe.real import run_real  # noqa: E402
 from codeloop.recipe.sizes import Sizes  # noqa: E402
 from codeloop.recipe.tasks import by_task  # noqa: E402
-from recipe.test_real import _tiny_recipe  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gym_smollm2.toml"
-TINY = Sizes(
-    dev=3, eval_problems=6, eval_samples=2, sft_problems=4, rl_problems=4, dev_beside=2
-)
+TINY = Sizes(dev=3, eval_problems=6, eval_samples=2, sft_problems=4, rl_problems=4, dev_beside=2)
 
 
 @pytest.mark.slow

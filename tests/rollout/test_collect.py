@@ -123,3 +123,25 @@ def test_each_problems_prompt_is_rendered_once_when_its_first_sample_runs(
         groups = asyncio.run(collect(agent, problems, 4, verifier, concurrency=3))
     assert counted.rendered == 10 and seen[0] == 1
     assert [g[0].prompt_ids for g in groups] == [fmt.prompt_ids(p.problem) for p in problems]
+
+
+def test_a_gym_answer_its_scorer_fails_on_is_unscorable_not_wrong(fmt: PromptFormat) -> None:
+    """prime_factorization's scorer raises on '2*2*3': that sample is left out of scores and
+    of RL's groups (`Trajectory.unscorable`), and a wrong answer stays a plain 0."""
+    import pytest
+
+    pytest.importorskip("reasoning_gym", reason="the gym extra")
+    from rollout_helpers import ScriptedEngine
+
+    from codeloop.data.gym import GymTask, generate
+
+    problem = generate([GymTask("prime_factorization", {"min_value": 12, "max_value": 12})], 1, 1)
+    replies = ["<answer>\\boxed{2*2*3}</answer>", "<answer>\\boxed{2 × 3}</answer>"]
+    engine = ScriptedEngine(fmt, [r + "<|im_end|>" for r in replies])
+    with Verifier() as verifier:
+        agent = Agent(engine, None, fmt, RolloutConfig(max_turns=1))  # type: ignore[arg-type]
+        [group] = asyncio.run(collect(agent, problem, 2, verifier, seed=0, concurrency=1))
+    assert [(t.scorer_failed, t.unscorable, t.reward) for t in group] == [
+        (True, True, 0.0),
+        (False, False, 0.0),
+    ]
