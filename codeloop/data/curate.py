@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from codeloop.data.problems import Problem
 from codeloop.files import write_atomic
@@ -48,10 +49,11 @@ def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def integer_only(problems: Sequence[Problem]) -> tuple[list[Problem], list[Removal]]:
-    """Keep problems whose gold answer is an integer (`1,000`, `12.0` and `\\text{42}` count)."""
+    """Keep problems whose gold answer is an integer (`1,000`, `12.0` and `\\text{42}` count),
+    and every reasoning-gym problem (its task scores its answer, whatever the answer's form)."""
     kept, removed = [], []
     for p in problems:
-        if parse_integer(p.answer) is None:
+        if not p.task and parse_integer(p.answer) is None:
             removed.append(Removal(p.id, "non_integer_answer", p.answer))
         else:
             kept.append(p)
@@ -91,10 +93,22 @@ def decontaminate(
 
 
 def write_problems(path: str | Path, problems: Sequence[Problem]) -> None:
-    """JSONL with the default field names (`id`, `problem`, `answer`, and `solution` where a
-    problem has one)."""
-    records = [{k: v for k, v in asdict(p).items() if k != "solution" or v} for p in problems]
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+    """JSONL with the default field names (`id`, `problem`, `answer`; `solution` where a problem
+    has one; `task` and `metadata` for a reasoning-gym problem): `load_problems` reads it back."""
+    write_atomic(path, "".join(json.dumps(_record(p)) + "\n" for p in problems))
+
+
+def _record(problem: Problem) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "id": problem.id,
+        "problem": problem.problem,
+        "answer": problem.answer,
+    }
+    if problem.solution:
+        record["solution"] = problem.solution
+    if problem.task:
+        record.update(task=problem.task, metadata=json.loads(problem.metadata))
+    return record
 
 
 def write_removals(path: str | Path, removals: Sequence[Removal]) -> None:

@@ -9,7 +9,7 @@ with the same keys under `[[tasks]]`. `generate` draws problems from a mix with 
 `held_out` draws from another seed and drops any problem whose question is in a given set, so
 training and evaluation never share a question. Each problem carries its task and the metadata
 the task's scorer reads (`Problem.task`, `Problem.metadata`, JSON), so a problem file holding
-them (`write_jsonl`) is scored by that task's `score_answer` wherever it is read
+them (`curate.write_problems`) is scored by that task's `score_answer` wherever it is read
 (`reward/task.py`). A wrong task name or config key is a `DataError` naming it and the valid
 ones; nothing is dropped silently.
 """
@@ -177,20 +177,3 @@ def held_out(
 def mix_json(mix: list[GymTask]) -> str:
     """The mix as `gym_mix.json` holds it (`read_mix` reads it back)."""
     return json.dumps([dataclasses.asdict(t) for t in mix], indent=2) + "\n"
-
-
-def write_jsonl(path: Path, problems: list[Problem]) -> None:
-    """Problems as a JSONL file `load_problems` reads back, each scored by its task."""
-    lines = [
-        json.dumps(
-            {
-                "id": p.id,
-                "problem": p.problem,
-                "answer": p.answer,
-                "task": p.task,
-                "metadata": json.loads(p.metadata),
-            }
-        )
-        for p in problems
-    ]
-    path.write_text("".join(line + "\n" for line in lines))

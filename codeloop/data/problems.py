@@ -132,7 +132,7 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
                 )
         problem_id = str(record[cfg.id_field]) if cfg.id_field else str(index)
         problem = Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
-        problems.append(_with_task(problem, record, where) if "task" in record else problem)
+        problems.append(_with_task(problem, record, where) if record.get("task") else problem)
     if not problems:
         raise DataError(f"{source}: holds no problems")
     return problems

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from codeloop.config import Config, config_path
 from codeloop.data import gym
+from codeloop.data.curate import write_problems
 from codeloop.data.problems import Problem, load_problems
 from codeloop.files import write_atomic
 from codeloop.intervals import compare, verdict
@@ -54,8 +55,8 @@ def task_data(
         held = gym.held_out(mix, sizes.eval_problems, cfg.trainer.seed + EVAL_SEED, seen)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "gym_mix.json", gym.mix_json(mix))
-        gym.write_jsonl(train_file, rl)
-        gym.write_jsonl(eval_file, held)
+        write_problems(train_file, rl)
+        write_problems(eval_file, held)
     return TaskData(
         load_problems(str(train_file)),
         load_problems(str(eval_file)),

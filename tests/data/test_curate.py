@@ -150,3 +150,14 @@ def test_filter_and_decontaminate_commands(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"id": "z", "problem": "x"}\n')
     done = run("filter", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o.jsonl"))
     assert done.returncode == 2 and "bad.jsonl:1: missing field 'answer'" in done.stderr
+
+
+def test_gym_problems_keep_answers_that_are_not_integers() -> None:
+    """Their task scores the answer (a fraction, a time, a factor list), not the math verifier."""
+    problems = [
+        Problem("f", "Simplify 2/4.", "1/2", task="fraction_simplification"),
+        Problem("m", "Half of 3?", "1.5"),
+        Problem("i", "2 + 2?", "4"),
+    ]
+    kept, removed = integer_only(problems)
+    assert [p.id for p in kept] == ["f", "i"] and [r.id for r in removed] == ["m"]

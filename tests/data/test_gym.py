@@ -13,6 +13,7 @@ pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloo
 
 from codeloop.config import DataConfig  # noqa: E402
 from codeloop.data import gym  # noqa: E402
+from codeloop.data.curate import write_problems  # noqa: E402
 from codeloop.data.problems import DataError, load_problems  # noqa: E402
 from codeloop.reward import Verdict, Verifier  # noqa: E402
 
@@ -88,7 +89,7 @@ def test_held_out_problems_share_no_question_with_training() -> None:
 
 def test_a_problem_file_keeps_each_problems_task_and_scorer(tmp_path: Path) -> None:
     drawn = gym.generate(MIX, 5, seed=2)
-    gym.write_jsonl(tmp_path / "p.jsonl", drawn)
+    write_problems(tmp_path / "p.jsonl", drawn)
     assert load_problems(str(tmp_path / "p.jsonl")) == drawn
     assert load_problems("gym:lcm,gcd", DataConfig(gym_problems=4, gym_seed=7)) == gym.generate(
         [gym.GymTask("lcm"), gym.GymTask("gcd")], 4, 7
