@@ -49,3 +49,39 @@ def test_the_gym_recipe_scores_held_out_gym_problems_and_the_dev_split(tmp_path:
     assert {"difference", "interval95"} <= set(summary["trained_problems"] or {})
     again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done
     assert again["gym"] == summary["gym"] and again["beside"] == summary["beside"]
+
+
+def test_real_task_gym_is_the_gym_config_and_sizes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from codeloop import cli
+    from codeloop.recipe import real
+    from codeloop.recipe.sizes import GYM_SIZES
+
+    calls: list[tuple[str, list[str], Sizes, float]] = []
+    monkeypatch.setattr(real, "main", lambda c, o, s, m: calls.append((c, o, s, m)) or 0)
+    assert cli.main(["real", "--task", "gym", "--dev-beside", "50"]) == 0
+    [(config, overrides, sizes, minutes)] = calls
+    assert (config, sizes, minutes) == (
+        "configs/gym_smollm2.toml",
+        replace(GYM_SIZES, dev_beside=50),
+        60.0,
+    )
+    assert sizes.eval_problems >= 400 and sizes.eval_samples >= 2
+    cfg = load_config(config, overrides)
+    assert cfg.trainer.output_dir == "runs/real-gym" and cfg.data.rl.startswith("gym:")
+    assert cfg.recipe.stages[0].refilter
+    capsys.readouterr()
+    assert cli.main(["real", "--task", "gym", "--long"]) != 0
+    assert "--task gym: its recipe is SmolLM2's on a CPU" in capsys.readouterr().err
+    assert len(calls) == 1
+
+
+def test_the_packaged_mix_reads_and_checks() -> None:
+    from codeloop.config import config_path
+    from codeloop.data.gym import read_mix
+
+    mix = read_mix(config_path(load_config(str(CONFIG)).data.rl.removeprefix("gym:")))
+    assert len(mix) >= 4 and all(task.weight > 0 for task in mix)
