@@ -25,6 +25,7 @@ MIX = [
 
 def test_a_command_line_mix_names_tasks_at_their_defaults() -> None:
     assert gym.parse_mix("gym:lcm, count_bits") == [gym.GymTask("lcm"), gym.GymTask("count_bits")]
+    assert gym.parse_mix("gym:power_function")  # a config class without validate()
 
 
 def test_a_mix_file_in_json_or_toml_reads_back_as_written(tmp_path: Path) -> None:
