@@ -111,7 +111,7 @@ class SandboxConfig:
     grace_s: float = knob(
         GRACE_S,
         "On SIGTERM/SIGINT the sandbox server answers the calls in flight within this long, "
-        "then cancels the rest, closes every connection and exits (within about twice this).",
+        "then cancels the rest, closes every connection and exits (about 2 s later).",
         gt=0,
     )
     ca_file: str = knob(
