@@ -282,7 +282,9 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             metrics = await evaluate(
                 engine, fmt, held_out, tools, cfg=cfg, samples=sizes.eval_samples
             )
-            for name, problems in data.beside.items():  # before the point: a rerun redoes both
+            for name, problems in data.beside.items():  # before the point, once a stage
+                if any(p["stage"] == stage for p in beside.get(name, [])):
+                    continue
                 found = await evaluate(engine, fmt, problems, tools, cfg=cfg, samples=1)
                 beside.setdefault(name, []).append({"stage": stage, **found})
                 write_atomic(beside_file, json.dumps(beside, indent=2))
