@@ -19,6 +19,9 @@
    `Sizes.eval_samples` samples each at the `[eval]` settings: pass@1 (avg@k), the share of
    trajectories that call the tool, the share of calls that are malformed, the tool-error ratio
    among correct trajectories and the mean response length; `summary.json`, `curves.png`.
+With `data.rl` set (`tasks.py`; `codeloop real --task gym`), RL trains on another task
+instead: a reasoning-gym mix whose held-out problems are the run's points, with the development
+split scored beside them.
 Every part is skipped when its output exists, so rerunning continues (RL stages resume from their
 checkpoints). With a time limit (`minutes`) no RL step starts that would leave too little time
 for the last evaluation (EVAL_MARGIN x the longest one so far) and the trained problems' two
