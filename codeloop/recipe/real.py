@@ -55,7 +55,7 @@ from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
-from codeloop.recipe.tasks import by_task, read_beside, report_lines, task_data
+from codeloop.recipe.tasks import by_task, paired, read_beside, report_lines, task_data
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE
@@ -378,7 +378,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         table = by_task(held_out, points[0], points[-1])
         summary["gym"], summary["gym_by_task"] = table["overall"], table
         summary["beside"] = {
-            name: {"points": found, **by_task([], found[0], found[-1])["overall"]}
+            name: {"points": found, **paired(found[0]["per_problem"], found[-1]["per_problem"])}
             for name, found in beside.items()
             if len(found) > 1
         }

@@ -72,16 +72,16 @@ def by_task(
     tasks: dict[str, list[str]] = defaultdict(list)
     for p in problems:
         tasks[p.task or "-"].append(p.id)
-    result = {"overall": _paired(first["per_problem"], last["per_problem"])}
+    result = {"overall": paired(first["per_problem"], last["per_problem"])}
     for task, ids in sorted(tasks.items()):
         before = {i: first["per_problem"][i] for i in ids if i in first["per_problem"]}
         after = {i: last["per_problem"][i] for i in ids if i in last["per_problem"]}
         if set(before) & set(after):
-            result[task] = _paired(before, after)
+            result[task] = paired(before, after)
     return result
 
 
-def _paired(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+def paired(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
     found = compare(before, after)
     return {
         "before": 100 * found["a"],
