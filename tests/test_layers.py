@@ -27,6 +27,7 @@ RANK = {
     "intervals": 0,
     "net": 0,
     "auth": 0,
+    "serving": 0,
     "bench": 5,
     "sandbox": 1,
     "reward": 1,

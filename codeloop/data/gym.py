@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeloop.data.problems import DataError, Problem
+from codeloop.data.problem import DataError, Problem
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,36 +15,16 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from codeloop.config import DataConfig
-from codeloop.errors import CodeloopError, read_text_input
-from codeloop.reward.task import TaskGold
+from codeloop.data.problem import DataError as DataError  # re-exported: the readers' error
+from codeloop.data.problem import Problem as Problem
+from codeloop.errors import read_text_input
 
 GSM8K_TRAIN = Path(__file__).parent / "gsm8k" / "train.jsonl"  # packaged; MIT, OpenAI 2021
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    problem: str
-    answer: str
-    solution: str = ""  # a worked solution, where the source has one (GSM8K)
-    # A reasoning-gym task's problem (`data/gym.py`): the task's name and the metadata its
-    # scorer reads (JSON text); such a problem is scored by that task, not the math verifier.
-    task: str = ""
-    metadata: str = "{}"
-
-    @property
-    def gold(self) -> str | TaskGold:
-        """What the verifier scores an answer against: the answer, or the task's scorer."""
-        return TaskGold(self.task, self.answer, self.metadata) if self.task else self.answer
-
-
-class DataError(CodeloopError, ValueError):
-    """A problem file that cannot be read as the config says."""
 
 
 def _records(source: str) -> list[tuple[str, dict[str, Any]]]:

@@ -72,7 +72,7 @@ class VerifierPool:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
         command = [sys.executable, "-m", "codeloop.reward.zygote", str(theirs.fileno())]
         zygote = subprocess.Popen(
-            [*command, str(self.memory_mb), str(os.getpid()), "gym" if gym else "math"],
+            [*command, str(self.memory_mb), "gym" if gym else "math", str(os.getpid())],
             pass_fds=[theirs.fileno()],
             env=env,
         )

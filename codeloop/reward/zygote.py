@@ -103,5 +103,5 @@ def _fork_on_request(control: socket.socket, memory_mb: int, me: int) -> None:
 
 
 if __name__ == "__main__":
-    fd, memory_mb, parent, kind = sys.argv[1:5]
+    fd, memory_mb, kind, parent = sys.argv[1:5]  # the parent's pid last, as the sandbox's
     zygote(socket.socket(fileno=int(fd)), int(memory_mb), int(parent), kind == "gym")

@@ -75,12 +75,13 @@ def test_two_gloo_processes_match_one(trainer_fmt: PromptFormat, tmp_path: Path)
     assert w1.keys() == w2.keys()
     # Adam divides each gradient by its own scale, so elements whose gradient is ~0 turn
     # summation-order noise into visible steps: compare each tensor's disagreement with how far
-    # training moved it
+    # training moved it. Measured: 5e-5 on one machine, 1.3e-3 on another; both ranks training
+    # on the same half of the SFT data gives >= 0.5
     start = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=2, heads=4, seed=0)
     for key, initial in start.state_dict().items():
         moved = float((w1[key] - initial).norm())
         assert moved > 0, key
-        assert float((w2[key] - w1[key]).norm()) < 1e-3 * moved, key
+        assert float((w2[key] - w1[key]).norm()) < 1e-2 * moved, key
     assert one["engine_synced"] and two["engine_synced"]
 
 
