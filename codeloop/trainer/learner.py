@@ -101,7 +101,8 @@ class Learner:
         """`update`, yielding after each micro-batch's backward pass."""
         t, algo, temperature = self.cfg.trainer, self.cfg.algo, self.cfg.rollout.temperature
         pad_id = self.pad_id
-        if t.recompute_old_logprobs or algo.off_policy == "decoupled":
+        recomputed = t.recompute_old_logprobs or algo.off_policy == "decoupled"
+        if recomputed:
             behaviour = [s.old_logprobs for s in samples]
             self._recompute_old_logprobs(samples, pad_id)
             if algo.off_policy == "decoupled":  # clip against the proximal policy, weight
@@ -142,6 +143,10 @@ class Learner:
                 )
                 (loss * weight * world.size).backward()  # FSDP averages over ranks
                 entropy = (entropies * batch["loss_mask"]).sum()  # type: ignore[operator]
+                if not stepped and not recomputed:  # the sampled weights: engine vs trainer
+                    gap = (logprobs.detach() - batch["old_logprobs"]).abs() * batch["loss_mask"]
+                    sums["gap"] += float(gap.sum()) * weight
+                    sums["gap_tokens"] += float(batch["loss_mask"].sum()) * weight
                 for key, value in (
                     ("loss", float(loss.detach()) * units),
                     ("kl", stats.approx_kl),
@@ -164,7 +169,7 @@ class Learner:
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
             self.lr_schedule.step()  # schedule still follows RL steps
         self.model.eval()
-        for key in ("loss", "kl", "clipped", "entropy"):
+        for key in ("loss", "kl", "clipped", "entropy", "gap", "gap_tokens"):
             sums[key] = all_sum(sums[key], world)
         metrics = {"loss/loss": sums["loss"] / max(sums["units"], 1)} | {
             f"loss/{k}": sums[key] / max(sums["all_tokens"], 1)  # over every trained token
@@ -174,6 +179,8 @@ class Learner:
                 ("entropy", "entropy"),
             )
         }
+        if sums["gap_tokens"]:  # how far the engine's logprobs of its tokens lie from ours
+            metrics["loss/sampler_gap"] = sums["gap"] / sums["gap_tokens"]  # nats per token
         return metrics | {
             "loss/grad_norm": sums["grad_norm"] / max(stepped, 1),
             "loss/lr": lr,

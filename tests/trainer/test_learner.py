@@ -122,6 +122,23 @@ def test_a_step_without_signal_leaves_the_weights_and_one_token_with_signal_trai
     )
 
 
+def test_the_sampler_gap_is_the_engines_distance_from_the_trainers_logprobs() -> None:
+    """The engine's logprobs of two sampled tokens: its own (gap 0), then each 0.3 nats off in
+    opposite directions (gap 0.3 per token); with the trainer's recomputed ones: no gap."""
+    sample = Sample([5, 6, 7, 8], [0, 0, 1, 1], [0.0] * 4, advantage=1.0)
+    learner = _learner()
+    with torch.no_grad():
+        own, _ = token_logprobs(learner.model, collate([sample], 0))
+    sample.old_logprobs = [0.0, 0.0, float(own[0, 1]), float(own[0, 2])]
+    assert learner.update([sample])["loss/sampler_gap"] == pytest.approx(0.0, abs=1e-6)
+    learner = _learner()
+    sample.old_logprobs = [0.0, 0.0, float(own[0, 1]) + 0.3, float(own[0, 2]) - 0.3]
+    assert learner.update([sample])["loss/sampler_gap"] == pytest.approx(0.3, abs=1e-5)
+    learner = _learner()
+    learner.cfg.trainer.recompute_old_logprobs = True
+    assert "loss/sampler_gap" not in learner.update([sample])
+
+
 def test_the_learning_rate_warms_up_linearly_then_stays() -> None:
     learner = _learner(warmup=3)
     rates = [learner.update(_samples(learner.model))["loss/lr"] for _ in range(5)]
