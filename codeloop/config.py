@@ -300,6 +300,11 @@ class AlgoConfig:
         0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.", ge=0
     )
     adv_eps: float = knob(1e-6, "Added to the group std in the advantage denominator.", gt=0)
+    adv_scale: Literal["group", "none"] = knob(
+        "group",
+        "group: each advantage divided by its group's reward std (GRPO, the report); none: "
+        "the reward minus the group mean alone (Dr. GRPO; TRL's scale_rewards).",
+    )
     off_policy: Literal["none", "decoupled"] = knob(
         "none",
         "none: the ratio is taken against the logprobs the engine sampled with (behaviour), "

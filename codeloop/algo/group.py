@@ -52,7 +52,8 @@ def make_group(
     """The scored samples of one prompt, resampled to the G that train, with advantages."""
     healthy = [t for t in sampled if not t.unscorable]  # no engine, server or sandbox failure
     kept = resample(healthy, algo.group_size, algo.resample, rng) if healthy else []
-    advantages = group_advantages([t.reward or 0.0 for t in kept], algo.adv_eps)
+    rewards = [t.reward or 0.0 for t in kept]
+    advantages = group_advantages(rewards, algo.adv_eps, scale=algo.adv_scale == "group")
     return Group(problem, list(sampled), kept, advantages, position)
 
 

@@ -25,6 +25,12 @@ def test_eps_keeps_a_tiny_spread_from_exploding() -> None:
     assert group_advantages([1.0, 0.0], eps=0.5) == pytest.approx([0.41421, -0.41421], rel=1e-4)
 
 
+def test_unscaled_advantages_are_the_rewards_minus_their_mean() -> None:
+    # Dr. GRPO (algo.adv_scale = "none"): mean 0.25, no division by the std 0.5
+    assert group_advantages([1, 0, 0, 0], scale=False) == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    assert group_advantages([1, 1], scale=False) == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("rewards", [[1.0] * 4, [0.0] * 4, [1.0]])
 def test_groups_without_signal(rewards: list[float]) -> None:
     assert not has_signal(rewards)
