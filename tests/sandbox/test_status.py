@@ -11,7 +11,7 @@ from sandbox_helpers import SyncSandbox
 
 from codeloop.sandbox.executor import EXIT_SETUP_FAILED, ChildSpec, _setup_or_exit
 from codeloop.sandbox.isolation import Limits
-from codeloop.sandbox.zygote import HARD_KILL_GRACE_S, Call, _status_from
+from codeloop.sandbox.zygote import Call, _status_from
 from codeloop.types import ExecStatus
 
 
@@ -125,11 +125,11 @@ def test_a_call_that_times_out_keeps_its_output_and_its_own_exit_code(
     sandbox: SyncSandbox, session: str | None
 ) -> None:
     """The soft timer (SIGALRM at the limit) ends the call itself: what it printed before the
-    deadline comes back, the exit code is the timeout's own (124, not SIGKILL's -9), and the call
-    ends before the hard kill that follows the limit by HARD_KILL_GRACE_S."""
+    deadline comes back, and the exit code is the timeout's own (124): the hard kill that follows
+    the limit by HARD_KILL_GRACE_S would have left SIGKILL's -9. (How long the call took says
+    nothing more, and on a loaded machine the parent may note its end late.)"""
     code = "print('a line')\nprint('and a part', end='')\nwhile True: pass"  # one unflushed
     result = sandbox.execute(code, timeout_s=1.0, session_id=session)
     assert result.status == ExecStatus.TIMEOUT, result
     assert result.stdout == "a line\nand a part", result
     assert result.exit_code == 124, result
-    assert result.duration_s < 1.0 + HARD_KILL_GRACE_S, result
