@@ -35,6 +35,7 @@ BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench`
     "ceiling": "what the host can feed a GPU: the recipe's sampling with a zero-cost replay",
     "gpu": "every GPU figure in one run: GPU tests, rollout rows, the GPU recipe; one report",
     "lora": "LoRA RL against full fine-tuning: update time, memory, checkpoint and sync bytes",
+    "trl": "the same GRPO steps through TRL's GRPOTrainer and codeloop: step time split, reward",
 }
 
 
@@ -53,6 +54,8 @@ def _bench(args: argparse.Namespace) -> int:
             from codeloop.bench.ceiling import main as run
         case "lora":
             from codeloop.bench.lora import main as run
+        case "trl":
+            from codeloop.bench.trl import main as run
         case _:
             from codeloop.bench.train import main as run
     return run(args.extra)
