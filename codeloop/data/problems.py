@@ -14,10 +14,13 @@ reasoning-gym task's name) and `metadata` is scored by that task (`data/gym.py`)
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from codeloop.config import DataConfig
 from codeloop.data.problem import DataError as DataError  # re-exported: the readers' error
@@ -68,6 +71,11 @@ def _records(source: str) -> list[tuple[str, dict[str, Any]]]:
             f"{source}: no such file; read as a hub dataset name, it needs the "
             "`datasets` package: pip install 'codeloop[hub]'"
         ) from None
+    if why := _hub_unreachable():  # else the hub client retries for half a minute, loudly
+        raise DataError(
+            f"{source}: no such file; read as a hub dataset name, it needs network access to "
+            f"the hub ({why}; HF_HUB_OFFLINE=1 reads a copy cached before)"
+        )
     try:
         if source in GSM8K_HUB_NAMES:
             split = datasets.load_dataset("openai/gsm8k", "main", split="train")
@@ -130,6 +138,20 @@ def _with_task(problem: Problem, record: dict[str, Any], where: str) -> Problem:
     return replace(problem, task=task, metadata=json.dumps(metadata))
 
 
+def _hub_unreachable(timeout_s: float = 3.0) -> str:
+    """Why the dataset hub (`HF_ENDPOINT`, default huggingface.co) cannot be reached now; ''
+    when it can, or when `HF_HUB_OFFLINE` asks for the local cache alone."""
+    if any(os.environ.get(name, "0") not in ("0", "") for name in _OFFLINE):
+        return ""
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"{url.hostname}: {err.strerror or err}"
+    return ""
+
+
 def _looks_like_a_path(source: str) -> bool:
     """A file path rather than a hub name (`owner/name`): absolute or relative to `.`/`~`, with
     a file suffix, or more than one folder deep."""
@@ -137,6 +159,7 @@ def _looks_like_a_path(source: str) -> bool:
 
 
 GSM8K_HUB_NAMES = ("gsm8k", "openai/gsm8k")
+_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # the hub clients' own switches
 
 
 def _is_gsm8k(record: dict[str, Any], cfg: DataConfig) -> bool:

@@ -91,3 +91,24 @@ def test_the_development_split_is_fixed_and_disjoint() -> None:
     assert split_dev(problems, 10, seed=1)[1] != dev
     with pytest.raises(DataError, match="leaves no training problems"):
         split_dev(problems, 100)
+
+
+def test_a_hub_name_with_the_hub_unreachable_fails_at_once_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not half a minute of the hub client's retries: one refused connection names the hub."""
+    pytest.importorskip("datasets", reason="without datasets a hub name fails before the hub")
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    with pytest.raises(DataError) as raised:
+        load_problems("owner/name")
+    assert str(raised.value) == (
+        "owner/name: no such file; read as a hub dataset name, it needs network access to the "
+        "hub (127.0.0.1: Connection refused; HF_HUB_OFFLINE=1 reads a copy cached before)"
+    )
