@@ -6,8 +6,9 @@ first `--prompts` x `--steps` of `--data`, in order), `--group` samples per prom
 response budget, temperature, learning rate (constant, no warm-up) and loss (TRL's `dapo` =
 codeloop's token mean, clip 0.2/0.28, no KL, group-scaled advantages with std epsilon 1e-4),
 and the same reward: codeloop's verifier on the answer. Arms: TRL single-turn (as its users run
-it on a CPU: transformers' `generate`), codeloop single-turn (`rollout.tools = []`), and
-codeloop with the Python tool. Each arm runs in its own process, so its peak memory is its own.
+it on a CPU: transformers' `generate`), codeloop single-turn (`rollout.tools = []`,
+`rollout.max_turns = 1`: a tool call is not answered), and codeloop with the Python tool. Each
+arm runs in its own process, so its peak memory is its own.
 
 codeloop runs TRL's plain GRPO: no Resample-on-Correct (`algo.oversample 1`,
 `algo.resample none`), groups without signal kept rather than refilled; it skips the update of
@@ -111,7 +112,7 @@ def _codeloop_config(args: argparse.Namespace, out: Path, tool: bool) -> Path:
         )
     )
     run_dir = out / ("codeloop_tool" if tool else "codeloop")
-    tools = '["python"]' if tool else "[]"
+    tools, turns = ('["python"]', 30) if tool else ("[]", 1)  # single-turn: one model turn
     text = f"""
 [trainer]
 model = "{args.model}"
@@ -135,6 +136,7 @@ adv_eps = {TRL_STD_EPS}
 max_response_tokens = {args.max_tokens}
 temperature = {args.temperature}
 tools = {tools}
+max_turns = {turns}
 
 [data]
 train = "{data}"

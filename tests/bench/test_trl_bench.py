@@ -46,6 +46,9 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
             assert 0 < step["tokens"] <= 2 * 2 * 8  # a response budget of 8 tokens
             assert step["step_s"] >= step["sample_s"] > 0
     assert "TRL / codeloop: step" in done.stdout and "TRL / codeloop+tool: step" in done.stdout
+    # single-turn as TRL's: one model turn, a tool call left unanswered
+    dump = (out / "codeloop" / "trajectories" / "step_000001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["num_turns"] for line in dump} == {1}
     # codeloop's arms trained on the first prompts x steps problems, in order
     kept = [json.loads(line)["id"] for line in (out / "problems.jsonl").open()]
     assert kept == ["0", "1", "2", "3"]
