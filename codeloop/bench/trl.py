@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="codeloop bench trl", description=__doc__, formatter_class=HelpFormatter
     )
     p.add_argument("--model", default="", help="policy directory (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--data", default=str(GSM8K_TRAIN), help="problems (codeloop's formats)")
+    p.add_argument(
+        "--data", default="", help="problems, in codeloop's formats (default: GSM8K's, packaged)"
+    )
     p.add_argument("--steps", type=int, default=3, help="RL steps per arm")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 def _problems(args: argparse.Namespace) -> list[Problem]:
     cfg = Config().data
     cfg.integer_answers_only = False
-    problems = load_problems(args.data, cfg)[: args.prompts * args.steps]
+    problems = load_problems(args.data or str(GSM8K_TRAIN), cfg)[: args.prompts * args.steps]
     if len(problems) < args.prompts * args.steps:
         raise SystemExit(f"{args.data}: {len(problems)} problems, fewer than prompts x steps")
     return problems
