@@ -31,6 +31,8 @@ file on first use), a directory given with `--model`, or else a randomly initial
    the tokens the engine sampled in plain generation with the float32 model: the gap between
    the logprobs the engine returned and the float32 ones is what a float32 trainer would see
    in its importance ratios (`--dtype float32` reports the same gap, from batching alone).
+5. `--against vllm` runs plain generation and the agent workload again through a live vLLM
+   started on the same model (`against_vllm.py`), and each engine's time to a first token.
 `--model DIR --random-weights` measures a model's shape (its config and tokenizer) with random
 weights: the speed of a step does not depend on the weights' values, and a shape travels where
 its weights cannot (a GPU machine without the hub). Prints tokens/s and the ratios; writes JSON.
@@ -53,6 +55,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from codeloop.bench import against_vllm
 from codeloop.bench.static_engine import StaticBatchEngine
 from codeloop.config import RolloutConfig, SandboxConfig
 from codeloop.data.problems import GSM8K_TRAIN, load_problems
@@ -695,6 +698,9 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
     if "tools_prefilled" in rows:
         prefilled = speed("tools_prefilled")
         ratios["agent: turns fed / turns prefilled"] = speed("tools_overlapped") / prefilled
+    if "vllm" in rows:
+        ratios["plain: codeloop / vLLM"] = speed("continuous") / speed("vllm")
+        ratios["agent: codeloop / vLLM"] = speed("tools_overlapped") / speed("vllm_tools")
     if "tools_joins_at_once" in rows:
         at_once = speed("tools_joins_at_once")
         batched = speed(next(r for r in ("tools_prefilled", "tools_overlapped") if r in rows))
@@ -734,6 +740,36 @@ def _diagnostics(
         flush=True,
     )
     return {"logprob_gap": gap, "host_work": host, "host_time": free}
+
+
+def _against_vllm(
+    reference: Any,
+    engine: TransformersEngine,
+    fmt: PromptFormat,
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    record: Callable[[str, Any], None],
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """vLLM's rows (`against_vllm.py`), recorded; returns the first-token seconds of both
+    engines and what else vLLM's run reported."""
+    with torch.no_grad():
+        ours = asyncio.run(against_vllm.first_token_s(engine, fmt))
+    print(f"  first token, idle    codeloop {1000 * ours:7.1f} ms", flush=True)
+
+    async def plain(server: Engine) -> dict[str, Any]:
+        timed = await _measure(server, prompts, args.gen_tokens)
+        return {k: v for k, v in timed.items() if k != "generations"}
+
+    async def agent(server: Engine) -> dict[str, Any]:
+        return await _measure_tools(server, fmt, args, False)
+
+    print(f"vLLM ({args.vllm_python or 'make vllm'}'s), the same work:", flush=True)
+    served = against_vllm.measure_vllm(reference, fmt, prompts, args, plain=plain, agent=agent)
+    for row, measured in served.pop("rows").items():
+        record(row, measured)
+    theirs = served.pop("first_token_s")
+    print(f"  first token, idle    vLLM     {1000 * theirs:7.1f} ms", flush=True)
+    return {"codeloop": ours, "vllm": theirs}, served
 
 
 def main(argv: list[str]) -> int:
@@ -814,6 +850,7 @@ def main(argv: list[str]) -> int:
         "CPU, the ops), written beside --out",
     )
     parser.add_argument("--out", default="bench-results/rollout.json", help="JSON report")
+    against_vllm.add_arguments(parser)
     args = parser.parse_args(argv)
 
     device = torch.device(
@@ -920,7 +957,13 @@ def main(argv: list[str]) -> int:
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():
             record("tools_static", asyncio.run(_measure_tools(static, fmt, args, False)))
+    first_token: dict[str, float] = {}
+    if args.against == "vllm":
+        first_token, served = _against_vllm(reference, overlapped, fmt, prompts, args, record)
+        found["vllm"] = served
     ratios = _ratios(rows)
+    if first_token:
+        ratios["first token: vLLM s / codeloop s"] = first_token["vllm"] / first_token["codeloop"]
     for ratio_name, ratio in ratios.items():
         print(f"  {ratio_name:52} {ratio:5.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -933,6 +976,7 @@ def main(argv: list[str]) -> int:
         "memory_bound": bound,
         "rows": rows,
         "ratios": ratios,
+        "first_token_s": first_token,
         **found,
     }
     Path(args.out).write_text(json.dumps(report, indent=2))

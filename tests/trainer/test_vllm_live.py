@@ -13,9 +13,7 @@ import asyncio
 import contextlib
 import copy
 import os
-import signal
-import socket
-import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +29,14 @@ from codeloop.data.problems import Problem
 from codeloop.engine.model import tiny_model
 from codeloop.engine.openai_engine import OpenAIEngine
 from codeloop.engine.protocol import SamplingParams
+from codeloop.engine.vllm_server import (
+    DEFAULT_VENV,
+    START_S,
+    VLLM_PYTHON_ENV,
+    VLLMServer,
+    running_vllm,
+    vllm_python,
+)
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.logs import RunLogger
@@ -38,64 +44,22 @@ from codeloop.trainer.rl import build_run
 from codeloop.trainer.sft import train_sft
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("CODELOOP_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+VLLM_PYTHON = vllm_python(
+    os.environ.get(VLLM_PYTHON_ENV) or str(ROOT / DEFAULT_VENV / "bin" / "python")
+)
 pytestmark = pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
     reason=f"no vLLM at {VLLM_PYTHON}: `make vllm` installs it (or set CODELOOP_VLLM_PYTHON)",
 )
 PROBLEMS = [Problem(f"p{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(PAIRS)]
 SAMPLER_TOL = 1e-4  # nats per token, vLLM against the trainer in float32 (measured: 1e-7)
-START_S = 600  # vLLM's start on two cores: imports, the model, the KV cache
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path) -> Iterator[str]:
-    """vLLM serving `model_dir` on a free port, as docs/deployment.md starts it."""
-    port = _free_port()
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    command = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)),
-        *("--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"),
-        *("--logprobs-mode", "processed_logprobs"),
-        *("--hf-overrides", '{"tie_word_embeddings": false}'),  # its reload: weights.py
-        "--no-enable-chunked-prefill",  # a seeded request's split prefill: a CPU crash
-    ]
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            assert server.poll() is None, log.read_text()[-3000:]
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(url + "/health", timeout=5) as answer,
-            ):
-                if answer.status == 200:
-                    break
-            time.sleep(1)
-        else:
-            raise AssertionError(f"vLLM not up in {START_S} s:\n{log.read_text()[-3000:]}")
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    """vLLM serving `model_dir` in float32 on a free port, as docs/deployment.md starts it."""
+    with running_vllm(VLLM_PYTHON, model_dir, log) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +72,24 @@ def vllm_policy(trainer_fmt: PromptFormat, tmp_path_factory: Any) -> tuple[Any, 
     model.save_pretrained(served)
     trainer_fmt.tokenizer.save_pretrained(served)
     return model, served
+
+
+def _rl_config(served: Path, tmp_path: Path) -> Config:
+    """RL of the tiny policy through vLLM: 4 prompts x 2 kept of 4 samples, tool calls."""
+    cfg = Config()
+    cfg.trainer.output_dir = str(tmp_path / "run")
+    cfg.trainer.prompts_per_step, cfg.trainer.lr, cfg.trainer.warmup_steps = 4, 1e-2, 0
+    cfg.trainer.checkpoint_every = 0
+    cfg.algo.group_size, cfg.algo.oversample = 2, 2
+    cfg.algo.drop_zero_signal_groups = False  # three steps whatever the tiny policy solves
+    cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 200, 3
+    cfg.rollout.temperature = 0.7  # vLLM's logprobs are of the tempered distribution, as ours
+    cfg.rollout.backend, cfg.rollout.server = "openai", "vllm"
+    cfg.rollout.served_model = str(served)
+    cfg.rollout.weights_dir = str(tmp_path / "weights")  # not the served directory
+    cfg.rollout.reload_check_tol = SAMPLER_TOL  # after each reload: the new weights, or stop
+    cfg.reward.workers = 1
+    return cfg
 
 
 def _chosen_logprobs(model: Any, ids: list[int], start: int) -> list[float]:
@@ -125,19 +107,7 @@ def test_three_rl_steps_with_the_tool_each_sampled_by_the_weights_before(
 ) -> None:
     policy, served = vllm_policy
     model = copy.deepcopy(policy)
-    cfg = Config()
-    cfg.trainer.output_dir = str(tmp_path / "run")
-    cfg.trainer.prompts_per_step, cfg.trainer.lr, cfg.trainer.warmup_steps = 4, 1e-2, 0
-    cfg.trainer.checkpoint_every = 0
-    cfg.algo.group_size, cfg.algo.oversample = 2, 2
-    cfg.algo.drop_zero_signal_groups = False  # three steps whatever the tiny policy solves
-    cfg.rollout.max_response_tokens, cfg.rollout.max_turns = 200, 3
-    cfg.rollout.temperature = 0.7  # vLLM's logprobs are of the tempered distribution, as ours
-    cfg.rollout.backend, cfg.rollout.server = "openai", "vllm"
-    cfg.rollout.served_model = str(served)
-    cfg.rollout.weights_dir = str(tmp_path / "weights")  # not the served directory
-    cfg.rollout.reload_check_tol = SAMPLER_TOL  # after each reload: the new weights, or stop
-    cfg.reward.workers = 1
+    cfg = _rl_config(served, tmp_path)
     prompt = trainer_fmt.prompt_ids(PROBLEMS[0].problem)
 
     async def main(url: str) -> tuple[list[dict[str, float]], Any, dict[str, Any]]:
@@ -174,3 +144,76 @@ def test_three_rl_steps_with_the_tool_each_sampled_by_the_weights_before(
     assert max(abs(a - b) for a, b in zip(before, trained, strict=True)) > 10 * SAMPLER_TOL
     # the KV-aware scheduler's gauges, as vLLM's /metrics names them
     assert kv["capacity"] > 0 and kv["used"] is not None
+
+
+def _running_requests(url: str) -> float:
+    with (
+        contextlib.suppress(OSError),
+        urllib.request.urlopen(url + "/metrics", timeout=5) as answer,
+    ):
+        text = answer.read().decode()
+        return sum(
+            float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            if line.startswith("vllm:num_requests_running")
+        )
+    return 0.0
+
+
+@pytest.mark.slow
+def test_a_vllm_killed_mid_step_and_restarted_is_survived(
+    trainer_fmt: PromptFormat,  # noqa: F811
+    vllm_policy: tuple[Any, Path],
+    tmp_path: Path,
+) -> None:
+    """vLLM killed (SIGKILL) while the second step samples, and started again on its port: the
+    step's requests are sent again once it answers, no trajectory ends in an engine error, and
+    the restarted server, which came up with the weights it was started with, is pointed at
+    the trainer's last weights before it samples anything."""
+    policy, served = vllm_policy
+    model = copy.deepcopy(policy)
+    cfg = _rl_config(served, tmp_path)
+    cfg.rollout.server_retry_s = START_S  # the restart: vLLM's whole start
+    published = Path(cfg.rollout.weights_dir) / "config.json"
+    log = tmp_path / "vllm.log"
+    run_over, crashed_at = threading.Event(), []
+
+    def crash_and_restart(server: VLLMServer) -> None:
+        while not run_over.is_set():  # step 2 samples: after the first reload, requests running
+            if published.exists() and _running_requests(server.url) > 0:
+                server.kill()
+                crashed_at.append(len(log.read_text()))
+                server.start()
+                return
+            time.sleep(0.02)
+
+    async def main(url: str) -> list[dict[str, float]]:
+        cfg.rollout.endpoints = [url]
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            logger = RunLogger(tmp_path / "run")
+            run = build_run(cfg, model, trainer_fmt, PROBLEMS, tools=sandbox, logger=logger)
+            try:
+                return await run.train(3)
+            finally:
+                logger.close()
+                await run.close()
+
+    with running_vllm(VLLM_PYTHON, served, log) as server:
+        crasher = threading.Thread(target=crash_and_restart, args=(server,), daemon=True)
+        crasher.start()
+        try:
+            metrics = asyncio.run(main(server.url))
+        finally:
+            run_over.set()
+            crasher.join()
+    assert crashed_at, "the run ended before vLLM could be killed mid-step"
+    assert len(metrics) == 3
+    assert all(m["rollout/status_error"] == 0 for m in metrics), metrics
+    # the restarted server's requests, in order: the reload before any completion
+    after = [
+        line.split('"POST ')[1].split(" ")[0]
+        for line in log.read_text()[crashed_at[0] :].splitlines()
+        if '"POST ' in line and '" 200' in line
+    ]
+    assert after and after[0] == "/collective_rpc", after[:5]
+    assert "/v1/completions" in after
