@@ -132,4 +132,12 @@ def _servers(cfg: Config) -> list[OpenAIEngine]:
         return []
     if not r.endpoints:
         raise ConfigError("rollout.backend = 'openai' needs rollout.endpoints (server base URLs)")
+    if r.server == "vllm" and r.top_p < 1:
+        # vLLM's processed logprobs (docs/deployment.md) are renormalised over the nucleus, the
+        # trainer's are not: every importance ratio of such a run would be off
+        raise ConfigError(
+            f"rollout.top_p = {r.top_p:g} with rollout.server = 'vllm': vLLM's logprobs of a "
+            "nucleus-sampled token are renormalised over the nucleus and the trainer's are not; "
+            "train with rollout.top_p = 1 (evaluations may use eval.top_p)"
+        )
     return servers(r.endpoints, r, r.served_model or cfg.trainer.model)

@@ -140,3 +140,22 @@ def test_a_publish_goes_on_without_a_server_that_is_down_but_not_without_all(
         down.process.kill()
         down.process.wait()
         assert asyncio.run(main(up, down)) == [1, 1]
+
+
+def test_training_through_vllm_with_a_nucleus_is_refused() -> None:
+    """vLLM's logprobs of a nucleus-sampled token are renormalised over the nucleus (its
+    processed logprobs), the trainer's are not: RL through vLLM with rollout.top_p < 1 is
+    refused before any server is asked; codeloop serve's logprobs are the trainer's."""
+    from codeloop.config import Config, ConfigError
+    from codeloop.trainer.rollout_side import _servers
+
+    cfg = Config()
+    cfg.rollout.backend, cfg.rollout.server = "openai", "vllm"
+    cfg.rollout.endpoints = ["http://127.0.0.1:9"]
+    cfg.rollout.top_p = 0.9
+    with pytest.raises(ConfigError, match="rollout.top_p = 0.9 with rollout.server = 'vllm'"):
+        _servers(cfg)
+    cfg.rollout.top_p = 1.0
+    assert [s.backend for s in _servers(cfg)] == ["vllm"]
+    cfg.rollout.server, cfg.rollout.top_p = "codeloop", 0.9
+    assert [s.backend for s in _servers(cfg)] == ["codeloop"]
