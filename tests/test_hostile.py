@@ -148,7 +148,7 @@ def test_random_completion_bodies_get_an_answer_or_a_4xx(inference: str) -> None
         ({"prompt": [1, 2], "n": 1000}, "n must be 1"),
         ({"prompt": [10**9]}, "prompt token ids must be integers in [0, "),
         ({"prompt": [-1]}, "prompt token ids"),
-        ({"prompt": list(range(200))}, "prompt must be a string or a list of at most 48"),
+        ({"prompt": list(range(200))}, "the prompt has 200 tokens; this server takes 1 to 47"),
         ({"prompt": []}, "the prompt has 0 tokens"),
         ({"prompt": [1], "temperature": -1}, "temperature must be in"),
         ({"prompt": [1], "top_p": 0}, "top_p must be in"),

@@ -7,8 +7,11 @@ Routes (JSON):
   `return_tokens_as_token_ids` is true, as vLLM does) and `finish_reason` (`stop` | `length`).
   Stop strings stay in the output (vLLM's `include_stop_str_in_output`). Every field is checked
   (types, ranges: token ids inside the vocabulary, the prompt and `max_tokens` together inside
-  the model's context, `max_position_embeddings`, as vLLM's max_model_len; `n` = 1, at most 64
-  stop strings): anything else is a 400 naming the field, and a body over 16 MiB a 413.
+  the model's context, `max_position_embeddings`, as vLLM's max_model_len, though vLLM clamps
+  a `max_tokens` past it where this server refuses it; `n` = 1, at most 64 stop strings):
+  anything else is a 400 naming the field, and a body over 16 MiB a 413. A prompt that fills
+  the context is answered "the prompt has N tokens; this server takes 1 to M", which clients
+  read as a context overflow (`ContextExceeded`), as vLLM's "maximum context length".
   With `weights_version` set, a server holding another version answers 409 and generates nothing
   (it was restarted, or missed a push: the client retries once it is brought up to date).
 - `POST /v1/weights`: new weights in place, the body `safetensors` bytes (at most twice the
@@ -88,18 +91,23 @@ def _request(
         return value
 
     prompt = body.get("prompt")
+    room = f"this server takes 1 to {context - 1}"  # what clients map to an overflowed context
+    if isinstance(prompt, list) and len(prompt) >= context:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; {room}")
     if isinstance(prompt, str) and len(prompt) <= 16 * context:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
-    elif isinstance(prompt, list) and len(prompt) <= context:
+    elif isinstance(prompt, list):
         if not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in prompt
         ):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         ids = list(prompt)
     else:
-        raise ValueError(f"prompt must be a string or a list of at most {context} token ids")
+        raise ValueError(
+            f"prompt must be a string of at most {16 * context} characters or a list of token ids"
+        )
     if not 0 < len(ids) < context:
-        raise ValueError(f"the prompt has {len(ids)} tokens; this server takes 1 to {context - 1}")
+        raise ValueError(f"the prompt has {len(ids)} tokens; {room}")
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise ValueError(f"n must be 1 (send one request per sample), got {n!r}")

@@ -189,15 +189,7 @@ class ServerSink:
             answers = await asyncio.gather(
                 *(s.push_weights(*self._sent) for s in self.servers), return_exceptions=True
             )
-        faults = [a for a in answers if isinstance(a, BaseException)]
-        for fault in faults:
-            if not isinstance(fault, ServerUnavailable):
-                raise fault
-        if len(faults) == len(self.servers):
-            reasons = "; ".join(str(fault) for fault in faults)
-            raise EngineError(f"no inference server can be reached: {reasons}")
-        for fault in faults:
-            log.warning("%s; it gets the weights when it answers again", fault)
+        _some_took_them(answers, "it gets the weights when it answers again")
         if self._watch is None:
             self._watch = asyncio.create_task(self._keep_current())
 
@@ -233,19 +225,29 @@ class ServerSink:
         answers = await asyncio.gather(
             *(server.reload(where) for server in self.servers), return_exceptions=True
         )
-        faults = [a for a in answers if isinstance(a, BaseException)]
-        for fault in faults:
-            if not isinstance(fault, ServerUnavailable):
-                raise EngineError(
-                    f"{fault}\n(a vLLM or SGLang server reloads weights from files: it must see "
-                    f"the trainer's rollout.weights_dir at {where} on its own host, a shared "
-                    "filesystem)"
-                ) from None
-        if faults and len(faults) == len(self.servers):
-            reasons = "; ".join(str(fault) for fault in faults)
-            raise EngineError(f"no inference server can be reached: {reasons}")
-        for fault in faults:  # down now: its next completion reloads first (OpenAIEngine)
-            log.warning("%s; it loads the weights when it answers again", fault)
+        hint = (
+            "(a vLLM or SGLang server reloads weights from files: it must see the trainer's "
+            f"rollout.weights_dir at {where} on its own host, a shared filesystem)"
+        )  # a server down now reloads before its next completion (OpenAIEngine)
+        _some_took_them(answers, "it loads the weights when it answers again", hint=hint)
+
+
+def _some_took_them(answers: Sequence[object], later: str, *, hint: str = "") -> None:
+    """A publish's answers, one per server: a failure other than `ServerUnavailable` is raised
+    (as an `EngineError` followed by `hint` when there is one); with every server unavailable,
+    an `EngineError` naming them; otherwise each unavailable one is a warning ending in
+    `later`."""
+    faults = [a for a in answers if isinstance(a, BaseException)]
+    for fault in faults:
+        if not isinstance(fault, ServerUnavailable):
+            if hint:
+                raise EngineError(f"{fault}\n{hint}") from None
+            raise fault
+    if faults and len(faults) == len(answers):
+        reasons = "; ".join(str(fault) for fault in faults)
+        raise EngineError(f"no inference server can be reached: {reasons}")
+    for fault in faults:
+        log.warning("%s; %s", fault, later)
 
 
 OUTPUT_LAYER_FILE = "output_layer.safetensors"

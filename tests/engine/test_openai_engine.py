@@ -20,7 +20,7 @@ from codeloop.engine.openai_engine import (
     ServerUnavailable,
     check_reachable,
 )
-from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.protocol import ContextExceeded, Generation, SamplingParams
 from codeloop.rollout.prompt import PromptFormat
 
 
@@ -75,6 +75,29 @@ def test_completions_return_ids_and_logprobs(served: tuple[str, Path], fmt: Prom
     for gen in gens:
         assert len(gen.token_ids) == 10 and gen.finish_reason == "length"
         assert gen.logprobs == pytest.approx(_logprobs(local, prompt, gen), abs=1e-4)
+
+
+def test_a_prompt_past_codeloop_serves_context_is_context_exceeded(
+    served: tuple[str, Path],
+) -> None:
+    """`codeloop serve` (a model of 1,024 positions) answers a prompt of 1,024 or more token
+    ids as vLLM does one past its max_model_len: a 400 the client maps to `ContextExceeded`;
+    a prompt that fits is served."""
+    url, _ = served
+
+    async def main() -> list[Any]:
+        engine = OpenAIEngine(url)
+        try:
+            calls = [engine.generate([5] * n, SamplingParams(1)) for n in (1023, 1024, 5000)]
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+        finally:
+            await engine.close()
+
+    fits, full, past = asyncio.run(main())
+    assert isinstance(fits, Generation) and len(fits.token_ids) == 1
+    for answer, n in ((full, 1024), (past, 5000)):
+        assert isinstance(answer, ContextExceeded) and isinstance(answer, EngineError)
+        assert f"the prompt has {n} tokens; this server takes 1 to 1023" in str(answer)
 
 
 def test_reload_points_the_server_at_a_new_checkpoint(

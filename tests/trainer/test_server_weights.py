@@ -159,3 +159,69 @@ def test_training_through_vllm_with_a_nucleus_is_refused() -> None:
     assert [s.backend for s in _servers(cfg)] == ["vllm"]
     cfg.rollout.server, cfg.rollout.top_p = "codeloop", 0.9
     assert [s.backend for s in _servers(cfg)] == ["codeloop"]
+
+
+def test_a_vllm_down_at_a_reload_is_left_to_reload_later_but_not_all_of_them(
+    trainer_fmt: PromptFormat, tmp_path: Path
+) -> None:
+    """Weights published to vLLM servers through files: one that is down is warned about and
+    reloads before its next completion; with every one down the publish stops the run; a
+    server that refuses the reload (a 403) stops it with the shared-filesystem hint."""
+    from aiohttp import web
+    from fake_http import serve
+
+    from codeloop.engine.vllm_server import free_port
+
+    fmt = trainer_fmt
+    model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=2)
+    reloads: list[str] = []
+
+    async def reload(request: web.Request) -> web.Response:
+        reloads.append((await request.json())["kwargs"]["weights_path"])
+        return web.json_response({"results": [None]})
+
+    async def reset(request: web.Request) -> web.Response:
+        return web.json_response({"success": True})
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=403, text="not this directory")
+
+    def sink(engines: list[Any]) -> ServerSink:
+        return ServerSink(
+            engines,
+            engines,
+            tmp_path / "weights",
+            model,
+            tokenizer=fmt.tokenizer,
+            world=World(),
+            read_capacity=False,
+        )
+
+    async def main() -> tuple[list[Any], str, str]:
+        up, up_url = await serve(
+            {("POST", "/collective_rpc"): reload, ("POST", "/reset_prefix_cache"): reset}
+        )
+        no, no_url = await serve({("POST", "/collective_rpc"): refuse})
+        down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        rollout = RolloutConfig(server="vllm")
+        engines = servers([up_url, down], rollout, "")
+        alone, refusing = servers([down], rollout, ""), servers([no_url], rollout, "")
+        try:
+            await sink(engines).publish(model.state_dict(), 1)
+            with pytest.raises(EngineError) as all_down:
+                await sink(alone).publish(model.state_dict(), 2)
+            with pytest.raises(EngineError) as refused:
+                await sink(refusing).publish(model.state_dict(), 3)
+            return engines, str(all_down.value), str(refused.value)
+        finally:
+            await asyncio.gather(*(e.close() for e in [*engines, *alone, *refusing]))
+            await up.cleanup()
+            await no.cleanup()
+
+    engines, all_down, refused = asyncio.run(main())
+    where = str((tmp_path / "weights").resolve())
+    assert reloads == [where]  # the server that is up took them
+    assert [e.weights_path for e in engines] == [where, where]  # the down one: before it samples
+    assert engines[1]._reload_due and not engines[0]._reload_due
+    assert all_down.startswith("no inference server can be reached: ")
+    assert "403" in refused and "a shared filesystem" in refused

@@ -92,6 +92,19 @@ def _rl_config(served: Path, tmp_path: Path) -> Config:
     return cfg
 
 
+async def _train(cfg: Config, model: Any, fmt: PromptFormat, url: str) -> list[dict[str, float]]:
+    """Three RL steps of `model` sampled by the vLLM at `url`; each step's metrics."""
+    cfg.rollout.endpoints = [url]
+    async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+        logger = RunLogger(Path(cfg.trainer.output_dir))
+        run = build_run(cfg, model, fmt, PROBLEMS, tools=sandbox, logger=logger)
+        try:
+            return await run.train(3)
+        finally:
+            logger.close()
+            await run.close()
+
+
 def _chosen_logprobs(model: Any, ids: list[int], start: int) -> list[float]:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0, start - 1 : -1].float()
@@ -110,25 +123,18 @@ def test_three_rl_steps_with_the_tool_each_sampled_by_the_weights_before(
     cfg = _rl_config(served, tmp_path)
     prompt = trainer_fmt.prompt_ids(PROBLEMS[0].problem)
 
-    async def main(url: str) -> tuple[list[dict[str, float]], Any, dict[str, Any]]:
-        cfg.rollout.endpoints = [url]
-        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path / "run")
-            run = build_run(cfg, model, trainer_fmt, PROBLEMS, tools=sandbox, logger=logger)
-            try:
-                metrics = await run.train(3)
-                server = OpenAIEngine(url, str(served), "vllm")
-                probe = await server.generate(prompt, SamplingParams(12, temperature=0.0))
-                await server.refresh_kv()
-                kv = {"capacity": server.kv_capacity_tokens, "used": server.kv_tokens_used}
-                await server.close()
-            finally:
-                logger.close()
-                await run.close()
-        return metrics, probe, kv
+    async def served_now(url: str) -> tuple[Any, dict[str, Any]]:
+        server = OpenAIEngine(url, str(served), "vllm")
+        try:
+            probe = await server.generate(prompt, SamplingParams(12, temperature=0.0))
+            await server.refresh_kv()
+            return probe, {"capacity": server.kv_capacity_tokens, "used": server.kv_tokens_used}
+        finally:
+            await server.close()
 
     with vllm_server(served, tmp_path / "vllm.log") as url:
-        metrics, probe, kv = asyncio.run(main(url))
+        metrics = asyncio.run(_train(cfg, model, trainer_fmt, url))
+        probe, kv = asyncio.run(served_now(url))
     assert len(metrics) == 3
     assert sum(m["rollout/tool_calls"] for m in metrics) > 0  # the tool ran
     # a step that trained: sampled by the weights the trainer held before it (a step without
@@ -187,22 +193,11 @@ def test_a_vllm_killed_mid_step_and_restarted_is_survived(
                 return
             time.sleep(0.02)
 
-    async def main(url: str) -> list[dict[str, float]]:
-        cfg.rollout.endpoints = [url]
-        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
-            logger = RunLogger(tmp_path / "run")
-            run = build_run(cfg, model, trainer_fmt, PROBLEMS, tools=sandbox, logger=logger)
-            try:
-                return await run.train(3)
-            finally:
-                logger.close()
-                await run.close()
-
     with running_vllm(VLLM_PYTHON, served, log) as server:
         crasher = threading.Thread(target=crash_and_restart, args=(server,), daemon=True)
         crasher.start()
         try:
-            metrics = asyncio.run(main(server.url))
+            metrics = asyncio.run(_train(cfg, model, trainer_fmt, server.url))
         finally:
             run_over.set()
             crasher.join()
