@@ -263,6 +263,11 @@ class RewardConfig:
         False, "Without <answer>, use the last \\boxed{} of the assistant's own text."
     )
     fallback_answer_phrase: bool = knob(False, "Also accept 'the answer is ...' phrases.")
+    fallback_last_number: bool = knob(
+        False,
+        "When nothing else gave an answer, the last number of the assistant's own text (the "
+        "lenient extraction of GSM8K-style scorers; for a model that never learned <answer>).",
+    )
     deadline_s: float = knob(5.0, "Hard deadline per symbolic check; overrun scores 0.", gt=0)
     workers: int = knob(0, "Verifier worker processes; 0 = one per CPU core.", ge=0)
     worker_memory_mb: int = knob(

@@ -5,7 +5,9 @@ Every arm: the same policy (`--model`, default SmolLM2-135M-Instruct), the same 
 first `--prompts` x `--steps` of `--data`, in order), `--group` samples per prompt, the same
 response budget, temperature, learning rate (constant, no warm-up) and loss (TRL's `dapo` =
 codeloop's token mean, clip 0.2/0.28, no KL, group-scaled advantages with std epsilon 1e-4),
-and the same reward: codeloop's verifier on the answer. Arms: TRL single-turn (as its users run
+and the same reward: codeloop's verifier on the answer (with `--last-number`, the last number of
+a response without an `<answer>` block counts: `reward.fallback_last_number`, for a policy that
+never learned the answer format). Arms: TRL single-turn (as its users run
 it on a CPU: transformers' `generate`), codeloop single-turn (`rollout.tools = []`,
 `rollout.max_turns = 1`: a tool call is not answered), and codeloop with the Python tool. Each
 arm runs in its own process, so its peak memory is its own.
@@ -55,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--last-number",
+        action="store_true",
+        help="score the last number of a response without an <answer> block, in every arm "
+        "(reward.fallback_last_number)",
+    )
     p.add_argument("--arms", default=",".join(ARMS), help=f"which of {','.join(ARMS)}")
     p.add_argument("--out", default="runs/bench_trl", help="folder for the arms' runs and report")
     p.add_argument("--arm", default="", help=argparse.SUPPRESS)  # one arm, in its own process
@@ -80,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.model = args.model or str(smollm2())
     settings = {k: v for k, v in vars(args).items() if k not in ("arm", "arms")}
-    forwarded = [part for k, v in settings.items() for part in (f"--{k.replace('_', '-')}", str(v))]
+    forwarded = [
+        part
+        for k, v in settings.items()
+        if v is not False  # a flag left off
+        for part in (
+            (f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v))
+        )
+    ]
     for arm in arms:
         print(f"arm {arm} ...", flush=True)
         command = [sys.executable, "-m", "codeloop.bench.trl", *forwarded, "--arm", arm]
@@ -140,6 +155,9 @@ temperature = {args.temperature}
 tools = {tools}
 max_turns = {turns}
 
+[reward]
+fallback_last_number = {str(args.last_number).lower()}
+
 [data]
 train = "{data}"
 integer_answers_only = false
@@ -157,7 +175,11 @@ def _codeloop_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     steps = []
     for row in (json.loads(line) for line in (run_dir / "metrics.jsonl").open()):
         dump = run_dir / "trajectories" / f"step_{row['step']:06d}.jsonl"
-        rewards = [json.loads(line)["reward"] or 0.0 for line in dump.open()]
+        samples = [json.loads(line) for line in dump.open()]
+        rewards = [sample["reward"] or 0.0 for sample in samples]
+        groups: dict[str, list[float]] = {}
+        for sample, r in zip(samples, rewards, strict=True):
+            groups.setdefault(sample["prompt_id"], []).append(r)
         steps.append(
             {
                 "sample_s": row["timing/rollout_and_reward_s"],
@@ -165,6 +187,7 @@ def _codeloop_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                 "step_s": row["timing/step_s"],
                 "tokens": row["rollout/policy_tokens"] * len(rewards),
                 "rewards": rewards,
+                "signal_groups": sum(len(set(g)) > 1 for g in groups.values()),
             }
         )
     return steps
@@ -186,7 +209,7 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     problems = _problems(args)
     prompts = [policy.fmt.render(policy.fmt.messages(p.problem), True) for p in problems]
     dataset = datasets.Dataset.from_dict({"prompt": prompts, "gold": [p.answer for p in problems]})
-    verifier = Verifier(RewardConfig())
+    verifier = Verifier(RewardConfig(fallback_last_number=args.last_number))
     steps: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
 
@@ -259,6 +282,7 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     "step_s": step_s,
                     "tokens": current["tokens"],
                     "rewards": current["rewards"],
+                    "signal_groups": signal_groups(current["rewards"], args.group),
                 }
             )
 
@@ -269,13 +293,22 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return steps
 
 
+def signal_groups(rewards: list[float | None], group: int) -> int:
+    """The groups (consecutive runs of `group` samples, as TRL lays out a prompt's generations)
+    whose rewards are not all equal: those a GRPO update learns from."""
+    scored = [r or 0.0 for r in rewards]
+    return sum(len(set(scored[i : i + group])) > 1 for i in range(0, len(scored), group))
+
+
 def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"codeloop bench trl: {Path(args.model).name}, {args.steps} steps x {args.prompts} "
-        f"prompts x G {args.group}, {args.max_tokens} tokens, temperature {args.temperature}",
+        f"prompts x G {args.group}, {args.max_tokens} tokens, temperature {args.temperature}"
+        + (", the last number scored without an <answer>" if args.last_number else ""),
         "",
-        "| arm | step s | sampling+scoring s | update s | sampled tokens/s | reward | peak MiB |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | step s | sampling+scoring s | update s | sampled tokens/s | reward "
+        "| groups with signal | peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for arm, result in results.items():
         steps = result["steps"]
@@ -287,7 +320,9 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str
             f"| {arm} | {sum(s['step_s'] for s in steps) / n:.1f} | "
             f"{sum(s['sample_s'] for s in steps) / n:.1f} | "
             f"{sum(s['update_s'] for s in steps) / n:.1f} | {tokens_per_s:.0f} | "
-            f"{percent(mean, interval(rewards))} | {result['peak_mib']:.0f} |"
+            f"{percent(mean, interval(rewards))} | "
+            f"{sum(s.get('signal_groups', 0) for s in steps)} of {n * args.prompts} | "
+            f"{result['peak_mib']:.0f} |"
         )
     if "trl" in results:
         base = results["trl"]["steps"]

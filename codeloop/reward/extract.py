@@ -6,8 +6,9 @@ output never counts: `<tool_response>` blocks are removed before anything is sea
 boxed value printed by code cannot become the answer.
 Optional fallbacks (off by default, as in the report): the last boxed value anywhere in the
 assistant's text, and "the answer is ..." / "Final Answer: ... is X." phrases; with both on,
-whichever comes later in the text is the answer. A missing or malformed answer is a reason
-code, never an exception.
+whichever comes later in the text is the answer; and, when nothing else gave one, the last number
+of the assistant's text (the lenient extraction of GSM8K-style scorers, e.g. `8 + 6 = 14`). A
+missing or malformed answer is a reason code, never an exception.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Reason(StrEnum):
     OK = "ok"  # boxed value inside the final <answer>
     FALLBACK_BOXED = "fallback_boxed"  # no usable <answer>; last boxed value of the text
     FALLBACK_PHRASE = "fallback_phrase"  # "the answer is ..."
+    FALLBACK_NUMBER = "fallback_number"  # nothing else; the last number of the text
     NO_ANSWER_TAG = "no_answer_tag"
     UNCLOSED_ANSWER_TAG = "unclosed_answer_tag"  # e.g. cut off by the length budget
     NO_BOXED = "no_boxed"  # an <answer> block without \boxed{}
@@ -49,6 +51,8 @@ _PHRASE = re.compile(
     r"(?:\$([^$\n]+)\$|\\\((.+?)\\\)|(.+?))\s*(?:\.(?=\s|$)|$)",
     re.IGNORECASE | re.MULTILINE,
 )
+# a number as text writes it: a sign, thousands separated by commas, decimals, a fraction a/b
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?(?![\w/])")
 
 
 def strip_tool_output(text: str) -> str:
@@ -137,7 +141,11 @@ def _final_answer_block(text: str) -> tuple[str | None, Reason]:
 
 
 def extract_answer(
-    assistant_text: str, *, fallback_last_boxed: bool = False, fallback_answer_phrase: bool = False
+    assistant_text: str,
+    *,
+    fallback_last_boxed: bool = False,
+    fallback_answer_phrase: bool = False,
+    fallback_last_number: bool = False,
 ) -> Extraction:
     """The final answer of a response (see the module docstring for the rules)."""
     text = strip_tool_output(assistant_text)
@@ -155,7 +163,17 @@ def extract_answer(
             return Extraction(found.answer, Reason.FALLBACK_BOXED)
     if phrase is not None:
         return Extraction(phrase[0], Reason.FALLBACK_PHRASE)
+    if fallback_last_number and (number := _last_number(text)) is not None:
+        return Extraction(number, Reason.FALLBACK_NUMBER)
     return Extraction(None, reason)
+
+
+def _last_number(text: str) -> str | None:
+    """The last number of `text`, its thousands separators dropped (`1,234` -> `1234`)."""
+    found = None
+    for found in _NUMBER.finditer(text):  # noqa: B007 - only the last match is wanted
+        pass
+    return found.group().replace(",", "") if found else None
 
 
 def _last_phrase(text: str) -> tuple[str, int] | None:

@@ -102,6 +102,7 @@ class Verifier:
                 text,
                 fallback_last_boxed=self.cfg.fallback_last_boxed,
                 fallback_answer_phrase=self.cfg.fallback_answer_phrase,
+                fallback_last_number=self.cfg.fallback_last_number,
             )
             if not isinstance(response, str) and response.status in _NOT_SCORED:
                 results[i] = _result(_NOT_SCORED[response.status], found.answer, found.reason)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from codeloop.bench.trl import signal_groups
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
 
@@ -31,7 +32,7 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "codeloop", "bench", "trl", "--model", str(model_dir)]
     sizes = ["--steps", "2", "--prompts", "2", "--group", "2", "--max-tokens", "8"]
     done = subprocess.run(
-        [*command, *sizes, "--data", str(data), "--out", str(out)],
+        [*command, *sizes, "--data", str(data), "--out", str(out), "--last-number"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -45,6 +46,9 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
             assert len(step["rewards"]) == 2 * 2  # prompts x G
             assert 0 < step["tokens"] <= 2 * 2 * 8  # a response budget of 8 tokens
             assert step["step_s"] >= step["sample_s"] > 0
+            assert 0 <= step["signal_groups"] <= 2  # of the step's 2 groups
+    assert "the last number scored without an <answer>" in done.stdout
+    assert "fallback_last_number = true" in (out / "codeloop.toml").read_text()
     assert "TRL / codeloop: step" in done.stdout and "TRL / codeloop+tool: step" in done.stdout
     # single-turn as TRL's: one model turn, a tool call left unanswered
     dump = (out / "codeloop" / "trajectories" / "step_000001.jsonl").read_text().splitlines()
@@ -52,3 +56,9 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
     # codeloop's arms trained on the first prompts x steps problems, in order
     kept = [json.loads(line)["id"] for line in (out / "problems.jsonl").open()]
     assert kept == ["0", "1", "2", "3"]
+
+
+def test_a_group_has_signal_when_its_rewards_differ() -> None:
+    assert signal_groups([1.0, 0.0, 1.0, 1.0, 0.0, None], 2) == 1  # None scores 0
+    assert signal_groups([0.0, 1.0, 1.0, 0.0], 2) == 2
+    assert signal_groups([0.0, 1.0, 1.0, 0.0], 4) == 1

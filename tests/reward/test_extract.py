@@ -132,3 +132,36 @@ def test_several_boxes_and_bad_ones(text: str, answer: str | None, reason: Reaso
 
 def test_a_box_at_the_very_end_of_the_text_is_empty() -> None:
     assert (last_boxed("the answer is \\boxed").reason) == Reason.EMPTY_BOXED
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("1 + 8 = 9<|im_end|>", "9"),
+        ("5 - 9 = -4", "-4"),  # a sign
+        ("9-4 is 5", "5"),  # a minus between two numbers is no sign
+        ("It costs 1,234 dollars.", "1234"),  # thousands separators dropped
+        ("half of 7 is 3.5.", "3.5"),  # the sentence's period is not a decimal
+        ("x1 = 72*100 and x2 is 7/8", "7/8"),  # a name's digit is no number; a fraction is
+        ("8 <tool_response>42</tool_response> was printed", "8"),  # tool output never counts
+    ],
+)
+def test_the_last_number_fallback_reads_the_last_number_of_the_text(text: str, answer: str) -> None:
+    assert _x(text, fallback_last_number=True) == (answer, Reason.FALLBACK_NUMBER)
+
+
+def test_the_last_number_comes_after_every_other_way_to_an_answer() -> None:
+    assert _x("8 + 6 = 14") == (None, Reason.NO_ANSWER_TAG)  # off by default
+    assert _x("no digits at all", fallback_last_number=True) == (None, Reason.NO_ANSWER_TAG)
+    block = "7 and 9 <answer>\\boxed{12}</answer> 13"
+    assert _x(block, fallback_last_number=True) == ("12", Reason.OK)
+    phrase = "the answer is 5, not 6"
+    assert _x(phrase, fallback_answer_phrase=True, fallback_last_number=True) == (
+        "5, not 6",
+        Reason.FALLBACK_PHRASE,
+    )
+    boxed = "\\boxed{3} then 4"
+    assert _x(boxed, fallback_last_boxed=True, fallback_last_number=True) == (
+        "3",
+        Reason.FALLBACK_BOXED,
+    )

@@ -121,6 +121,11 @@ def test_fallbacks_follow_the_config() -> None:
     assert (boxed.reward, boxed.extraction) == (1.0, Reason.FALLBACK_BOXED)
     phrase = Verifier(RewardConfig(fallback_answer_phrase=True)).score("the answer is 7", "7")
     assert (phrase.reward, phrase.extraction) == (1.0, Reason.FALLBACK_PHRASE)
+    lenient = Verifier(RewardConfig(fallback_last_number=True))
+    number = lenient.score("8 + 6 = 14<|im_end|>", "14")
+    assert (number.reward, number.extraction) == (1.0, Reason.FALLBACK_NUMBER)
+    assert lenient.score("It costs 1,234 dollars.", "1234").reward == 1.0
+    assert lenient.score("8 + 6 = 15", "14").reward == 0.0
 
 
 def _trajectory(text: str, status: RolloutStatus) -> Trajectory:
