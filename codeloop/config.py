@@ -355,7 +355,12 @@ class TrainerConfig:
         1.0, "Gradient-norm clipping threshold (codeloop's choice; the report states none).", gt=0
     )
     updates_per_step: int = knob(1, "Optimiser steps (mini-batches) per rollout batch.", ge=1)
-    micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
+    micro_batch_tokens: int = knob(
+        0,
+        "Token budget of one micro-batch; 0 = what half of the memory free at the first update "
+        "holds (activations and logits; at most 16,384).",
+        ge=0,
+    )
     recompute_old_logprobs: bool = knob(
         False, "Recompute old logprobs with the trainer instead of using the engine's."
     )
@@ -443,7 +448,12 @@ class SFTConfig:
         "Lay conversations end to end in micro-batches instead of padding; auto = when the model "
         "uses FlashAttention (varlen kernels; with sdpa a packed row costs its full square).",
     )
-    micro_batch_tokens: int = knob(16384, "Token budget of one micro-batch.", ge=1)
+    micro_batch_tokens: int = knob(
+        0,
+        "Token budget of one micro-batch; 0 = what half of the memory free at the first update "
+        "holds (activations and logits; at most 16,384).",
+        ge=0,
+    )
     max_tokens: int = knob(8192, "Longest conversation kept; longer ones are an error.", ge=1)
 
 

@@ -17,6 +17,32 @@ import os
 
 TRIM_SHARE = 0.4  # of the machine's memory held by this process before freed memory is returned
 
+LOGITS_COPIES = 4  # float32 [tokens, vocabulary] tensors of a training pass: the output
+# layer's, log-softmax's and the gradients of both (the output layer's share of the FLOPs and
+# of the memory grows with the vocabulary: 49,152 for SmolLM2, 262,144 for Gemma 3)
+ACTIVATION_WIDTHS = 16  # hidden-sized float32 tensors a layer keeps for backward, a token (and
+# 4 intermediate-sized ones): by this count 8,192-token micro-batches take SmolLM2 to ~24 GB,
+# where they were seen past 20 GB (measured: 16 x 230 tokens took 7.3 GiB over the weights)
+MICRO_BATCH_SHARE = 0.5  # of the memory free at a run's first update, for one micro-batch
+MICRO_BATCH_CAP = 16384  # tokens: the most an automatic micro-batch holds
+
+
+def training_bytes_per_token(config: object) -> tuple[int, int]:
+    """A training pass's bytes a token of a micro-batch, for a model of `config` (a
+    transformers config): (its activations, its logits), float32."""
+    layers = int(getattr(config, "num_hidden_layers", 0))
+    hidden = int(getattr(config, "hidden_size", 0))
+    intermediate = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    activations = 4 * (ACTIVATION_WIDTHS * hidden + 4 * intermediate) * layers
+    return activations, LOGITS_COPIES * 4 * int(getattr(config, "vocab_size", 0))
+
+
+def micro_batch_tokens(config: object, free: int) -> int:
+    """The tokens a micro-batch may hold when `free` bytes are free (MICRO_BATCH_SHARE of them
+    for its activations and logits, at most MICRO_BATCH_CAP, at least 256)."""
+    per_token = max(1, sum(training_bytes_per_token(config)))
+    return max(256, min(MICRO_BATCH_CAP, int(MICRO_BATCH_SHARE * free) // per_token))
+
 
 def _libc() -> ctypes.CDLL | None:
     try:

@@ -49,7 +49,13 @@ from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems, split_de
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.files import write_atomic
 from codeloop.intervals import compare, verdict
-from codeloop.memory import total_bytes, trim_when_above
+from codeloop.memory import (
+    available_memory,
+    micro_batch_tokens,
+    total_bytes,
+    training_bytes_per_token,
+    trim_when_above,
+)
 from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
@@ -87,31 +93,26 @@ def disk_warning(run_dir: Path, needed: int) -> str | None:
     )
 
 
-LOGITS_COPIES = 4  # float32 [tokens, vocabulary] tensors of a training pass: the output
-# layer's, log-softmax's and the gradients of both (the output layer's share of the FLOPs and
-# of the memory grows with the vocabulary: 49,152 for SmolLM2, 262,144 for Gemma 3)
-ACTIVATION_WIDTHS = 16  # hidden-sized float32 tensors a layer keeps for backward, a token (and
-# 4 intermediate-sized ones): by this count 8,192-token micro-batches take SmolLM2 to ~24 GB,
-# where they were seen past 20 GB
-
-
 def memory_plan(config: Any, parameters: int, cfg: Config) -> dict[str, int]:
     """Bytes of what a run holds at its peak, for a model of `config` (a transformers config)
     with `parameters`: the float32 weights, their gradients and AdamW's two moments; the SFT
     weights kept to score the trained problems; the logits and the activations of the larger
     micro-batch (`trainer.micro_batch_tokens`, `sft.micro_batch_tokens`); an evaluation's KV
     cache (EVAL_KV_TOKENS)."""
-    tokens = max(cfg.trainer.micro_batch_tokens, cfg.sft.micro_batch_tokens)
+    automatic = micro_batch_tokens(config, available_memory())  # a budget left at 0
+    tokens = max(
+        cfg.trainer.micro_batch_tokens or automatic, cfg.sft.micro_batch_tokens or automatic
+    )
     layers, hidden = config.num_hidden_layers, config.hidden_size
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    per_layer = ACTIVATION_WIDTHS * hidden + 4 * config.intermediate_size
+    activations, logits = training_bytes_per_token(config)
     return {
         "weights and AdamW": 16 * parameters,
         "SFT weights": 4 * parameters,
-        "logits": LOGITS_COPIES * 4 * config.vocab_size * tokens,
-        "activations": 4 * per_layer * layers * tokens,
+        "logits": logits * tokens,
+        "activations": activations * tokens,
         "KV cache": EVAL_KV_TOKENS * 2 * layers * kv_heads * head_dim * 4,
     }
 

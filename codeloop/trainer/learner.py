@@ -40,7 +40,14 @@ from codeloop.memory import trim_when_above
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer import lora
-from codeloop.trainer.batch import Sample, collate, micro_batches, on_device, token_logprobs
+from codeloop.trainer.batch import (
+    Sample,
+    budget_tokens,
+    collate,
+    micro_batches,
+    on_device,
+    token_logprobs,
+)
 from codeloop.trainer.checkpoint import load_checkpoint, save_checkpoint
 from codeloop.trainer.distributed import (
     World,
@@ -75,6 +82,16 @@ class Learner:
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
+        self._budget = 0  # a micro-batch's tokens, settled at the first update
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """`trainer.micro_batch_tokens`, or where it is 0 what the memory free at the first
+        update holds (`budget_tokens`; the least of every rank's)."""
+        if not self._budget:
+            own = budget_tokens(self.cfg.trainer.micro_batch_tokens, self.model)
+            self._budget = -round(all_max(-own, self.world))
+        return self._budget
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """`trainer.updates_per_step` optimiser steps over the samples; returns loss metrics."""
@@ -125,7 +142,7 @@ class Learner:
             if tokens == 0:  # nothing to learn from (every rank agrees): no optimiser step
                 continue
             units = tokens if policy.per == "token" else round(all_sum(len(signal), world))
-            groups = micro_batches(chunk, t.micro_batch_tokens)
+            groups = micro_batches(chunk, self.micro_batch_tokens)
             for group, weight in pad_micro_batches(groups, world):
                 batch = on_device(collate(group, pad_id), self.model)
                 with world.autocast():
@@ -189,7 +206,7 @@ class Learner:
 
     @torch.no_grad()
     def _recompute_old_logprobs(self, samples: list[Sample], pad_id: int) -> None:
-        groups = micro_batches(samples, self.cfg.trainer.micro_batch_tokens)
+        groups = micro_batches(samples, self.micro_batch_tokens)
         for group, weight in pad_micro_batches(groups, self.world):  # FSDP: equal forwards
             batch = on_device(collate(group, pad_id), self.model)
             if not weight:

@@ -28,6 +28,7 @@ from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.trainer.batch import (
     Sample,
+    budget_tokens,
     collate,
     collate_packed,
     micro_batches,
@@ -35,7 +36,7 @@ from codeloop.trainer.batch import (
     pack,
     token_logprobs,
 )
-from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
+from codeloop.trainer.distributed import World, all_max, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -195,6 +196,8 @@ def train_sft(
     if logger is not None:  # a killed attempt's steps are about to be done again
         logger.rewind(first_step)
     model.train()
+    # sft.micro_batch_tokens, or with 0 what the memory free now holds (the least of the ranks')
+    budget = -round(all_max(-budget_tokens(cfg.micro_batch_tokens, model), world))
     with progress_bar(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):
             mine = chosen[world.rank :: world.size]
@@ -202,7 +205,7 @@ def train_sft(
                 model,
                 [samples[i] for i in mine],
                 pad_id,
-                cfg.micro_batch_tokens,
+                budget,
                 world=world,
                 packing=cfg.packing,
             )
