@@ -7,7 +7,8 @@ response budget, temperature, learning rate (constant, no warm-up) and loss (TRL
 codeloop's token mean, clip 0.2/0.28, no KL, group-scaled advantages with std epsilon 1e-4),
 and the same reward: codeloop's verifier on the answer (with `--last-number`, the last number of
 a response without an `<answer>` block counts: `reward.fallback_last_number`, for a policy that
-never learned the answer format). Arms: TRL single-turn (as its users run
+never learned the answer format), in the same dtype (`--dtype`: TRL's `bf16`, codeloop's
+`trainer.dtype`; float32 by default). Arms: TRL single-turn (as its users run
 it on a CPU: transformers' `generate`), codeloop single-turn (`rollout.tools = []`,
 `rollout.max_turns = 1`: a tool call is not answered), and codeloop with the Python tool. Each
 arm runs in its own process, so its peak memory is its own.
@@ -57,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="every arm's compute dtype: TRL's bf16, codeloop's trainer.dtype",
+    )
     p.add_argument(
         "--last-number",
         action="store_true",
@@ -139,6 +146,7 @@ prompts_per_step = {args.prompts}
 max_steps = {args.steps}
 lr = {args.lr}
 warmup_steps = 0
+dtype = "{args.dtype}"
 checkpoint_every = 0
 loggers = []
 
@@ -247,7 +255,7 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         disable_tqdm=True,
         log_level="error",
         use_cpu=True,
-        bf16=False,
+        bf16=args.dtype == "bfloat16",
     )
     trainer = GRPOTrainer(
         model=policy.model,
@@ -303,7 +311,8 @@ def signal_groups(rewards: list[float | None], group: int) -> int:
 def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"codeloop bench trl: {Path(args.model).name}, {args.steps} steps x {args.prompts} "
-        f"prompts x G {args.group}, {args.max_tokens} tokens, temperature {args.temperature}"
+        f"prompts x G {args.group}, {args.max_tokens} tokens, temperature {args.temperature}, "
+        f"{args.dtype}"
         + (", the last number scored without an <answer>" if args.last_number else ""),
         "",
         "| arm | step s | sampling+scoring s | update s | sampled tokens/s | reward "

@@ -48,7 +48,8 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
             assert step["step_s"] >= step["sample_s"] > 0
             assert 0 <= step["signal_groups"] <= 2  # of the step's 2 groups
     assert "the last number scored without an <answer>" in done.stdout
-    assert "fallback_last_number = true" in (out / "codeloop.toml").read_text()
+    toml = (out / "codeloop.toml").read_text()
+    assert "fallback_last_number = true" in toml and 'dtype = "float32"' in toml
     assert "TRL / codeloop: step" in done.stdout and "TRL / codeloop+tool: step" in done.stdout
     # single-turn as TRL's: one model turn, a tool call left unanswered
     dump = (out / "codeloop" / "trajectories" / "step_000001.jsonl").read_text().splitlines()
