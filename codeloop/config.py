@@ -361,6 +361,11 @@ class TrainerConfig:
         "holds (activations and logits; at most 16,384).",
         ge=0,
     )
+    gradient_checkpointing: bool = knob(
+        False,
+        "Recompute each decoder layer's activations in the backward pass instead of keeping "
+        "them (TRL's default): a fraction of the memory a token, about a third more compute.",
+    )
     recompute_old_logprobs: bool = knob(
         False, "Recompute old logprobs with the trainer instead of using the engine's."
     )

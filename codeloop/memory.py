@@ -27,20 +27,22 @@ MICRO_BATCH_SHARE = 0.5  # of the memory free at a run's first update, for one m
 MICRO_BATCH_CAP = 16384  # tokens: the most an automatic micro-batch holds
 
 
-def training_bytes_per_token(config: object) -> tuple[int, int]:
+def training_bytes_per_token(config: object, checkpointed: bool = False) -> tuple[int, int]:
     """A training pass's bytes a token of a micro-batch, for a model of `config` (a
-    transformers config): (its activations, its logits), float32."""
+    transformers config): (its activations, its logits), float32. `checkpointed` (gradient
+    checkpointing): every layer keeps its input, one layer at a time the rest."""
     layers = int(getattr(config, "num_hidden_layers", 0))
     hidden = int(getattr(config, "hidden_size", 0))
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
-    activations = 4 * (ACTIVATION_WIDTHS * hidden + 4 * intermediate) * layers
+    layer = 4 * (ACTIVATION_WIDTHS * hidden + 4 * intermediate)
+    activations = 4 * hidden * layers + layer if checkpointed else layer * layers
     return activations, LOGITS_COPIES * 4 * int(getattr(config, "vocab_size", 0))
 
 
-def micro_batch_tokens(config: object, free: int) -> int:
+def micro_batch_tokens(config: object, free: int, checkpointed: bool = False) -> int:
     """The tokens a micro-batch may hold when `free` bytes are free (MICRO_BATCH_SHARE of them
     for its activations and logits, at most MICRO_BATCH_CAP, at least 256)."""
-    per_token = max(1, sum(training_bytes_per_token(config)))
+    per_token = max(1, sum(training_bytes_per_token(config, checkpointed)))
     return max(256, min(MICRO_BATCH_CAP, int(MICRO_BATCH_SHARE * free) // per_token))
 
 

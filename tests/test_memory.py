@@ -34,6 +34,9 @@ def test_an_automatic_micro_batch_holds_what_half_the_free_memory_does() -> None
     assert micro_batch_tokens(smollm2, 20 * 2**30) == 4083  # 10 GiB / 2,629,632
     assert micro_batch_tokens(smollm2, 2**40) == 16384  # at most
     assert micro_batch_tokens(smollm2, 0) == 256  # at least
+    # checkpointed: each layer's input (4 x 576 x 30) and one layer's whole (4 x 15,360)
+    assert training_bytes_per_token(smollm2, checkpointed=True) == (130_560, 786_432)
+    assert micro_batch_tokens(smollm2, 20 * 2**30, checkpointed=True) == 11709
 
 
 def test_a_budget_left_at_zero_is_sized_to_the_memory_free(monkeypatch: pytest.MonkeyPatch) -> None:

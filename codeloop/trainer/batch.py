@@ -45,7 +45,7 @@ def from_trajectory(trajectory: Trajectory, advantage: float) -> Sample:
     )
 
 
-def budget_tokens(configured: int, model: Any) -> int:
+def budget_tokens(configured: int, model: Any, checkpointed: bool = False) -> int:
     """A micro-batch's token budget: `configured`, or where it is 0 what half of the memory free
     now holds (`memory.micro_batch_tokens`: the GPU's where the model is on one, else the
     machine's), so that a default run fits the machine it runs on."""
@@ -54,7 +54,7 @@ def budget_tokens(configured: int, model: Any) -> int:
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
     free = int(torch.cuda.mem_get_info(device)[0]) if on_gpu else available_memory()
-    return micro_batch_tokens(getattr(model, "config", None), free)
+    return micro_batch_tokens(getattr(model, "config", None), free, checkpointed)
 
 
 def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
@@ -175,7 +175,10 @@ def token_logprobs(
     and the softmax run on those positions alone (`logits_to_keep`): with a 49K vocabulary
     they are a fifth of a small model's FLOPs and most of its activation memory, and prompt
     and tool tokens never need them."""
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    inputs: dict[str, Any] = {
+        k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch
+    }
+    inputs["use_cache"] = False  # a scoring pass keeps no KV (gradient checkpointing asks so)
     if inputs.get("attention_mask") is not None and inputs["attention_mask"].dim() == 2:
         # `collate` pads on the right, so under the causal mask no real token sees padding and
         # the padding mask changes no scored position: without it attention runs causal

@@ -75,6 +75,9 @@ class Learner:
                 )
             model = lora.attach(model, t.lora)
         self.lora = lora.attached(model)
+        if t.gradient_checkpointing:  # transformers recomputes a layer only while training
+            enable = getattr(model, "activation_checkpointing_enable", None)  # 5.2x's name
+            (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
         self.model = shard(model, world)
         trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=t.lr, weight_decay=t.weight_decay)
@@ -89,7 +92,8 @@ class Learner:
         """`trainer.micro_batch_tokens`, or where it is 0 what the memory free at the first
         update holds (`budget_tokens`; the least of every rank's)."""
         if not self._budget:
-            own = budget_tokens(self.cfg.trainer.micro_batch_tokens, self.model)
+            t = self.cfg.trainer
+            own = budget_tokens(t.micro_batch_tokens, self.model, t.gradient_checkpointing)
             self._budget = -round(all_max(-own, self.world))
         return self._budget
 

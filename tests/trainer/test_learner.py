@@ -19,8 +19,11 @@ VOCAB = 32
 HAND_LOSS = (-1.28 - 1.0 + 0.8 + 1.1) / 4
 
 
-def _learner(micro_batch_tokens: int = 4096, warmup: int = 0) -> Learner:
+def _learner(
+    micro_batch_tokens: int = 4096, warmup: int = 0, checkpointing: bool = False
+) -> Learner:
     cfg = Config()
+    cfg.trainer.gradient_checkpointing = checkpointing
     cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.trainer.updates_per_step = 1e-3, warmup, 1
     cfg.trainer.micro_batch_tokens, cfg.trainer.grad_clip = micro_batch_tokens, 1e9
     cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip = 0.2, 0.28, 0.0
@@ -176,3 +179,18 @@ def test_gspo_is_the_mean_over_the_sequences_with_signal_however_micro_batched()
         assert metrics["loss/policy_tokens"] == 4
         norms.append(metrics["loss/grad_norm"])
     assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0
+
+
+def test_gradient_checkpointing_gives_the_step_of_kept_activations() -> None:
+    kept, checkpointed = _learner(), _learner(checkpointing=True)
+
+    def recomputed(learner: Learner) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in learner.model.modules())
+
+    assert recomputed(checkpointed) and not recomputed(kept)
+    one = kept.update(_samples(kept.model))
+    other = checkpointed.update(_samples(checkpointed.model))
+    assert other["loss/loss"] == pytest.approx(HAND_LOSS, abs=1e-5)
+    assert other["loss/grad_norm"] == pytest.approx(one["loss/grad_norm"], rel=1e-5)
+    for p, q in zip(kept.model.parameters(), checkpointed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
