@@ -14,6 +14,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported only where a GPU is asked about
+    import torch
 
 TRIM_SHARE = 0.4  # of the machine's memory held by this process before freed memory is returned
 
@@ -82,6 +86,16 @@ def trim_when_above(share: float = TRIM_SHARE) -> bool:
         return False
     _LIBC.malloc_trim(0)
     return True
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on `device` (a torch device: the GPU's free memory, or
+    the machine's available memory)."""
+    if device.type == "cuda":
+        import torch  # only where a GPU is asked about
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    return available_memory()
 
 
 def available_memory() -> int:

@@ -42,12 +42,12 @@ def test_an_automatic_micro_batch_holds_what_half_the_free_memory_does() -> None
 def test_a_budget_left_at_zero_is_sized_to_the_memory_free(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model(32, hidden_size=32, layers=2)
     per_token = sum(training_bytes_per_token(model.config))
-    monkeypatch.setattr(batch, "available_memory", lambda: 2 * 1000 * per_token)
-    assert budget_tokens(0, model) == 1000
-    assert budget_tokens(123, model) == 123  # a budget set is kept
+    monkeypatch.setattr(batch, "free_memory", lambda device: 2 * 1000 * per_token)
+    assert budget_tokens(0, model, World()) == 1000
+    assert budget_tokens(123, model, World()) == 123  # a budget set is kept
     cfg = Config()
     cfg.trainer.micro_batch_tokens = 0
     learner = Learner(model, cfg, World())
     assert learner.micro_batch_tokens == 1000
-    monkeypatch.setattr(batch, "available_memory", lambda: 0)
+    monkeypatch.setattr(batch, "free_memory", lambda device: 0)
     assert learner.micro_batch_tokens == 1000  # settled at the first update

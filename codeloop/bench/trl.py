@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.model = args.model or str(smollm2())
     settings = {k: v for k, v in vars(args).items() if k not in ("arm", "arms")}
-    forwarded = [
-        part
-        for k, v in settings.items()
-        if v is not False  # a flag left off
-        for part in (
-            (f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v))
-        )
-    ]
+    forwarded: list[str] = []
+    for key, value in settings.items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is True or value is False:  # --last-number: given or left off
+            forwarded += [flag] if value else []
+        else:
+            forwarded += [flag, str(value)]
     for arm in arms:
         print(f"arm {arm} ...", flush=True)
         command = [sys.executable, "-m", "codeloop.bench.trl", *forwarded, "--arm", arm]
@@ -185,7 +185,7 @@ def _codeloop_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         dump = run_dir / "trajectories" / f"step_{row['step']:06d}.jsonl"
         samples = [json.loads(line) for line in dump.open()]
         rewards = [sample["reward"] or 0.0 for sample in samples]
-        groups: dict[str, list[float]] = {}
+        groups: dict[str, list[float]] = {}  # by prompt
         for sample, r in zip(samples, rewards, strict=True):
             groups.setdefault(sample["prompt_id"], []).append(r)
         steps.append(
@@ -195,7 +195,7 @@ def _codeloop_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                 "step_s": row["timing/step_s"],
                 "tokens": row["rollout/policy_tokens"] * len(rewards),
                 "rewards": rewards,
-                "signal_groups": sum(len(set(g)) > 1 for g in groups.values()),
+                "signal_groups": with_signal(groups.values()),
             }
         )
     return steps
@@ -290,7 +290,7 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     "step_s": step_s,
                     "tokens": current["tokens"],
                     "rewards": current["rewards"],
-                    "signal_groups": signal_groups(current["rewards"], args.group),
+                    "signal_groups": with_signal(_consecutive(current["rewards"], args.group)),
                 }
             )
 
@@ -301,11 +301,15 @@ def _trl_arm(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def signal_groups(rewards: list[float | None], group: int) -> int:
-    """The groups (consecutive runs of `group` samples, as TRL lays out a prompt's generations)
-    whose rewards are not all equal: those a GRPO update learns from."""
-    scored = [r or 0.0 for r in rewards]
-    return sum(len(set(scored[i : i + group])) > 1 for i in range(0, len(scored), group))
+def with_signal(groups: Iterable[Sequence[float | None]]) -> int:
+    """The groups whose rewards are not all equal (None scores 0): those a GRPO update learns
+    from."""
+    return sum(len({r or 0.0 for r in group}) > 1 for group in groups)
+
+
+def _consecutive(rewards: list[float | None], group: int) -> list[list[float | None]]:
+    """Runs of `group` rewards, as TRL lays out the generations of a prompt."""
+    return [rewards[i : i + group] for i in range(0, len(rewards), group)]
 
 
 def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:

@@ -55,7 +55,7 @@ from codeloop.engine.sampler import SEEDS, uniforms
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.errors import ModelError
-from codeloop.memory import available_memory, trim_when_above
+from codeloop.memory import free_memory, trim_when_above
 
 
 @dataclass
@@ -155,11 +155,7 @@ def default_kv_tokens(model: Any) -> int:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // max(heads, 1)
     parameter = next(model.parameters())
     per_token: int = 2 * layers * kv_heads * head_dim * parameter.element_size()
-    if parameter.device.type == "cuda":
-        free = int(torch.cuda.mem_get_info(parameter.device)[0])
-    else:
-        free = available_memory()
-    return max(1, int(KV_MEMORY_SHARE * free) // max(per_token, 1))
+    return max(1, int(KV_MEMORY_SHARE * free_memory(parameter.device)) // max(per_token, 1))
 
 
 def engine_from_config(

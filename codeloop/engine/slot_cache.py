@@ -52,20 +52,12 @@ from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_pre
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.sampler import sample
 from codeloop.errors import RunError
-from codeloop.memory import available_memory
+from codeloop.memory import free_memory
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more
 MIN_WIDTH = 128  # the fewest columns a decoding step reads
 PREFILL_SCORES = 2**26  # attention-score elements of one prefill chunk (rows x heads x q x k)
-
-
-def free_memory(device: torch.device) -> int:
-    """Bytes that can still be allocated on `device` (the GPU's free memory, or the machine's
-    available memory)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return available_memory()
 
 
 def _size(count: int) -> str:

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from codeloop.algo.loss import token_entropy
-from codeloop.memory import available_memory, micro_batch_tokens
+from codeloop.memory import free_memory, micro_batch_tokens
+from codeloop.trainer.distributed import World, all_max
 from codeloop.types import Trajectory
 
 
@@ -45,16 +46,15 @@ def from_trajectory(trajectory: Trajectory, advantage: float) -> Sample:
     )
 
 
-def budget_tokens(configured: int, model: Any, checkpointed: bool = False) -> int:
+def budget_tokens(configured: int, model: Any, world: World, checkpointed: bool = False) -> int:
     """A micro-batch's token budget: `configured`, or where it is 0 what half of the memory free
     now holds (`memory.micro_batch_tokens`: the GPU's where the model is on one, else the
-    machine's), so that a default run fits the machine it runs on."""
+    machine's; the least of every rank's), so that a default run fits the machine it runs on."""
     if configured:
         return configured
-    device = next(model.parameters()).device
-    on_gpu = device.type == "cuda"
-    free = int(torch.cuda.mem_get_info(device)[0]) if on_gpu else available_memory()
-    return micro_batch_tokens(getattr(model, "config", None), free, checkpointed)
+    free = free_memory(next(model.parameters()).device)
+    own = micro_batch_tokens(getattr(model, "config", None), free, checkpointed)
+    return -all_max(-own, world)
 
 
 def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:

@@ -93,8 +93,8 @@ class Learner:
         update holds (`budget_tokens`; the least of every rank's)."""
         if not self._budget:
             t = self.cfg.trainer
-            own = budget_tokens(t.micro_batch_tokens, self.model, t.gradient_checkpointing)
-            self._budget = -round(all_max(-own, self.world))
+            checkpointed = t.gradient_checkpointing
+            self._budget = budget_tokens(t.micro_batch_tokens, self.model, self.world, checkpointed)
         return self._budget
 
     def update(self, samples: list[Sample]) -> dict[str, float]:

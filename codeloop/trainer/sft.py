@@ -36,7 +36,7 @@ from codeloop.trainer.batch import (
     pack,
     token_logprobs,
 )
-from codeloop.trainer.distributed import World, all_max, all_sum, pad_micro_batches
+from codeloop.trainer.distributed import World, all_sum, pad_micro_batches
 from codeloop.trainer.logs import RunLogger
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -197,7 +197,7 @@ def train_sft(
         logger.rewind(first_step)
     model.train()
     # sft.micro_batch_tokens, or with 0 what the memory free now holds (the least of the ranks')
-    budget = -round(all_max(-budget_tokens(cfg.micro_batch_tokens, model), world))
+    budget = budget_tokens(cfg.micro_batch_tokens, model, world)
     with progress_bar(total=total_steps, desc="sft", unit="step", disable=not world.is_main) as bar:
         for chosen in _step_order(len(samples), per_step, cfg.epochs, rng):
             mine = chosen[world.rank :: world.size]

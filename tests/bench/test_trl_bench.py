@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codeloop.bench.trl import signal_groups
+from codeloop.bench.trl import _consecutive, with_signal
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
 
@@ -60,6 +60,7 @@ def test_bench_trl_runs_every_arm_on_the_same_steps(tmp_path: Path) -> None:
 
 
 def test_a_group_has_signal_when_its_rewards_differ() -> None:
-    assert signal_groups([1.0, 0.0, 1.0, 1.0, 0.0, None], 2) == 1  # None scores 0
-    assert signal_groups([0.0, 1.0, 1.0, 0.0], 2) == 2
-    assert signal_groups([0.0, 1.0, 1.0, 0.0], 4) == 1
+    assert with_signal(_consecutive([1.0, 0.0, 1.0, 1.0, 0.0, None], 2)) == 1  # None scores 0
+    assert with_signal(_consecutive([0.0, 1.0, 1.0, 0.0], 2)) == 2
+    assert with_signal(_consecutive([0.0, 1.0, 1.0, 0.0], 4)) == 1
+    assert with_signal([[1.0, 1.0], [0.0, None]]) == 0  # groups by prompt, all equal

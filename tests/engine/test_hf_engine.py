@@ -935,7 +935,7 @@ def test_an_unset_kv_cap_is_a_quarter_of_the_free_memory(
         num_key_value_heads=2,
     )
     model = AutoModelForCausalLM.from_config(config)
-    monkeypatch.setattr(hf_engine, "available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(hf_engine, "free_memory", lambda device: 1 << 30)
     # per token: 2 (K, V) x 2 layers x 2 KV heads x 16 (64 / 4 heads) x 4 bytes = 512 bytes
     assert hf_engine.default_kv_tokens(model) == (1 << 30) // 4 // 512
     engine = TransformersEngine(model, fmt.tokenizer, set())
