@@ -9,15 +9,17 @@ file on first use), a directory given with `--model`, or else a randomly initial
    (temperature 0.6, top-p 0.95, no stop), by transformers' `model.generate` on the whole batch
    (the baseline; `generate_static` with its static cache too, and `generate_batch`, its
    continuous-batching manager, where the installed version has it), by the continuous-batching
-   engine (`continuous`: on its slot cache with captured decoding steps on a GPU, on its
-   DynamicCache on a CPU, each its default; `slot_cache` on a CPU runs the slots eagerly), and
-   by the static-batch engine it replaced (`static_engine.py`).
+   engine (`continuous`, its default: on its slot cache, with captured decoding steps on a GPU
+   and the C attention kernel on a CPU where it builds), on a CPU also on transformers'
+   DynamicCache (`dynamic_cache`) and on the slots with torch's SDPA (`slots_sdpa`), and by the
+   static-batch engine it replaced (`static_engine.py`).
 2. The agent workload: `--trajectories` trajectories of `--tool-turns` + 1 turns, each of 1 to
    2 x `--tokens` - 1 sampled tokens (uniform, seeded), every turn but the last ending in a tool
    call (its tokens appended to the sampled ones) that the real local sandbox runs: a
    `time.sleep` of 0 to 2 x `--tool-s` seconds (uniform, seeded per trajectory and turn).
    Overlapped is the agent loop as it is: a trajectory waiting on its tool call leaves the
-   engine to the others. Serialised is the baseline where the rollout stops while a tool call
+   engine to the others (on a CPU also on the DynamicCache: `tools_dynamic_cache`). Serialised
+   is the baseline where the rollout stops while a tool call
    runs (as a loop that calls its sandbox synchronously does): a call waits for the
    generations in flight to end, and no generation starts until the calls in flight end. The
    static engine runs the overlapped loop too.
@@ -653,10 +655,11 @@ def _plain_rows(
             model, fmt.tokenizer, set(), args.max_batch, compile_backend=args.compile
         )
     # on a GPU the static engine samples row by row: minutes for 256 x 512 tokens
-    if cpu and not args.quick:
-        engines["slot_cache"] = TransformersEngine(
-            model, fmt.tokenizer, set(), args.max_batch, slot_cache=True
+    if cpu and not args.quick:  # the CPU's other KV caches and attentions
+        engines["dynamic_cache"] = TransformersEngine(
+            model, fmt.tokenizer, set(), args.max_batch, slot_cache=False
         )
+        engines["slots_sdpa"] = _slots_with_sdpa(model, fmt, args.max_batch)
         engines["static"] = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
     for name, engine in engines.items():
         first_s = 0.0
@@ -670,6 +673,14 @@ def _plain_rows(
             sampled += timed.pop("generations")
         record(name, {k: v for k, v in timed.items() if k != "generations"})
         record_stats(name, _print_stats(engine))
+
+
+def _slots_with_sdpa(model: Any, fmt: PromptFormat, max_batch: int) -> TransformersEngine:
+    """The engine on its slots with torch's SDPA for attention instead of the C kernel."""
+    engine = TransformersEngine(model, fmt.tokenizer, set(), max_batch, slot_cache=True)
+    assert engine.slots is not None
+    engine.slots.kernel = None
+    return engine
 
 
 def _ratios(rows: dict[str, Any]) -> dict[str, float]:
@@ -687,8 +698,13 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
     }
     if "continuous_compiled" in rows:
         ratios["compiled / continuous"] = speed("continuous_compiled") / speed("continuous")
-    if "static" in rows:
-        ratios["continuous / static"] = speed("continuous") / speed("static")
+    for other in ("dynamic_cache", "slots_sdpa", "static"):
+        if other in rows:
+            ratios[f"continuous / {other}"] = speed("continuous") / speed(other)
+    if "tools_dynamic_cache" in rows:
+        ratios["agent: continuous / dynamic_cache"] = speed("tools_overlapped") / speed(
+            "tools_dynamic_cache"
+        )
     if "tools_static" in rows:
         ratios["agent: continuous / static"] = speed("tools_overlapped") / speed("tools_static")
     if "tools_serialised" in rows:
@@ -936,10 +952,20 @@ def main(argv: list[str]) -> int:
     )
 
     def agent_row(
-        row: str, serialised: bool, join_wait: int | None = None, feed: int | None = None
+        row: str,
+        serialised: bool,
+        join_wait: int | None = None,
+        feed: int | None = None,
+        slots: bool | None = None,
     ) -> TransformersEngine:
         engine = TransformersEngine(
-            model, fmt.tokenizer, set(), args.max_batch, join_wait_steps=join_wait, feed_tokens=feed
+            model,
+            fmt.tokenizer,
+            set(),
+            args.max_batch,
+            join_wait_steps=join_wait,
+            feed_tokens=feed,
+            slot_cache=slots,
         )
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
@@ -954,6 +980,7 @@ def main(argv: list[str]) -> int:
     if overlapped.join_wait_steps and not args.quick:
         agent_row("tools_joins_at_once", False, 0, feed=0)  # the baseline of batched joins
     if cpu and not args.quick:
+        agent_row("tools_dynamic_cache", False, slots=False)
         static = StaticBatchEngine(model, fmt.tokenizer, set(), args.max_batch)
         with torch.no_grad():
             record("tools_static", asyncio.run(_measure_tools(static, fmt, args, False)))

@@ -10,15 +10,18 @@ the moment it stops, and its slot and KV memory go to the next request; a trajec
 (0), `max_kv_tokens` is what a quarter of the memory free at start holds (`default_kv_tokens`),
 and the engine reports it as `kv_capacity_tokens` to the scheduler.
 
-The batch's KV cache is one of two. On a GPU (for Llama-family and Gemma 3 models), a cache of
-fixed slots with a decoding step of static shapes, captured as CUDA graphs and replayed in one
-launch a step (`slot_cache.py`): transformers' forward driven one step at a time from Python
-leaves a GPU waiting on the host. Elsewhere, transformers' own `DynamicCache`, left-padded
-(`kv_batch.py`), which measured faster than the slots' eager step on a CPU. `slot_cache`
+The batch's KV cache is one of two. For Llama-family and Gemma 3 models, a cache of fixed slots
+with a decoding step of static shapes (`slot_cache.py`): on a GPU captured as CUDA graphs and
+replayed in one launch a step (transformers' forward driven one step at a time from Python
+leaves a GPU waiting on the host); on a CPU run eagerly, its attention by a C kernel
+(`cpu_attention.py`) that reads each row's own columns. Elsewhere (other models, or a CPU where
+the kernel cannot be built), transformers' own `DynamicCache`, left-padded (`kv_batch.py`),
+which measured faster than the slots' eager step with torch's attention on a CPU. `slot_cache`
 chooses. A finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most
 recently used first), so a trajectory's next turn and the other samples of a prompt prefill only
 their new tokens; identical prompts in one prefill are computed once; new weights empty it. On
-the slot path with graphs, a request with at most `feed_tokens` tokens not in that cache (a
+the slot path (with graphs or the CPU kernel), a request with at most `feed_tokens` tokens not
+in that cache (a
 trajectory's next turn: its tool's output and the turn markers) is not prefilled at all: it
 takes a slot at the next step with its cached KV, and its remaining tokens go through the
 decoding steps, one a step beside the running rows, its logits unread until the last one is in.
@@ -52,7 +55,7 @@ from codeloop.engine.kv_batch import KVBatch, PrefixCache
 from codeloop.engine.model import end_of_turn_ids
 from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.engine.sampler import SEEDS, uniforms
-from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, unsupported_reason
+from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, cpu_kernel, unsupported_reason
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.errors import ModelError
 from codeloop.memory import free_memory, trim_when_above
@@ -136,11 +139,12 @@ PREFIX_CACHE_TOKENS = 32768  # the prefix cache without slots (a CPU's DynamicCa
 # batches.
 JOIN_WAIT_STEPS = 8
 JOIN_SHARE = 16
-# On that path a request with at most FEED_TOKENS prompt tokens not in the prefix cache joins at
-# the next step without a prefill: those tokens are fed through the decoding steps, one a step
-# (a replayed step costs about the same for any rows up to its captured size). A prefill took
-# ~53 ms on an H200 and ~95 ms on an H100 (an eager forward) against ~8-10 ms a step, and a
-# returning turn brings ~40 new tokens.
+# On the slot path a request with at most FEED_TOKENS prompt tokens not in the prefix cache joins
+# at the next step without a prefill: those tokens are fed through the decoding steps, one a
+# step (a replayed step costs about the same for any rows up to its captured size). A prefill
+# took ~53 ms on an H200 and ~95 ms on an H100 (an eager forward) against ~8-10 ms a step, and a
+# returning turn brings ~40 new tokens. On a 2-core CPU a prefill beside 48 running rows took
+# ~250 ms, and the agent workload of `codeloop bench rollout` ran 1.12x as fast with turns fed.
 FEED_TOKENS = 64
 
 
@@ -222,12 +226,14 @@ class TransformersEngine:
         compile_backend: str = "",
     ) -> None:
         self.model = model.eval()
-        # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU),
-        # or transformers' DynamicCache (kv_batch.py). None: slots on a GPU where the model's
-        # family is supported; on a CPU the DynamicCache path measured faster.
+        # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU,
+        # the C attention kernel on a CPU), or transformers' DynamicCache (kv_batch.py). None:
+        # slots where the model's family is supported, on a CPU only with the kernel (without
+        # it the DynamicCache path measured faster there).
         on_gpu = next(model.parameters()).device.type == "cuda"
         if slot_cache is None:
-            slot_cache = on_gpu and unsupported_reason(model) is None
+            supported = unsupported_reason(model) is None
+            slot_cache = supported and (on_gpu or cpu_kernel(model) is not None)
         # `compile_backend` ("inductor" on a GPU): the slots' decoding steps compiled by
         # `torch.compile` (fused kernels; the first steps of each shape pay the compilation)
         self.slots = (
@@ -268,9 +274,11 @@ class TransformersEngine:
             join_wait_steps = JOIN_WAIT_STEPS if self.slots and self.slots.graphs_on else 0
         self.join_wait_steps = join_wait_steps
         # The most uncached prompt tokens fed through decoding steps rather than prefilled
-        # (FEED_TOKENS); None: that on slots with graphs, 0 (every join prefilled) elsewhere.
+        # (FEED_TOKENS); None: that on slots with graphs or the CPU kernel, 0 (every join
+        # prefilled) elsewhere.
         if feed_tokens is None:
-            feed_tokens = FEED_TOKENS if self.slots and self.slots.graphs_on else 0
+            fast = self.slots and (self.slots.graphs_on or self.slots.kernel is not None)
+            feed_tokens = FEED_TOKENS if fast else 0
         self.feed_tokens = feed_tokens if self.slots else 0
         self._last_join_step = -join_wait_steps  # the decoding steps when requests last joined
         self._stats = EngineStats()

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from codeloop.engine import cpu_attention
 from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.sampler import sample
@@ -90,6 +91,21 @@ def unsupported_reason(model: Any) -> str | None:
         if rope in ("dynamic", "longrope"):
             return f"rotary embedding {rope!r} depends on the sequence's length"
     return None
+
+
+def cpu_kernel(model: Any) -> cpu_attention.Kernel | None:
+    """The CPU attention kernel for `model`'s decoding steps: None unless the model is on the
+    CPU, runs on slots (`unsupported_reason`), the kernel builds, and it takes the model's
+    dtype and heads."""
+    parameter = next(model.parameters())
+    if parameter.device.type != "cpu" or unsupported_reason(model):
+        return None
+    config = model.config
+    heads = int(config.num_attention_heads)
+    group = heads // int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(model.model.layers[0].self_attn.head_dim)
+    kernel = cpu_attention.kernel()
+    return kernel if kernel and kernel.handles(parameter.dtype, head_dim, group) else None
 
 
 def ladder(rows: int) -> list[int]:
@@ -157,6 +173,9 @@ class SlotDecoder:
             if compile_backend
             else None
         )
+        # on a CPU, eager decoding steps attend through the C kernel (cpu_attention.py) where
+        # it builds: each row reads its own columns, with no mask
+        self.kernel = None if compile_backend else cpu_kernel(model)
         self.ensure_columns(MIN_COLUMNS)
 
     def _layer_weights(self, index: int) -> _Weights:
@@ -301,15 +320,15 @@ class SlotDecoder:
         tables = {
             kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.tables.items()
         }
-        columns = torch.arange(width, device=tokens.device)
-        attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
-        masks = {"full_attention": self._mask(attend, group)}  # made once for every layer
-        if "sliding_attention" in self.tables:  # and the last `window` positions only
-            recent = columns > positions.unsqueeze(-1) - self.window
-            masks["sliding_attention"] = self._mask(attend & recent, group)
+        in_place = t == 1 and isinstance(read, slice)  # a decoding step, slots in place
+        masks = (
+            self._spans(positions[:, 0])
+            if in_place and self.kernel is not None
+            else self._masks(positions, width, group)
+        )  # made once for every layer
         where = slots.unsqueeze(1).expand(n, t)  # [n, T]
         # the compiled layers serve decoding steps (one token a row, slots in place)
-        compiled = self._compiled is not None and t == 1 and isinstance(read, slice)
+        compiled = self._compiled is not None and in_place
         step = self._compiled if compiled else _layer
         for index, weights in enumerate(self.weights):
             kind = self.layer_types[index]
@@ -326,6 +345,28 @@ class SlotDecoder:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         scores: torch.Tensor = logits.float()
         return scores
+
+    def _masks(self, positions: torch.Tensor, width: int, group: int) -> dict[str, torch.Tensor]:
+        """Each layer type's additive mask for queries at `positions` [n, T] over `width`
+        columns: every column up to the query's position; for sliding layers, the last
+        `window` of them."""
+        columns = torch.arange(width, device=positions.device)
+        attend = columns <= positions.unsqueeze(-1)  # [n, T, width]
+        masks = {"full_attention": self._mask(attend, group)}
+        if "sliding_attention" in self.tables:
+            recent = columns > positions.unsqueeze(-1) - self.window
+            masks["sliding_attention"] = self._mask(attend & recent, group)
+        return masks
+
+    def _spans(self, positions: torch.Tensor) -> dict[str, _Spans]:
+        """The kernel's column spans for one query a row at `positions` [n], as `_masks`."""
+        assert self.kernel is not None
+        ends = positions + 1
+        spans = {"full_attention": _Spans(self.kernel, torch.zeros_like(ends), ends)}
+        if "sliding_attention" in self.tables:
+            starts = (ends - self.window).clamp(min=0)
+            spans["sliding_attention"] = _Spans(self.kernel, starts, ends)
+        return spans
 
     def _mask(self, attend: torch.Tensor, group: int) -> torch.Tensor:
         """The additive mask [n, 1, group x T, width] of `attend` [n, T, width] (a boolean one
@@ -488,6 +529,15 @@ class _Spec(NamedTuple):
     act: Any  # the MLP's activation (module), layer 0's
 
 
+class _Spans(NamedTuple):
+    """A decoding step's attention by the CPU kernel: row i reads columns starts[i] <= c <
+    ends[i] of its slot."""
+
+    kernel: cpu_attention.Kernel
+    starts: torch.Tensor  # [n] int64
+    ends: torch.Tensor  # [n] int64
+
+
 class _Weights(NamedTuple):
     """A layer's tensors for `_layer` (the model's own, or the decoder's merged copies)."""
 
@@ -512,7 +562,7 @@ def _layer(
     spec: _Spec,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | _Spans,
     keys: torch.Tensor,
     values: torch.Tensor,
     where: torch.Tensor,
@@ -523,8 +573,9 @@ def _layer(
     """One decoder layer over the slot cache: `x` [n, T, hidden] at `positions` [n, T] of the
     slots `where` [n, T]; its keys and values written to `keys`/`values` [rows, KVH, columns,
     D] (this layer's) and attention over the slots `read` reads, first `width` columns, under
-    the additive `mask` [n, 1, group x T, width]. Returns the next `x`. A function of tensors,
-    so that `torch.compile` makes one program for every layer."""
+    the additive `mask` [n, 1, group x T, width] (or, one query a row on a CPU, the kernel's
+    `_Spans`). Returns the next `x`. A function of tensors, so that `torch.compile` makes one
+    program for every layer."""
     n, t = positions.shape
     heads, kv_heads, dim, gemma = spec.heads, spec.kv_heads, spec.head_dim, spec.gemma
     group = heads // kv_heads
@@ -544,9 +595,16 @@ def _layer(
         .permute(0, 2, 3, 1, 4)
         .reshape(n, kv_heads, group * t, -1)
     )
-    out = torch.nn.functional.scaled_dot_product_attention(
-        packed, keys[read, :, :width], values[read, :, :width], attn_mask=mask, scale=spec.scaling
-    )  # [n, KVH, G * T, D]
+    if isinstance(mask, _Spans):
+        out = mask.kernel(packed, keys, values, mask.starts, mask.ends, spec.scaling)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            packed,
+            keys[read, :, :width],
+            values[read, :, :width],
+            attn_mask=mask,
+            scale=spec.scaling,
+        )  # [n, KVH, G * T, D]
     out = out.view(n, kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
     attended = torch.nn.functional.linear(out, w.o_proj, w.o_bias)
     if gemma:

@@ -214,14 +214,17 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
         "generate",
         "generate_static",
         "continuous",
-        "slot_cache",
+        "dynamic_cache",
+        "slots_sdpa",
         "static",
         "tools_overlapped",
         "tools_serialised",
+        "tools_dynamic_cache",
         "tools_static",
     }
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
-    for name in ("tools_serialised", "tools_overlapped", "tools_static"):  # every call ran
+    for name in ("tools_serialised", "tools_overlapped", "tools_dynamic_cache", "tools_static"):
+        # every call ran
         assert rows[name]["tool_calls"] == 4 * 2
         assert rows[name]["seconds"] >= 2 * 0.1
     # the Linears of the 1 x 32 Llama: q, k, v, o (32 x 32 each), MLP 3 x (32 x 128), and the
@@ -235,7 +238,10 @@ def test_bench_rollout_compares_the_engines_with_their_baselines(tmp_path: objec
         "continuous / best of transformers (generate)"
         if rows["generate"]["tokens_per_s"] >= rows["generate_static"]["tokens_per_s"]
         else "continuous / best of transformers (generate_static)",
+        "continuous / dynamic_cache",
+        "continuous / slots_sdpa",
         "continuous / static",
+        "agent: continuous / dynamic_cache",
         "agent: continuous / static",
         "agent: overlapped / serialised",
         "agent: overlapped / plain continuous",
