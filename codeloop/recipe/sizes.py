@@ -74,21 +74,22 @@ MODEL_RECIPES = {
 # `codeloop real --task gym`: SFT on GSM8K's solutions as above (fewer: the format and the tool,
 # not the task), then RL on reasoning-gym tasks that the SFT policy solves sometimes
 # (configs/gym_mix_smollm2.json, chosen by measured pass rate), scored after SFT and after RL on
-# 400 held-out problems of the mix x 2 samples and 100 development problems. Measured on two
-# cores: SFT ~15-25 min, 0.7-0.8 gym trajectories/s, so each evaluation ~20 min and the screen
-# of 120 x 4 ~10: the limit leaves RL about half an hour.
+# 400 held-out problems of the mix x 2 samples and 100 development problems, within an hour on
+# two cores. Sized from the rates of a 2-core AMD EPYC with the CPU attention kernel (~1.2 gym
+# trajectories/s, so each evaluation ~12 min): SFT on 300 solutions (~8 min), a screen of 64
+# problems x 4, the trained problems x 2 samples; the limit leaves RL ~20 minutes.
 GYM_SIZES = Sizes(
     dev=500,
     eval_problems=400,
     eval_samples=2,
-    sft_problems=600,
-    rl_problems=120,
-    trained_samples=4,
+    sft_problems=300,
+    rl_problems=64,
+    trained_samples=2,
     dev_beside=100,
 )
 TASK_RECIPES = {
     "gym": ModelRecipe(
-        "configs/gym_smollm2.toml", GYM_SIZES, 90.0, ("--trainer.output_dir=runs/real-gym",)
+        "configs/gym_smollm2.toml", GYM_SIZES, 60.0, ("--trainer.output_dir=runs/real-gym",)
     ),
 }
 

@@ -67,7 +67,7 @@ def test_real_task_gym_is_the_gym_config_and_sizes(
     assert (config, sizes, minutes) == (
         "configs/gym_smollm2.toml",
         replace(GYM_SIZES, dev_beside=50),
-        90.0,
+        60.0,
     )
     assert sizes.eval_problems >= 400 and sizes.eval_samples >= 2
     cfg = load_config(config, overrides)
