@@ -144,7 +144,8 @@ JOIN_SHARE = 16
 # step (a replayed step costs about the same for any rows up to its captured size). A prefill
 # took ~53 ms on an H200 and ~95 ms on an H100 (an eager forward) against ~8-10 ms a step, and a
 # returning turn brings ~40 new tokens. On a 2-core CPU a prefill beside 48 running rows took
-# ~250 ms, and the agent workload of `codeloop bench rollout` ran 1.12x as fast with turns fed.
+# ~250 ms; 128 trajectories of one tool call each on SmolLM2 ran at 1.41 trajectories/s with
+# turns fed and 1.26 with every turn prefilled (one run each).
 FEED_TOKENS = 64
 
 

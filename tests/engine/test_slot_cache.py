@@ -533,3 +533,20 @@ def test_a_decoding_step_stays_within_its_operation_count() -> None:
     layer = {op: (three.count(op) - one.count(op)) // 2 for op in set(three)}
     assert layer["mm"] == 4
     assert sum(layer.values()) <= 31, layer
+
+
+def test_a_cpu_cache_takes_memory_only_where_it_is_written() -> None:
+    """The CPU's cache comes from calloc: 256 MiB of zeros cost no resident memory until rows are
+    written, and then about what was written (Linux's resident pages, /proc/self/statm)."""
+
+    def resident_mib() -> float:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 / 2**20
+
+    before = resident_mib()
+    cache = slot_cache._zeros((64, 1024, 1024), torch.float32, torch.device("cpu"))  # 256 MiB
+    assert resident_mib() - before < 16
+    assert cache.shape == (64, 1024, 1024) and cache.dtype == torch.float32
+    cache[:8] = 1.0  # 32 MiB written
+    assert 24 < resident_mib() - before < 48
+    assert float(cache[8:16].abs().sum()) == 0.0 and float(cache[:8].mean()) == 1.0
