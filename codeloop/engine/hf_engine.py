@@ -55,7 +55,13 @@ from codeloop.engine.kv_batch import KVBatch, PrefixCache
 from codeloop.engine.model import end_of_turn_ids
 from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.engine.sampler import SEEDS, uniforms
-from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, cpu_kernel, unsupported_reason
+from codeloop.engine.slot_cache import (
+    MIN_COLUMNS,
+    SlotBatch,
+    SlotDecoder,
+    cpu_kernel,
+    unsupported_reason,
+)
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.errors import ModelError
 from codeloop.memory import free_memory, trim_when_above
@@ -163,20 +169,40 @@ def default_kv_tokens(model: Any) -> int:
     return max(1, int(KV_MEMORY_SHARE * free_memory(parameter.device)) // max(per_token, 1))
 
 
+def _cpu_slots_fit(model: Any, rows: int, longest_response: int) -> bool:
+    """Whether a CPU engine takes its slots (with the attention kernel, `cpu_kernel`): only when
+    `rows` slots of `longest_response` tokens fit in half the free memory (each slot is as
+    long as the longest request, though calloc'd pages cost only once written; the
+    DynamicCache grows with what is used)."""
+    if cpu_kernel(model) is None:
+        return False
+    columns = MIN_COLUMNS  # as SlotDecoder.ensure_columns grows them
+    while columns < longest_response:
+        columns *= 2
+    return rows * columns <= 2 * default_kv_tokens(model)  # KV_MEMORY_SHARE is a quarter
+
+
 def engine_from_config(
     model: Any, tokenizer: Any, rollout: RolloutConfig, *, longest_response: int = 0
 ) -> TransformersEngine:
     """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`)
     over `model` as it is (device, dtype), stopping at the tokenizer's turn ends
     (`end_of_turn_ids`); its KV slots planned for `longest_response` tokens now (`plan`: one
-    that cannot fit is refused here; 0: planned by the first requests). `codeloop serve`,
-    training and evaluation all build their engine here."""
+    that cannot fit is refused here; 0: planned by the first requests). On a CPU the slots are
+    taken only with a plan that fits (`_cpu_slots_fit`), else the DynamicCache. `codeloop
+    serve`, training and evaluation all build their engine here."""
+    slots = None  # the engine's choice
+    if next(model.parameters()).device.type == "cpu":
+        slots = bool(longest_response) and _cpu_slots_fit(
+            model, rollout.engine_max_batch, longest_response
+        )
     engine = TransformersEngine(
         model,
         tokenizer,
         end_of_turn_ids(tokenizer),
         max_batch=rollout.engine_max_batch,
         max_kv_tokens=rollout.kv_capacity_tokens,
+        slot_cache=slots,
     )
     if longest_response:
         engine.plan(longest_response)
