@@ -172,7 +172,7 @@ def default_kv_tokens(model: Any) -> int:
 def _cpu_slots_fit(model: Any, rows: int, longest_response: int) -> bool:
     """Whether a CPU engine takes its slots (with the attention kernel, `cpu_kernel`): only when
     `rows` slots of `longest_response` tokens fit in half the free memory (each slot is as
-    long as the longest request, though calloc'd pages cost only once written; the
+    long as the longest request, though its pages (a memory map) cost only once written; the
     DynamicCache grows with what is used)."""
     if cpu_kernel(model) is None:
         return False

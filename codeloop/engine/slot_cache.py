@@ -25,7 +25,7 @@ captured as a CUDA graph and replayed in one launch:
   columns: the smallest power of two (at least `MIN_WIDTH`) past every row's position.
 - On a CPU a decoding step runs eagerly, its attention by the C kernel of `cpu_attention.py`
   where it builds (`cpu_kernel`): each row reads its own columns 0..p, so no mask is made; the
-  cache comes from calloc, so slots and columns never written take no memory.
+  cache is an anonymous memory map, so slots and columns never written take no memory.
 - On CUDA a decoding step of `b` rows and `width` columns is captured once, lazily, for `b` on a
   ladder (1, 2, 4, 8, then multiples of 16) and replayed for any batch up to `b` (the extra rows
   decode a token 0 at position 0 in free slots). Prefill runs eagerly, right-padded, in chunks
@@ -47,10 +47,11 @@ change with the sequence's length;
 from __future__ import annotations
 
 import math
+import mmap
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 from codeloop.engine import cpu_attention
@@ -501,13 +502,18 @@ class SlotDecoder:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed cache. On the CPU from calloc (numpy's zeros): the pages are the kernel's shared
-    zero page until written, so the slots and columns a run never fills take no memory (64
-    slots of 1,024 tokens of SmolLM2 in float32 are 2.8 GiB; an evaluation fills a fraction)."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
+    """A zeroed cache. On the CPU an anonymous memory map of its own: its pages are the kernel's
+    shared zero page until written, so the slots and columns a run never fills take no memory
+    (64 slots of 1,024 tokens of SmolLM2 in float32 are 2.8 GiB; an evaluation fills a
+    fraction). calloc promises that only for memory it maps afresh: one that reuses a freed
+    block of the heap writes its zeros there, and every page is taken at once."""
     count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(count, dtype=np.uint8)).view(dtype).view(shape)
+    if device.type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    with warnings.catch_warnings():  # the map is writable: torch warns of read-only buffers
+        warnings.simplefilter("ignore")
+        pages = torch.frombuffer(mmap.mmap(-1, count), dtype=torch.uint8)  # holds the map
+    return pages.view(dtype).view(shape)
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

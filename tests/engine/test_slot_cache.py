@@ -536,8 +536,9 @@ def test_a_decoding_step_stays_within_its_operation_count() -> None:
 
 
 def test_a_cpu_cache_takes_memory_only_where_it_is_written() -> None:
-    """The CPU's cache comes from calloc: 256 MiB of zeros cost no resident memory until rows are
-    written, and then about what was written (Linux's resident pages, /proc/self/statm)."""
+    """The CPU's cache is a memory map of its own: 256 MiB of zeros cost no resident memory
+    until rows are written, and then about what was written (Linux's resident pages,
+    /proc/self/statm), however much of the heap earlier work freed."""
 
     def resident_mib() -> float:
         with open("/proc/self/statm") as statm:
