@@ -623,10 +623,15 @@ def _real(args: argparse.Namespace) -> int:
 
     if args.long and (args.gpu or args.model != "smollm2"):
         raise ConfigError("--long: the long recipe is SmolLM2's on a CPU (no --gpu or --model)")
-    if args.task != "gsm8k" and (args.long or args.gpu or args.model != "smollm2"):
+    if args.task != "gsm8k" and (args.long or args.gpu):
         raise ConfigError(
-            f"--task {args.task}: its recipe is SmolLM2's on a CPU (no --long, --gpu or "
-            "--model); for another model give --config with data.rl and the sizes"
+            f"--task {args.task}: its recipes are for a CPU (no --long or --gpu); for a GPU "
+            "give --config with data.rl and the sizes"
+        )
+    if args.task != "gsm8k" and args.model not in TASK_RECIPES[args.task]:
+        raise ConfigError(
+            f"--task {args.task}: no recipe for --model {args.model} (there is one for "
+            f"{', '.join(TASK_RECIPES[args.task])}); give --config with data.rl and the sizes"
         )
     if args.gpu:
         require_cuda("--gpu", ", or leave --gpu out for the recipe sized for a CPU")
@@ -636,7 +641,7 @@ def _real(args: argparse.Namespace) -> int:
                 "and the sizes"
             )
     recipe = LONG_RECIPE if args.long else MODEL_RECIPES[args.model]
-    recipe = TASK_RECIPES.get(args.task, recipe)
+    recipe = TASK_RECIPES.get(args.task, {}).get(args.model, recipe)
 
     given = {
         name: getattr(args, name)
@@ -738,8 +743,9 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         choices=["gsm8k", *TASK_RECIPES],
         default="gsm8k",
         help="what RL trains on: gsm8k (GSM8K's training split), or gym (reasoning-gym tasks "
-        "that the Python tool solves, the gym extra: configs/gym_smollm2.toml, "
-        "runs/real-gym, scored on held-out gym problems and GSM8K's development split) "
+        "that the Python tool solves, the gym extra: configs/gym_smollm2.toml and "
+        "runs/real-gym, configs/gym_gemma3.toml and runs/real-gym-gemma3 with --model "
+        "gemma3-270m; scored on held-out gym problems and GSM8K's development split) "
         "(default gsm8k)",
     )
     real.add_argument(
@@ -751,7 +757,9 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "goes on (default none; "
         f"{GPU_MINUTES:g} with --gpu; {LONG_RECIPE.minutes:g} with --long; "
         f"{MODEL_RECIPES['gemma3-270m'].minutes:g} with --model gemma3-270m; "
-        f"{TASK_RECIPES['gym'].minutes:g} with --task gym; 0: none)",
+        f"{TASK_RECIPES['gym']['smollm2'].minutes:g} with --task gym, "
+        f"{TASK_RECIPES['gym']['gemma3-270m'].minutes:g} with it and --model gemma3-270m; "
+        "0: none)",
     )
 
     cpu = Sizes()
@@ -773,7 +781,8 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
             [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")] if field != "dev_beside" else []
         )
         others.append((MODEL_RECIPES["gemma3-270m"].sizes, "--model gemma3-270m"))
-        others.append((TASK_RECIPES["gym"].sizes, "--task gym"))
+        others.append((TASK_RECIPES["gym"]["smollm2"].sizes, "--task gym"))
+        others.append((TASK_RECIPES["gym"]["gemma3-270m"].sizes, "both of them"))
         defaults = f"(default {getattr(cpu, field)}" + "".join(
             f"; {getattr(sizes, field)} with {option}"
             for sizes, option in others

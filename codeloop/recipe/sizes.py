@@ -87,10 +87,27 @@ GYM_SIZES = Sizes(
     trained_samples=2,
     dev_beside=100,
 )
+# The same with Gemma 3 270M (configs/gym_gemma3.toml), within its 90 minutes: a token costs
+# it twice SmolLM2's compute, most of it in the output layer, which the attention kernel does
+# not touch. Fewer SFT solutions, 200 held-out problems x 2 and 50 development problems, a
+# smaller screen; the limit (85 min, as for its GSM8K recipe) stops RL where the last
+# evaluations still fit.
+GYM_GEMMA3_SIZES = Sizes(
+    dev=500,
+    eval_problems=200,
+    eval_samples=2,
+    sft_problems=240,
+    rl_problems=48,
+    trained_samples=2,
+    dev_beside=50,
+)
+# `codeloop real --task NAME [--model NAME]`: the recipe of each task for each packaged model
+# that has one
 TASK_RECIPES = {
-    "gym": ModelRecipe(
-        "configs/gym_smollm2.toml", GYM_SIZES, 60.0, ("--trainer.output_dir=runs/real-gym",)
-    ),
+    "gym": {
+        "smollm2": ModelRecipe("configs/gym_smollm2.toml", GYM_SIZES, 60.0),
+        "gemma3-270m": ModelRecipe("configs/gym_gemma3.toml", GYM_GEMMA3_SIZES, 85.0),
+    },
 }
 
 # `codeloop real --long`: SmolLM2's recipe with RL long enough to move the problems it trains on

@@ -75,8 +75,20 @@ def test_real_task_gym_is_the_gym_config_and_sizes(
     assert cfg.recipe.stages[0].refilter
     capsys.readouterr()
     assert cli.main(["real", "--task", "gym", "--long"]) != 0
-    assert "--task gym: its recipe is SmolLM2's on a CPU" in capsys.readouterr().err
+    assert "--task gym: its recipes are for a CPU" in capsys.readouterr().err
     assert len(calls) == 1
+
+    # Gemma 3 270M's gym recipe: its own config (model, turn markup, output directory) on the
+    # same mix, its sizes and its 85 minutes
+    assert cli.main(["real", "--task", "gym", "--model", "gemma3-270m"]) == 0
+    config, overrides, sizes, minutes = calls[-1]
+    assert (config, minutes) == ("configs/gym_gemma3.toml", 85.0)
+    assert sizes.eval_problems == 200 and sizes.eval_samples == 2 and sizes.dev_beside == 50
+    gemma = load_config(config, overrides)
+    assert gemma.trainer.model == "gemma3-270m"
+    assert gemma.trainer.output_dir == "runs/real-gym-gemma3"
+    assert gemma.rollout.chat_template.endswith("gemma_chat_template.jinja")
+    assert gemma.data.rl == cfg.data.rl
 
 
 def test_the_packaged_mix_reads_and_checks() -> None:
