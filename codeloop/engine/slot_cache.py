@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -510,9 +509,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or count == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    with warnings.catch_warnings():  # the map is writable: torch warns of read-only buffers
-        warnings.simplefilter("ignore")
-        pages = torch.frombuffer(mmap.mmap(-1, count), dtype=torch.uint8)  # holds the map
+    pages = torch.frombuffer(mmap.mmap(-1, count), dtype=torch.uint8)  # the tensor holds the map
     return pages.view(dtype).view(shape)
 
 
