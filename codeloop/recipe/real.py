@@ -360,7 +360,10 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             left_s=left_s,
             points=points,
         )
-        if stopped is not None:
+        if stopped is not None and "reason" in last:
+            stopped["reason"] = last["reason"]
+            print(f"RL ended before {stopped['stage']}: {last['reason']}", flush=True)
+        elif stopped is not None:
             print(
                 f"time limit: RL stopped before step {stopped['step'] + 1} of {stopped['of']} "
                 f"of {stopped['stage']}; rerun to go on",

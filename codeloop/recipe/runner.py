@@ -107,9 +107,21 @@ async def run_recipe(
         ) as run:
             kept = _refiltered(stage_dir, problems) if stage.refilter else None
             if kept is None:
-                kept = list(await _stage_problems(run, stage, current))
+                kept = list(await _stage_problems(run, stage, current, later=bool(summaries)))
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
+            if not kept:  # a later stage's screen: the policy solves all it trained on
+                summaries.append(
+                    {
+                        "stage": stage.name,
+                        "index": index,
+                        "steps": stage.steps,
+                        "problems": 0,
+                        "stopped_at": 0,
+                        "reason": "no problems left",
+                    }
+                )
+                break
             run.use_problems(kept)
             current = kept
             if carried is not None:  # the same problems: go on drawing where it stopped
@@ -154,7 +166,12 @@ async def run_recipe(
     return summaries
 
 
-async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -> Sequence[Problem]:
+async def _stage_problems(
+    run: RLRun, stage: Any, problems: Sequence[Problem], later: bool = False
+) -> Sequence[Problem]:
+    """The problems a stage trains on: with `refilter`, those whose pass rate over fresh
+    samples is in the stage's band. None kept is an error for the first stage that trains
+    (nothing to learn from) and the end of RL for a later one (`later`: all solved or none)."""
     if not stage.refilter:
         return problems
     samples = stage.refilter_samples
@@ -177,7 +194,10 @@ async def _stage_problems(run: RLRun, stage: Any, problems: Sequence[Problem]) -
                 run.cfg.algo, list(rates.values()), [rates[p.id] for p in kept], samples
             )
         )
-    if not kept:
+    if not kept and later:
+        if run.world.is_main:
+            print(f"{stage.name or 'stage'}: no problems left in the band; RL ends here")
+    elif not kept:
         too_easy = sum(rates.get(p.id, 0.0) > high for p in problems)
         raise RunError(
             f"refilter kept no problems ({too_easy} of {len(problems)} solved "

@@ -163,6 +163,37 @@ def test_a_refiltered_stage_hands_its_problems_on_and_keeps_its_choice(
     assert len(sampled) == 1  # the refilter's choice was read back, not sampled anew
 
 
+@pytest.mark.slow
+def test_a_later_screen_that_keeps_nothing_ends_rl_and_a_first_one_is_an_error(
+    fmt: PromptFormat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy that solves every problem it trained on leaves stage 2's screen (pass rate at
+    most 0.75) nothing: RL ends after stage 1 with a summary that says why, not with an error
+    that loses the run (Gemma 3 270M's gym recipe solved all 10 of its problems by stage 3).
+    The same screen as the first stage has nothing to train on at all: an error naming it."""
+
+    async def rates(agent: object, problems: list[Problem], *args: object, **kw: object) -> Scores:
+        return Scores({p.id: 1.0 for p in problems})
+
+    monkeypatch.setattr(rl, "score_policy", rates)
+    cfg = _config(tmp_path)
+    hard = StageConfig(name="hard", steps=1, refilter=True, refilter_samples=2)
+    hard.refilter_max_pass_rate = 0.75
+    cfg.recipe.stages = [StageConfig(name="first", steps=1), hard]
+    summaries = _recipe(fmt, cfg)
+    assert [s["stage"] for s in summaries] == ["first", "hard"]
+    assert "stopped_at" not in summaries[0] and summaries[0]["problems"] == 4
+    assert summaries[1]["stopped_at"] == 0 and summaries[1]["reason"] == "no problems left"
+    assert (tmp_path / "2-hard" / "problems.json").read_text() == "[]"
+    assert not (tmp_path / "2-hard" / "stage.json").exists()
+    assert _recipe(fmt, cfg) == summaries  # a rerun reads the screen back and ends the same
+
+    cfg = _config(tmp_path / "again")
+    cfg.recipe.stages = [hard]
+    with pytest.raises(RunError, match="refilter kept no problems \\(4 of 4 solved more often"):
+        _recipe(fmt, cfg)
+
+
 def test_pass_rates_count_correct_samples(fmt: PromptFormat) -> None:
     class Answers:  # answers "4" to everything: right for p2 only
         async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
