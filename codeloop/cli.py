@@ -243,9 +243,12 @@ def _run_training(args: argparse.Namespace, cfg: Config) -> int:
         from codeloop.trainer.distributed import launched_main
 
         for summary in asyncio.run(run_recipe_from_config(cfg)):
-            steps, problems = summary["steps"], summary["problems"]
+            steps, problems = summary.get("stopped_at", summary["steps"]), summary["problems"]
             if launched_main():
-                print(f"stage {summary['stage']}: {steps} steps on {problems} problems")
+                ended = (
+                    f" ({summary.get('reason', 'out of time')})" if "stopped_at" in summary else ""
+                )
+                print(f"stage {summary['stage']}: {steps} steps on {problems} problems{ended}")
         return 0
     if args.command == "sft":
         from codeloop.trainer.run import run_sft

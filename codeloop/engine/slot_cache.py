@@ -506,7 +506,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     (64 slots of 1,024 tokens of SmolLM2 in float32 are 2.8 GiB; an evaluation fills a
     fraction). calloc promises that only for memory it maps afresh: one that reuses a freed
     block of the heap writes its zeros there, and every page is taken at once."""
-    count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    count = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or count == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
     pages = torch.frombuffer(mmap.mmap(-1, count), dtype=torch.uint8)  # the tensor holds the map

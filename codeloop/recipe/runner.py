@@ -92,15 +92,7 @@ async def run_recipe(
             continue
         until = deadline() if callable(deadline) else deadline
         if until is not None and time.perf_counter() >= until:  # not even its refilter
-            summaries.append(
-                {
-                    "stage": stage.name,
-                    "index": index,
-                    "steps": stage.steps,
-                    "problems": len(current),
-                    "stopped_at": 0,
-                }
-            )
+            summaries.append(_stopped(stage, index, len(current), 0))
             break
         async with opened_run(
             scfg, model, fmt, current, tools=tools, run_dir=stage_dir, world=world, engine=engine
@@ -111,16 +103,7 @@ async def run_recipe(
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             if not kept:  # a later stage's screen: the policy solves all it trained on
-                summaries.append(
-                    {
-                        "stage": stage.name,
-                        "index": index,
-                        "steps": stage.steps,
-                        "problems": 0,
-                        "stopped_at": 0,
-                        "reason": "no problems left",
-                    }
-                )
+                summaries.append(_stopped(stage, index, 0, 0, NO_PROBLEMS_LEFT))
                 break
             run.use_problems(kept)
             current = kept
@@ -132,12 +115,8 @@ async def run_recipe(
         if run.step_index < stage.steps:  # out of time
             summaries.append(
                 {
-                    "stage": stage.name,
-                    "index": index,
-                    "steps": stage.steps,
-                    "problems": len(kept),
+                    **_stopped(stage, index, len(kept), run.step_index),
                     "problem_ids": [p.id for p in kept],
-                    "stopped_at": run.step_index,
                 }
             )
             break
@@ -164,6 +143,24 @@ async def run_recipe(
         if after_stage is not None:
             await after_stage(stage.name)
     return summaries
+
+
+NO_PROBLEMS_LEFT = "its screen kept no problems"  # a later stage's: RL ends before it
+
+
+def _stopped(
+    stage: Any, index: int, problems: int, at: int, reason: str | None = None
+) -> dict[str, Any]:
+    """The summary of a stage that ended at step `at` of its own: out of time, or (`reason`)
+    with nothing left to train on."""
+    summary = {
+        "stage": stage.name,
+        "index": index,
+        "steps": stage.steps,
+        "problems": problems,
+        "stopped_at": at,
+    }
+    return {**summary, "reason": reason} if reason else summary
 
 
 async def _stage_problems(
@@ -194,10 +191,7 @@ async def _stage_problems(
                 run.cfg.algo, list(rates.values()), [rates[p.id] for p in kept], samples
             )
         )
-    if not kept and later:
-        if run.world.is_main:
-            print(f"{stage.name or 'stage'}: no problems left in the band; RL ends here")
-    elif not kept:
+    if not kept and not later:
         too_easy = sum(rates.get(p.id, 0.0) > high for p in problems)
         raise RunError(
             f"refilter kept no problems ({too_easy} of {len(problems)} solved "

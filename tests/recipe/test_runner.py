@@ -177,13 +177,16 @@ def test_a_later_screen_that_keeps_nothing_ends_rl_and_a_first_one_is_an_error(
 
     monkeypatch.setattr(rl, "score_policy", rates)
     cfg = _config(tmp_path)
-    hard = StageConfig(name="hard", steps=1, refilter=True, refilter_samples=2)
-    hard.refilter_max_pass_rate = 0.75
+    hard = StageConfig(
+        name="hard", steps=1, refilter=True, refilter_samples=2, refilter_max_pass_rate=0.75
+    )
     cfg.recipe.stages = [StageConfig(name="first", steps=1), hard]
     summaries = _recipe(fmt, cfg)
     assert [s["stage"] for s in summaries] == ["first", "hard"]
     assert "stopped_at" not in summaries[0] and summaries[0]["problems"] == 4
-    assert summaries[1]["stopped_at"] == 0 and summaries[1]["reason"] == "no problems left"
+    assert (
+        summaries[1]["stopped_at"] == 0 and summaries[1]["reason"] == "its screen kept no problems"
+    )
     assert (tmp_path / "2-hard" / "problems.json").read_text() == "[]"
     assert not (tmp_path / "2-hard" / "stage.json").exists()
     assert _recipe(fmt, cfg) == summaries  # a rerun reads the screen back and ends the same
