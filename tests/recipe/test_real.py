@@ -239,6 +239,32 @@ def test_a_time_limit_stops_rl_scores_where_it_stopped_and_a_rerun_goes_on(
     assert steps == [1, 2]  # each step once
 
 
+@pytest.mark.slow
+def test_a_later_screen_that_keeps_nothing_ends_rl_and_the_run_is_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every screen says the policy solves every problem: stage 1's band (up to 1.0) keeps them,
+    stage 3's (up to 0.75) keeps none, so RL ends before stage 3 and the policy after stage 2
+    is scored, the reason printed and kept in summary.json."""
+    from codeloop.rollout.score import Scores
+    from codeloop.trainer import rl
+
+    async def rates(agent: object, problems: list[Problem], *args: object, **kw: object) -> Scores:
+        return Scores({p.id: 1.0 for p in problems})
+
+    monkeypatch.setattr(rl, "score_policy", rates)
+    overrides = [*_tiny_recipe(tmp_path), "--recipe.stages.2.refilter_max_pass_rate=0.75"]
+    summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
+    reason = "its screen kept no problems"
+    assert summary["stopped"] == {"stage": "stage3-hard", "step": 0, "of": 1, "reason": reason}
+    assert [p["stage"] for p in summary["points"]] == ["sft", "stage2-long"]
+    assert f"RL ended before stage3-hard: {reason}" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["stopped"] == summary["stopped"]
+    assert (tmp_path / "run" / "final_model" / "config.json").is_file()
+    assert summary["trained_problems"]["problems"] == TINY.rl_problems
+
+
 def _trajectory(status: RolloutStatus, text: str, calls: list[ToolCallRecord]) -> Trajectory:
     return Trajectory("p", 0, [1], [2], [1], [0.0], status, calls, text=text)
 
