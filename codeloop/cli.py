@@ -24,7 +24,7 @@ from codeloop.config import (
     to_toml,
 )
 from codeloop.errors import CodeloopError
-from codeloop.helpformat import Parser
+from codeloop.helpformat import Parser, positive_count, positive_seconds
 
 T = TypeVar("T")
 BENCHES = {  # `codeloop bench NAME` runs the `main` of the module that `_bench` imports
@@ -64,26 +64,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _config_show(args: argparse.Namespace) -> int:
     sys.stdout.write(to_toml(load_config(args.file, args.overrides)))
     return 0
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return seconds
-
-
-def _positive_count(text: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
-    return count
 
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
@@ -195,7 +175,7 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--client-timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="a client has this long for a request's line and headers (from connecting, or "
@@ -204,13 +184,13 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--max-connections",
-        type=_positive_count,
+        type=positive_count,
         metavar="N",
         help="open connections held at most; one more is closed as it arrives (default 1024)",
     )
     serve.add_argument(
         "--grace",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=GRACE_S,
         metavar="SECONDS",
         help="on SIGTERM or SIGINT, completions in flight are answered within this long; then "
@@ -874,7 +854,7 @@ def _add_sandbox_commands(
     serve.add_argument(
         "--client-timeout",
         dest="client_timeout_s",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="a client has this long for a request's line and headers and as long again for "
         "its body; then its connection is cut (sandbox.client_timeout_s, default 60)",
@@ -882,7 +862,7 @@ def _add_sandbox_commands(
     serve.add_argument(
         "--max-connections",
         dest="max_connections",
-        type=_positive_count,
+        type=positive_count,
         metavar="N",
         help="open connections held at most; one more is closed as it arrives "
         "(sandbox.max_connections, default 1024)",
@@ -890,7 +870,7 @@ def _add_sandbox_commands(
     serve.add_argument(
         "--grace",
         dest="grace_s",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="on SIGTERM or SIGINT, calls in flight are answered within this long; then the "
         "rest are cancelled, every connection closed, and it exits (sandbox.grace_s, default 5)",

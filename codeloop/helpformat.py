@@ -1,4 +1,6 @@
-"""`--help` for every command: descriptions as written, and each option's default after its help.
+"""`--help` for every command: descriptions as written, and each option's default after its help;
+and the argument types every command shares (a count, a number of seconds), whose errors name the
+option and the value in one line (argparse's usage error, exit 2).
 
 `HelpFormatter` keeps a description's line breaks (module docstrings of the benchmarks), wraps a
 one-paragraph description, and adds
@@ -35,3 +37,24 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def positive_count(text: str) -> int:
+    """An option that counts something (requests, steps, sequences): 1 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
+    return count
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds

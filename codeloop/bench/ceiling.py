@@ -43,7 +43,7 @@ from codeloop.engine.kv_batch import _common_prefix
 from codeloop.engine.model import tiny_model
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.slot_cache import SlotDecoder
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 from codeloop.recipe.sizes import GPU_CONFIG, GPU_SIZES
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
@@ -240,7 +240,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rl-steps", type=int, help="RL steps sampled (default: the stages' steps, scaled)"
     )
-    parser.add_argument("--max-batch", type=int, help="the engine's slots (default the config's)")
+    parser.add_argument(
+        "--max-batch", type=positive_count, help="the engine's slots (default the config's)"
+    )
     parser.add_argument("--json", action="store_true", help="a JSON object as the last line")
     parser.add_argument("--out", help="also write the JSON report here")
     return parser

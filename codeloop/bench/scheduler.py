@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from codeloop.engine.protocol import Generation, SamplingParams
 from codeloop.engine.scheduler import POLICIES, Scheduler
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 
 MAX_TURNS = 30
 T = TypeVar("T")
@@ -464,16 +464,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--mix", nargs="+", choices=sorted(MIXES), default=["heavy", "light"], help="workload mixes"
     )
-    parser.add_argument("--engines", type=int, default=4, help="simulated engines")
-    parser.add_argument("--prompts", type=int, default=128, help="prompts per batch")
-    parser.add_argument("--group", type=int, default=16, help="samples per prompt")
-    parser.add_argument("--capacity", type=int, default=262144, help="KV tokens per engine")
-    parser.add_argument("--budget", type=int, default=8192, help="response tokens per trajectory")
-    parser.add_argument("--turn-cap", type=int, default=2048, help="tokens per turn at most")
+    parser.add_argument("--engines", type=positive_count, default=4, help="simulated engines")
+    parser.add_argument("--prompts", type=positive_count, default=128, help="prompts per batch")
+    parser.add_argument("--group", type=positive_count, default=16, help="samples per prompt")
+    parser.add_argument(
+        "--capacity", type=positive_count, default=262144, help="KV tokens per engine"
+    )
+    parser.add_argument(
+        "--budget", type=positive_count, default=8192, help="response tokens per trajectory"
+    )
+    parser.add_argument(
+        "--turn-cap", type=positive_count, default=2048, help="tokens per turn at most"
+    )
     parser.add_argument("--step-ms", type=float, default=20.0, help="decode step, small batch")
-    parser.add_argument("--saturation", type=int, default=64, help="batch beyond which steps slow")
+    parser.add_argument(
+        "--saturation", type=positive_count, default=64, help="batch beyond which steps slow"
+    )
     parser.add_argument("--prefill-ms", type=float, default=0.05, help="per prefilled token")
-    parser.add_argument("--seeds", type=int, default=2, help="workload seeds per mix")
+    parser.add_argument("--seeds", type=positive_count, default=2, help="workload seeds per mix")
     parser.add_argument(
         "--steps", type=int, default=6, help="RL steps of the training-loop rows (0: none)"
     )

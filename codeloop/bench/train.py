@@ -28,7 +28,7 @@ from codeloop.config import Config
 from codeloop.data.problems import Problem
 from codeloop.data.tokenizer import train_tokenizer
 from codeloop.engine.model import tiny_model
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.sandbox.pool import LocalSandbox
 from codeloop.trainer.batch import Sample, collate, on_device
@@ -122,14 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--hidden", type=int, default=256, help="model width")
-    parser.add_argument("--layers", type=int, default=4, help="model layers")
-    parser.add_argument("--sequences", type=int, default=32, help="sequences per update")
-    parser.add_argument("--length", type=int, default=512, help="longest sequence, tokens")
+    parser.add_argument("--hidden", type=positive_count, default=256, help="model width")
+    parser.add_argument("--layers", type=positive_count, default=4, help="model layers")
+    parser.add_argument("--sequences", type=positive_count, default=32, help="sequences per update")
     parser.add_argument(
-        "--micro-batch-tokens", type=int, default=8192, help="tokens per micro-batch"
+        "--length", type=positive_count, default=512, help="longest sequence, tokens"
     )
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
+    parser.add_argument(
+        "--micro-batch-tokens", type=positive_count, default=8192, help="tokens per micro-batch"
+    )
+    parser.add_argument(
+        "--steps", type=positive_count, default=3, help="timed steps per measurement"
+    )
     parser.add_argument("--out", default="bench-results/train.json", help="JSON report")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -37,7 +37,7 @@ from typing import Any
 from codeloop.config import Config, RewardConfig
 from codeloop.data.pretrained import smollm2
 from codeloop.data.problems import GSM8K_TRAIN, Problem, load_problems
-from codeloop.helpformat import HelpFormatter
+from codeloop.helpformat import HelpFormatter, positive_count
 from codeloop.intervals import interval, percent
 
 ARMS = ("trl", "codeloop", "codeloop+tool")
@@ -52,10 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data", default="", help="problems, in codeloop's formats (default: GSM8K's, packaged)"
     )
-    p.add_argument("--steps", type=int, default=3, help="RL steps per arm")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    p.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
-    p.add_argument("--max-tokens", type=int, default=256, help="response budget per sample")
+    p.add_argument("--steps", type=positive_count, default=3, help="RL steps per arm")
+    p.add_argument("--prompts", type=positive_count, default=4, help="prompts per step")
+    p.add_argument("--group", type=positive_count, default=4, help="samples per prompt (G)")
+    p.add_argument(
+        "--max-tokens", type=positive_count, default=256, help="response budget per sample"
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
