@@ -132,11 +132,11 @@ def _add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address")
     serve.add_argument("--port", type=int, default=8000, help="port")
     serve.add_argument(
-        "--max-batch", type=int, default=32, help="requests decoded together at most"
+        "--max-batch", type=positive_count, default=32, help="requests decoded together at most"
     )
     serve.add_argument(
         "--kv-capacity-tokens",
-        type=int,
+        type=positive_count,
         default=65536,
         help="KV tokens the running requests may reserve (prompt + max_tokens "
         "each); /metrics reports use against it",
@@ -378,7 +378,9 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--out",
         help="output directory (default runs/eval/<data name>); an unfinished one is resumed",
     )
-    evaluate.add_argument("--concurrency", type=int, default=32, help="problems in flight")
+    evaluate.add_argument(
+        "--concurrency", type=positive_count, default=32, help="problems in flight"
+    )
     evaluate.set_defaults(run=_eval)
     paired = commands.add_parser(
         "compare",
@@ -411,7 +413,7 @@ def _add_eval_commands(commands: argparse._SubParsersAction[Any]) -> None:
     entropy.add_argument("--top", type=float, default=0.2, help="fraction of tokens kept as high")
     entropy.add_argument(
         "--window",
-        type=int,
+        type=positive_count,
         default=8,
         help="policy tokens after a tool response counted as 'right after'",
     )
@@ -556,7 +558,9 @@ def _add_data_commands(data: argparse._SubParsersAction[Any]) -> None:
             required=parser is decon,
             help="benchmark files whose n-grams must not appear",
         )
-        parser.add_argument("--ngram", type=int, default=8, help="n of the n-grams (report: 8)")
+        parser.add_argument(
+            "--ngram", type=positive_count, default=8, help="n of the n-grams (report: 8)"
+        )
         parser.set_defaults(run=_data_filter)
     decon.add_argument("--config", help="TOML config file (its [data] field names are used)")
     _policy_options(filt)
@@ -569,7 +573,9 @@ def _add_data_commands(data: argparse._SubParsersAction[Any]) -> None:
         metavar=("LOW", "HIGH"),
         help="keep pass rates in [LOW, HIGH] under the policy",
     )
-    filt.add_argument("--k", type=int, default=8, help="samples per problem for --pass-band")
+    filt.add_argument(
+        "--k", type=positive_count, default=8, help="samples per problem for --pass-band"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:

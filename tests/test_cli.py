@@ -88,3 +88,23 @@ def test_console_script_is_installed() -> None:
     assert "config" in done.stdout and "demo" in done.stdout
     done = subprocess.run([str(script), "eval"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "required: --data" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--model", "m", "--max-batch"],
+        ["serve", "--model", "m", "--kv-capacity-tokens"],
+        ["eval", "--model", "m", "--data", "d", "--concurrency"],  # 0: no problem ever starts
+        ["entropy", "run", "--model", "m", "--window"],
+        ["data", "filter", "f", "--out", "o", "--k"],
+        ["data", "decontaminate", "f", "--against", "b", "--out", "o", "--ngram"],
+    ],
+)
+def test_a_commands_count_below_one_is_a_usage_error_naming_the_option(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "0"])
+    assert exited.value.code == 2
+    assert f"argument {argv[-1]}: '0' is not a count of 1 or more" in capsys.readouterr().err
