@@ -261,6 +261,8 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     start = time.perf_counter()
     end = start + 60 * minutes if minutes else None
     run_dir = Path(cfg.trainer.output_dir)
+    # a rerun of a run stopped or done: its `minutes` are this invocation's, not the run's
+    resumed = run_dir.is_dir() and any(run_dir.iterdir())
     if not cfg.trainer.model or cfg.trainer.model in PACKAGED:  # imported on first use
         cfg.trainer.model = str(packaged(cfg.trainer.model or "smollm2")())
     train, dev = _splits(cfg, run_dir, sizes)
@@ -375,6 +377,7 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         "sizes": asdict(sizes),
         "points": points,
         "minutes": (time.perf_counter() - start) / 60,
+        "resumed": resumed,
         "stopped": stopped,
         "trained_problems": trained_result,
     }
@@ -539,7 +542,8 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
     summary = asyncio.run(run_real(cfg, sizes, minutes))
     first, last = summary["points"][0], summary["points"][-1]
     print(
-        f"\nreal: {summary['minutes']:.1f} min; {'gym' if 'gym' in summary else 'dev'} pass@1 "
+        f"\nreal: {summary['minutes']:.1f} min{' (this rerun)' if summary['resumed'] else ''}; "
+        f"{'gym' if 'gym' in summary else 'dev'} pass@1 "
         f"{score_text(first)} after SFT -> "
         f"{score_text(last)} after RL ({last['stage']}); "
         f"{cfg.trainer.output_dir}/summary.json"

@@ -130,6 +130,7 @@ def test_the_real_recipe_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     again = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))  # all done: skipped
     assert again["points"] == summary["points"]
     assert again["trained_problems"] == trained  # read back, not sampled again
+    assert (summary["resumed"], again["resumed"]) == (False, True)  # `minutes`: the rerun's
 
 
 @pytest.mark.slow
