@@ -72,6 +72,9 @@ from codeloop.trainer.rollout_side import local_engine
 from codeloop.trainer.sft import train_sft
 
 EVAL_KV_TOKENS = 32768  # prompt + max_tokens reserved by the running requests of an evaluation
+# The process before any weights: Python, torch, transformers and reasoning-gym imported
+# (measured: 0.41 GiB resident on x86-64 Linux, torch 2.13 CPU)
+RUNTIME_BYTES = 440 * 2**20
 
 
 def disk_needed(parameters: int, stages: int, keep: int) -> int:
@@ -93,12 +96,13 @@ def disk_warning(run_dir: Path, needed: int) -> str | None:
     )
 
 
-def memory_plan(config: Any, parameters: int, cfg: Config) -> dict[str, int]:
+def memory_plan(config: Any, parameters: int, cfg: Config, engine_bytes: int = 4) -> dict[str, int]:
     """Bytes of what a run holds at its peak, for a model of `config` (a transformers config)
     with `parameters`: the float32 weights, their gradients and AdamW's two moments; the SFT
-    weights kept to score the trained problems; the logits and the activations of the larger
+    weights kept to score the trained problems; the engine's copy of the weights in the compute
+    dtype (`engine_bytes` a parameter); the logits and the activations of the larger
     micro-batch (`trainer.micro_batch_tokens`, `sft.micro_batch_tokens`); an evaluation's KV
-    cache (EVAL_KV_TOKENS)."""
+    cache (EVAL_KV_TOKENS); the process itself (RUNTIME_BYTES)."""
     automatic = micro_batch_tokens(config, available_memory())  # a budget left at 0
     tokens = max(
         cfg.trainer.micro_batch_tokens or automatic, cfg.sft.micro_batch_tokens or automatic
@@ -111,9 +115,11 @@ def memory_plan(config: Any, parameters: int, cfg: Config) -> dict[str, int]:
     return {
         "weights and AdamW": 16 * parameters,
         "SFT weights": 4 * parameters,
+        "engine weights": engine_bytes * parameters,
         "logits": logits * tokens,
         "activations": activations * tokens,
         "KV cache": EVAL_KV_TOKENS * 2 * layers * kv_heads * head_dim * 4,
+        "runtime": RUNTIME_BYTES,
     }
 
 
@@ -269,7 +275,11 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     pretrained = Policy.load(cfg.trainer.model, cfg)
     model, fmt = pretrained.model, pretrained.fmt
     parameters = sum(p.numel() for p in model.parameters())
-    line, fits = memory_line(memory_plan(model.config, parameters, cfg), total_bytes())
+    world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
+    engine_bytes = world.compute_dtype.itemsize
+    line, fits = memory_line(
+        memory_plan(model.config, parameters, cfg, engine_bytes), total_bytes()
+    )
     print(line, file=sys.stdout if fits else sys.stderr, flush=True)
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)
     if warning := disk_warning(run_dir, needed):
@@ -278,7 +288,6 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     points, beside = read_points(points_file), read_beside(beside_file)
     data = task_data(cfg, run_dir, sizes, train, dev)
     held_out = data.held_out
-    world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
     async with LocalSandbox(cfg.sandbox) as tools:
 
         async def measure(stage: str) -> None:

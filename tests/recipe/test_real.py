@@ -442,17 +442,19 @@ def test_the_memory_plan_counts_state_logits_activations_and_the_kv_cache() -> N
     cfg = load_config(
         None, ["--trainer.micro_batch_tokens", "100", "--sft.micro_batch_tokens", "200"]
     )
-    plan = memory_plan(config, 10_000, cfg)
+    plan = memory_plan(config, 10_000, cfg, engine_bytes=2)
     assert plan == {
         "weights and AdamW": 160_000,  # 4 + 4 + 8 bytes a parameter
         "SFT weights": 40_000,
+        "engine weights": 20_000,  # its copy in bfloat16
         "logits": 4 * 4 * 1000 * 200,  # four float32 copies of the larger micro-batch's
         "activations": 4 * (16 * 64 + 4 * 128) * 2 * 200,
         "KV cache": 32768 * 2 * 2 * 2 * 16 * 4,  # K and V, 2 layers, 2 heads of 16, float32
+        "runtime": 440 * 2**20,  # Python and the libraries
     }
     need = sum(plan.values())
     line, fits = memory_line(plan, need)
-    assert fits and line.startswith("memory: about 0.0 GiB at the peak (weights and AdamW 0.0")
+    assert fits and line.startswith("memory: about 0.5 GiB at the peak (weights and AdamW 0.0")
     line, fits = memory_line(plan, need - 1)
     assert not fits and "will not fit; lower trainer.micro_batch_tokens" in line
 
