@@ -83,36 +83,65 @@ def _wait_healthy(server: subprocess.Popen[bytes], options: tuple[str, ...], por
             time.sleep(0.2)
 
 
+BIND_TRIES = 5  # free ports chosen for a server before giving up
+
+
+def _start_serving(
+    command: list[str], options: tuple[str, ...], said: Any, port: int = 0
+) -> tuple[subprocess.Popen[bytes], str, int]:
+    """`command --port PORT OPTIONS` started (its stderr to the file `said`) and healthy: the
+    process, its URL and where its part of `said` begins. PORT 0: a free port of loopback,
+    chosen again when another process took it between `_free_port` and the server's bind."""
+    for attempt in range(1 if port else BIND_TRIES):
+        chosen = port or _free_port()
+        begins = said.tell()
+        server = subprocess.Popen([*command, "--port", str(chosen), *options], stderr=said)
+        try:
+            return server, _wait_healthy(server, options, chosen), begins
+        except AssertionError:
+            if server.poll() is None:  # alive past the deadline
+                server.kill()
+                server.wait(60)
+            said.seek(begins)
+            taken = b"address already in use" in said.read()
+            if not taken or attempt == BIND_TRIES - 1 or port:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[ServedURL]:
     """`codeloop serve --model MODEL OPTIONS` on `port` (0: a free one); yields its URL once
-    healthy."""
-    port = port or _free_port()
+    healthy. Its stderr goes to this test's."""
     command = [sys.executable, "-m", "codeloop", "serve", "--model", str(model)]
-    server = subprocess.Popen([*command, "--port", str(port), *options])
-    try:
-        url = ServedURL(_wait_healthy(server, options, port))
-        url.process = server
-        yield url
-    finally:
-        server.terminate()  # it stops within its grace (5 s) whatever its clients do
-        server.wait(60)
+    with tempfile.TemporaryFile() as said:  # not a pipe: a server that logs much never blocks
+        try:
+            server, found, _ = _start_serving(command, options, said, port)
+            try:
+                url = ServedURL(found)
+                url.process = server
+                yield url
+            finally:
+                server.terminate()  # it stops within its grace (5 s) whatever its clients do
+                server.wait(60)
+        finally:
+            said.seek(0)
+            sys.stderr.write(said.read().decode(errors="replace"))
 
 
 @contextlib.contextmanager
 def _sandbox_serve(*options: str) -> Iterator[str]:
     """`codeloop sandbox serve --workers 1 OPTIONS` on a free port of loopback; yields its URL
     (https:// with `--tls-cert`) once healthy; its log has no traceback at the end."""
-    port = _free_port()
-    command = [sys.executable, "-m", "codeloop", "sandbox", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "codeloop", "sandbox", "serve", "--workers", "1"]
     with tempfile.TemporaryFile() as said:  # not a pipe: a server that logs much never blocks
-        server = subprocess.Popen([*command, "--workers", "1", *options], stderr=said)
+        server, url, begins = _start_serving(command, options, said)
         try:
-            yield _wait_healthy(server, options, port)
+            yield url
         finally:
             server.terminate()
             server.wait(60)
-        said.seek(0)
+        said.seek(begins)
         log = said.read().decode()
     assert "Traceback" not in log, log
 
