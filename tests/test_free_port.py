@@ -6,7 +6,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import conftest
 import pytest
 
 
@@ -14,12 +13,13 @@ import pytest
 def test_a_server_whose_port_was_taken_starts_on_another(
     monkeypatch: pytest.MonkeyPatch, sandbox_serve: Callable[..., Any]
 ) -> None:
+    fixtures = sandbox_serve.__wrapped__.__globals__  # the top conftest's: others share its name
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        ports: Iterator[int] = iter([port, conftest._free_port()])
-        monkeypatch.setattr(conftest, "_free_port", lambda: next(ports))
+        ports: Iterator[int] = iter([port, fixtures["_free_port"]()])
+        monkeypatch.setitem(fixtures, "_free_port", lambda: next(ports))
         with sandbox_serve() as url:
             assert not url.endswith(f":{port}")
             assert urllib.request.urlopen(url + "/health", timeout=10).status == 200
