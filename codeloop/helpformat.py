@@ -50,6 +50,17 @@ def positive_count(text: str) -> int:
     return count
 
 
+def count_or_zero(text: str) -> int:
+    """A count where 0 turns something off: 0 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 0 or more")
+    return count
+
+
 def positive_seconds(text: str) -> float:
     try:
         seconds = float(text)

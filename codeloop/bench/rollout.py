@@ -66,7 +66,7 @@ from codeloop.engine.model import require_cuda
 from codeloop.engine.protocol import Engine, Generation, SamplingParams
 from codeloop.engine.sampler import uniforms
 from codeloop.engine.stops import STOP_TAIL_TOKENS, finish_reason, stop_completers
-from codeloop.helpformat import HelpFormatter, positive_count
+from codeloop.helpformat import HelpFormatter, count_or_zero, positive_count
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, CALL_OPEN
@@ -597,15 +597,16 @@ def _print_stats(engine: Engine) -> dict[str, float]:
     if not isinstance(engine, TransformersEngine):
         return {}
     found = engine.stats().metrics()
-    busy = found["prefill_s"] + found["decode_s"] + found["host_s"]
+    busy = found["prefill_s"] + found["decode_s"] + found["mixed_s"] + found["host_s"]
     print(
-        f"    {found['steps']:.0f} decoding steps of {found['rows_per_step']:.1f} rows; "
+        f"    {found['steps']:.0f} steps of {found['rows_per_step']:.1f} rows sampled, "
+        f"{found['mixed_steps']:.0f} of them with prompt tokens mixed in; "
         f"{found['prefills']:.0f} prefills of {found['prefill_tokens']:.0f} tokens, "
-        f"{found['fed_tokens']:.0f} tokens fed through decoding steps, "
-        f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache; "
+        f"{found['fed_tokens']:.0f} prompt tokens fed through steps, "
+        f"{100 * found['prefix_reuse']:.0f}% of prompt tokens from the prefix cache or copied; "
         f"time in prefill {found['prefill_s']:.2f} s, decoding {found['decode_s']:.2f} s, "
-        f"between steps {found['host_s']:.2f} s ({100 * found['host_s'] / max(busy, 1e-9):.0f}"
-        f"%); {found['graphs']:.0f} graphs captured",
+        f"mixed steps {found['mixed_s']:.2f} s, between steps {found['host_s']:.2f} s "
+        f"({100 * found['host_s'] / max(busy, 1e-9):.0f}%); {found['graphs']:.0f} graphs captured",
         flush=True,
     )
     return found
@@ -648,7 +649,9 @@ def _plain_rows(
         if measured is not None:
             record(name, measured)
     engines: dict[str, Engine] = {
-        "continuous": TransformersEngine(model, fmt.tokenizer, set(), args.max_batch)
+        "continuous": TransformersEngine(
+            model, fmt.tokenizer, set(), args.max_batch, step_tokens=args.step_tokens
+        )
     }
     if args.compile and not cpu:  # its first run compiles: `compile_s` is that run's time
         engines["continuous_compiled"] = TransformersEngine(
@@ -711,6 +714,9 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
         serialised = speed("tools_serialised")
         ratios["agent: overlapped / serialised"] = speed("tools_overlapped") / serialised
     ratios["agent: overlapped / plain continuous"] = speed("tools_overlapped") / speed("continuous")
+    if "tools_separate" in rows:
+        separate = speed("tools_separate")
+        ratios["agent: mixed steps / separate prefills"] = speed("tools_overlapped") / separate
     if "tools_prefilled" in rows:
         prefilled = speed("tools_prefilled")
         ratios["agent: turns fed / turns prefilled"] = speed("tools_overlapped") / prefilled
@@ -854,6 +860,13 @@ def main(argv: list[str]) -> int:
         "--tokens", type=positive_count, default=32, help="mean sampled tokens per turn"
     )
     parser.add_argument("--max-batch", type=positive_count, default=32, help="the engines' rows")
+    parser.add_argument(
+        "--step-tokens",
+        type=count_or_zero,
+        default=None,
+        help="the tokens one engine step forwards, decoding and prompt chunks together "
+        "(default: the engine's; 0: separate prefills)",
+    )
     parser.add_argument("--tool-turns", type=int, default=2, help="tool calls per trajectory")
     parser.add_argument("--tool-s", type=float, default=1.0, help="mean seconds of a tool call")
     parser.add_argument(
@@ -967,6 +980,7 @@ def main(argv: list[str]) -> int:
         join_wait: int | None = None,
         feed: int | None = None,
         slots: bool | None = None,
+        step: int | None = None,
     ) -> TransformersEngine:
         engine = TransformersEngine(
             model,
@@ -976,6 +990,7 @@ def main(argv: list[str]) -> int:
             join_wait_steps=join_wait,
             feed_tokens=feed,
             slot_cache=slots,
+            step_tokens=args.step_tokens if step is None else step,
         )
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
@@ -985,7 +1000,9 @@ def main(argv: list[str]) -> int:
     overlapped = agent_row("tools_overlapped", False)
     if not args.quick:
         agent_row("tools_serialised", True)
-    if overlapped.feed_tokens:  # the baseline of fed turns, kept by --quick too
+    if overlapped.step_tokens:  # the baseline of separate prefills, kept by --quick too
+        agent_row("tools_separate", False, step=0)
+    elif overlapped.feed_tokens:  # the baseline of fed turns, kept by --quick too
         agent_row("tools_prefilled", False, feed=0)
     if overlapped.join_wait_steps and not args.quick:
         agent_row("tools_joins_at_once", False, 0, feed=0)  # the baseline of batched joins

@@ -39,7 +39,7 @@ from codeloop.data.pretrained import cache_dir
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"]
 MAX_DIM, MAX_GROUP, LANES = 512, 16, 16  # as the kernel's
-_DTYPES = {torch.bfloat16: "decode_attention_bf16", torch.float32: "decode_attention_f32"}
+_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 log = logging.getLogger(__name__)
 
 
@@ -49,12 +49,16 @@ class Kernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
         p, i = ctypes.c_void_p, ctypes.c_int64
-        self.entries = {}
+        self.entries, self.chunk_entries = {}, {}
         for dtype, name in _DTYPES.items():
-            entry = getattr(library, name)
-            entry.argtypes = [p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
+            entry = getattr(library, f"decode_attention_{name}")
+            entry.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
             entry.restype = ctypes.c_int
             self.entries[dtype] = entry
+            chunked = getattr(library, f"chunk_attention_{name}")
+            chunked.argtypes = [p] * 9 + [i] * 6 + [ctypes.c_float, ctypes.c_int]
+            chunked.restype = ctypes.c_int
+            self.chunk_entries[dtype] = chunked
 
     def handles(self, dtype: torch.dtype, head_dim: int, group: int) -> bool:
         """Whether the kernel takes a model of this dtype, head size and query heads per KV
@@ -75,22 +79,53 @@ class Kernel:
         starts: torch.Tensor,
         ends: torch.Tensor,
         scale: float,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """query [n, KVH, G, D]; keys and values [rows >= n, KVH, columns, D] (the same
-        strides, each head's columns contiguous), all on the CPU; row b attends to columns
-        starts[b] <= c < ends[b] (int64 [n]). Returns [n, KVH, G, D] in query's dtype."""
+        """query [n, KVH, G, D]; keys and values [slots, KVH, columns, D] (the same strides,
+        each head's columns contiguous), all on the CPU; row b attends to columns
+        starts[b] <= c < ends[b] (int64 [n]) of slot `slots[b]` (int64 [n]; None: slot b).
+        Returns [n, KVH, G, D] in query's dtype."""
         query = query.contiguous()
         n, kv_heads, group, dim = query.shape
         out = torch.empty_like(query)
         starts, ends = starts.contiguous(), ends.contiguous()
+        slots = None if slots is None else slots.contiguous()
         failed = self.entries[query.dtype](
             query.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
+            None if slots is None else slots.data_ptr(),
             starts.data_ptr(), ends.data_ptr(), n, kv_heads, group, dim,
             keys.stride(0), keys.stride(1), scale, torch.get_num_threads(),
         )  # fmt: skip
         if failed:  # 1: shapes `handles` refuses; 2: out of memory
             raise RuntimeError(f"cpu_attention: the kernel refused {tuple(query.shape)} ({failed})")
         return out
+
+    def chunks(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        out: torch.Tensor,
+        chunks: torch.Tensor,
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+        scale: float,
+    ) -> None:
+        """Into `out` [n, KVH, G, D] (query's shape, contiguous), the attention of the rows of
+        `chunks` (int64 [c, 3]: first row, end row, slot: consecutive tokens of one slot), row
+        b over columns starts[b] <= col < ends[b] of its chunk's slot; other rows of `out` are
+        left as they are."""
+        query = query.contiguous()
+        n, kv_heads, group, dim = query.shape
+        firsts, lasts, slots = (chunks[:, i].contiguous() for i in range(3))
+        failed = self.chunk_entries[query.dtype](
+            query.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
+            firsts.data_ptr(), lasts.data_ptr(), slots.data_ptr(), starts.data_ptr(),
+            ends.data_ptr(), len(chunks), kv_heads, group, dim, keys.stride(0), keys.stride(1),
+            scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise RuntimeError(f"cpu_attention: the kernel refused {tuple(query.shape)} ({failed})")
 
 
 def _machine() -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import threading
 import time
@@ -53,7 +54,7 @@ from codeloop.config import RolloutConfig
 from codeloop.engine.attention import use_decode_attention
 from codeloop.engine.kv_batch import KVBatch, PrefixCache
 from codeloop.engine.model import end_of_turn_ids
-from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.protocol import ContextExceeded, Generation, SamplingParams
 from codeloop.engine.sampler import SEEDS, uniforms
 from codeloop.engine.slot_cache import (
     MIN_COLUMNS,
@@ -62,6 +63,7 @@ from codeloop.engine.slot_cache import (
     cpu_kernel,
     unsupported_reason,
 )
+from codeloop.engine.step_plan import followers, plan_step
 from codeloop.engine.stops import Completers, finish_reason, stop_completers
 from codeloop.errors import ModelError
 from codeloop.memory import free_memory, trim_when_above
@@ -76,6 +78,8 @@ class _Request:
     completers: Completers | None  # of its stop strings (`stop_completers`), looked up once
     arrived_step: int  # the engine's decoding steps when it was queued
     to_feed: int = 0  # prompt tokens still to go into its slot through decoding steps
+    follows: _Request | None = None  # a request whose slot will hold `shared` of its tokens
+    shared: int = 0
     uncached: int | None = None  # prompt tokens the prefix cache lacked when first looked at
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
@@ -102,8 +106,11 @@ class EngineStats:
     prefill_tokens: int = 0  # not served from the prefix cache (identical prompts once)
     fed_tokens: int = 0  # prompt tokens fed through decoding steps instead of a prefill
     reused_tokens: int = 0  # served from the prefix cache
+    shared_tokens: int = 0  # copied from another request's slot (`step_plan.followers`)
+    mixed_steps: int = 0  # steps that carried prompt tokens beside the decoding ones
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    mixed_s: float = 0.0  # in steps that carried prompt tokens (decoding too)
     host_s: float = 0.0
     graphs: int = 0
 
@@ -117,17 +124,21 @@ class EngineStats:
     def metrics(self) -> dict[str, float]:
         """Flat figures for logs and the bench: the counters, mean rows per step, and the
         share of prompt tokens served from the cache."""
-        prompt = self.prefill_tokens + self.fed_tokens + self.reused_tokens
+        reused = self.reused_tokens + self.shared_tokens
+        prompt = self.prefill_tokens + self.fed_tokens + reused
         return {
             "steps": self.steps,
             "prefills": self.prefills,
             "prefill_tokens": self.prefill_tokens,
             "fed_tokens": self.fed_tokens,
             "reused_tokens": self.reused_tokens,
+            "shared_tokens": self.shared_tokens,
+            "mixed_steps": self.mixed_steps,
             "rows_per_step": self.rows_decoded / max(self.steps, 1),
-            "prefix_reuse": self.reused_tokens / prompt if prompt else 0.0,
+            "prefix_reuse": reused / prompt if prompt else 0.0,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
+            "mixed_s": self.mixed_s,
             "host_s": self.host_s,
             "graphs": self.graphs,
         }
@@ -153,6 +164,9 @@ JOIN_SHARE = 16
 # ~250 ms; 128 trajectories of one tool call each on SmolLM2 ran at 1.41 trajectories/s with
 # turns fed and 1.26 with every turn prefilled (one run each).
 FEED_TOKENS = 64
+# The tokens one mixed step forwards (step_plan.py): the decoding rows' and, in what is left,
+# prompt chunks.
+STEP_TOKENS = 256
 
 
 def default_kv_tokens(model: Any) -> int:
@@ -250,6 +264,7 @@ class TransformersEngine:
         slot_cache: bool | None = None,
         join_wait_steps: int | None = None,
         feed_tokens: int | None = None,
+        step_tokens: int | None = None,
         compile_backend: str = "",
     ) -> None:
         self.model = model.eval()
@@ -287,6 +302,9 @@ class TransformersEngine:
         self.batch_window_s = batch_window_ms / 1000
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.version = 0  # of the weights: update_weights advances it
+        # the most tokens a sequence may hold (the model's positions): a request is fitted to it
+        config = getattr(model, "config", None)
+        self.context_tokens = int(getattr(config, "max_position_embeddings", None) or (1 << 20))
         self._queue: list[_Request] = []
         self._running: list[_Request] = []
         self._batch: KVBatch | SlotBatch | None = None
@@ -307,6 +325,12 @@ class TransformersEngine:
             fast = self.slots and (self.slots.graphs_on or self.slots.kernel is not None)
             feed_tokens = FEED_TOKENS if fast else 0
         self.feed_tokens = feed_tokens if self.slots else 0
+        # The tokens a step forwards, decoding and prompt chunks together (STEP_TOKENS,
+        # step_plan.py); None: that on slots with the CPU kernel, 0 elsewhere (a step decodes,
+        # and joins are prefilled or fed as above).
+        if step_tokens is None:
+            step_tokens = STEP_TOKENS if self.slots and self.slots.kernel is not None else 0
+        self.step_tokens = step_tokens if self.slots else 0
         self._last_join_step = -join_wait_steps  # the decoding steps when requests last joined
         self._stats = EngineStats()
         self._worker: asyncio.Task[None] | None = None
@@ -364,6 +388,14 @@ class TransformersEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("generate: empty prompt")
+        room = self.context_tokens - len(prompt_ids)
+        if room < 1:  # as a server's 400 for a prompt past its context: out of room
+            raise ContextExceeded(
+                f"a prompt of {len(prompt_ids)} tokens fills the model's context of "
+                f"{self.context_tokens}"
+            )
+        if params.max_tokens > room:  # as a server's budget fitted to its context
+            params = dataclasses.replace(params, max_tokens=room)
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         seed = (
             int(torch.randint(SEEDS, (), generator=self._seeds))
@@ -413,7 +445,7 @@ class TransformersEngine:
         """Whether the queued requests join at this step (`join_wait_steps`): at once with
         nothing running, else once a batch worth a prefill can join or `join_wait_steps`
         steps have passed since the last join."""
-        if not self._queue or not self._running or not self.join_wait_steps:
+        if not self._queue or not self._running or not self.join_wait_steps or self.step_tokens:
             return True
         joinable = min(len(self._queue), self.max_batch - len(self._running))
         if joinable <= 0:
@@ -481,6 +513,8 @@ class TransformersEngine:
     def _step(self, joining: list[_Request]) -> list[_Request]:
         """Prefill the joining requests, then decode one token for every running one; returns
         the requests that finished (already removed from the batch)."""
+        if self.step_tokens:
+            return self._mixed_step(joining)
         with self._weights_lock:
             device = next(self.model.parameters()).device
             finished: list[_Request] = []
@@ -527,6 +561,109 @@ class TransformersEngine:
             if not self._running:
                 self._batch = None
             return finished
+
+    @torch.no_grad()
+    def _mixed_step(self, joining: list[_Request]) -> list[_Request]:
+        """One step of at most `step_tokens` tokens (step_plan.py): the joining requests take
+        slots with their cached prefixes, then one forward of every decoding row's next token
+        and the prompt chunks the budget leaves room for; returns the requests that finished."""
+        with self._weights_lock:
+            if joining:
+                self._join_fed(joining)
+                self._lead(joining)
+                self._copy_from_leaders()
+            if not self._running:
+                self._batch = None
+                return []
+            began = time.perf_counter()
+            stats, rows, batch = self._stats, self._running, self._batch
+            assert isinstance(batch, SlotBatch) and self.slots is not None
+            stats.steps += 1
+            if stats.steps % TRIM_EVERY_STEPS == 0:
+                trim_when_above()  # KV buffers of changing sizes pile up in glibc otherwise
+            waiting = [r.follows is not None for r in rows]
+            counts = plan_step([r.to_feed for r in rows], waiting, self.step_tokens)
+            fed = sum(c for r, c in zip(rows, counts, strict=True) if r.to_feed)
+            if fed or 0 in counts:
+                logits = self._forward_chunks(rows, counts)
+            else:  # decoding only: the in-place step (a captured graph on a GPU)
+                ids = torch.tensor([r.out_ids[-1] for r in rows], device=self.slots.device)
+                logits = batch.decode(self._forward, ids)
+            ready = [r for r, c in zip(rows, counts, strict=True) if c and r.to_feed <= c]
+            for request, count in zip(rows, counts, strict=True):
+                request.to_feed = max(request.to_feed - count, 0)
+            self._copy_from_leaders()  # before a leader that finishes now leaves
+            self._sample(ready, batch, logits)
+            done, self._running = self._retire(rows, batch)
+            stats.rows_decoded += len(ready)
+            stats.fed_tokens += fed
+            elapsed = time.perf_counter() - began
+            if fed:
+                stats.mixed_steps += 1
+                stats.mixed_s += elapsed
+            else:
+                stats.decode_s += elapsed
+            if not self._running:
+                self._batch = None
+            return done
+
+    def _forward_chunks(self, rows: list[_Request], counts: list[int]) -> torch.Tensor:
+        """Forward `counts[i]` tokens of row i (its next token, or its prompt's next chunk) in
+        one pass; the logits [m, V] of the rows whose prompt is then complete, in row order."""
+        assert isinstance(self._batch, SlotBatch) and self.slots is not None
+        lengths = self._batch.lengths
+        tokens: list[int] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        out: list[int] = []
+        for row, (request, count) in enumerate(zip(rows, counts, strict=True)):
+            if not count:
+                continue
+            if request.to_feed:
+                at = len(request.prompt_ids) - request.to_feed
+                tokens += request.prompt_ids[at : at + count]
+            else:
+                tokens.append(request.out_ids[-1])
+            slots += [row] * count
+            positions += range(lengths[row], lengths[row] + count)
+            lengths[row] += count
+            if request.to_feed <= count:
+                out.append(len(tokens) - 1)
+        return self.slots.step(tokens, slots, positions, out)
+
+    def _lead(self, joining: list[_Request]) -> None:
+        """Which joining requests follow which request still feeding (`step_plan.followers`)."""
+        assert isinstance(self._batch, SlotBatch)
+        lengths = self._batch.lengths
+        feeding = [(r, lengths[i]) for i, r in enumerate(self._running) if r.to_feed]
+        new = {id(r) for r in joining}
+        plan = followers(
+            [r.prompt_ids for r, _ in feeding],
+            [cached for _, cached in feeding],
+            [id(r) in new for r, _ in feeding],
+        )
+        for j, (leader, shared) in plan.items():
+            feeding[j][0].follows, feeding[j][0].shared = feeding[leader][0], shared
+
+    def _copy_from_leaders(self) -> None:
+        """Each follower whose leader's slot holds their shared prefix copies it and goes on to
+        feed the rest; one whose leader has left feeds its own."""
+        assert isinstance(self._batch, SlotBatch) and self.slots is not None
+        lengths = self._batch.lengths
+        row_of = {id(r): i for i, r in enumerate(self._running)}
+        for row, request in enumerate(self._running):
+            leader = request.follows
+            if leader is None:
+                continue
+            source = row_of.get(id(leader))
+            if source is not None and (lengths[source] < request.shared or leader.follows):
+                continue  # the leader does not hold them yet
+            if source is not None:
+                self.slots.move(source, row, request.shared)
+                self._stats.shared_tokens += request.shared - lengths[row]
+                lengths[row] = request.shared
+                request.to_feed = len(request.prompt_ids) - request.shared
+            request.follows = None
 
     def _prefill(
         self, joining: list[_Request], device: torch.device
@@ -588,10 +725,18 @@ class TransformersEngine:
     def _sample_and_retire(
         self, rows: list[_Request], batch: KVBatch | SlotBatch, logits: torch.Tensor
     ) -> tuple[list[_Request], list[_Request]]:
-        """Sample a token for each row of `batch` (but those still being fed their prompt),
-        record it, and cut finished rows out (their KV goes to the prefix cache: the prompt and
-        every sampled token but the last); returns the finished requests and the others in the
-        batch's new row order."""
+        """Sample a token for each row of `batch` but those still being fed their prompt
+        (`_sample`), and cut finished rows out (`_retire`)."""
+        self._sample(rows, batch, logits)
+        return self._retire(rows, batch)
+
+    def _sample(
+        self, rows: list[_Request], batch: KVBatch | SlotBatch, logits: torch.Tensor
+    ) -> None:
+        """Sample a token for each of `rows` from its `logits` row and record it (but for rows
+        still being fed their prompt), with whether the request is finished."""
+        if not rows:
+            return
         draws = uniforms(
             torch.tensor([r.seed for r in rows]), torch.tensor([len(r.out_ids) for r in rows])
         )
@@ -614,6 +759,13 @@ class TransformersEngine:
                     completers=request.completers,
                 )
             )
+
+    def _retire(
+        self, rows: list[_Request], batch: KVBatch | SlotBatch
+    ) -> tuple[list[_Request], list[_Request]]:
+        """Cut the finished rows out of `batch` (their KV goes to the prefix cache: the prompt
+        and every sampled token but the last); returns the finished requests and the others in
+        the batch's new row order."""
         keep = [i for i, r in enumerate(rows) if r.finish is None]
         if len(keep) == len(rows):
             return [], rows

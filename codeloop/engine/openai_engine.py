@@ -26,6 +26,14 @@ scheduler uses: `codeloop_engine_kv_cache_tokens` from `codeloop serve`, or a us
 (`codeloop_engine_kv_capacity_tokens`, `sglang:max_total_num_tokens`, or vLLM's
 `vllm:cache_config_info` num_gpu_blocks x block_size).
 
+Before its first completion the engine reads the server's context from `/v1/models`
+(`max_model_len`: vLLM's and `codeloop serve`'s; a server that does not say is taken at its
+word): each request's `max_tokens` is then fitted to the room its prompt leaves (one line says
+so, the first time), as vLLM refuses a `max_tokens` past its context rather than stopping
+there, and a prompt that leaves no room ends its trajectory as out of room (`ContextExceeded`)
+without a request. A pooled connection that the server closed while it sat idle ("Server
+disconnected" as the request goes out) is tried once more on a fresh connection.
+
 A server that cannot serve now (refused, silent for `silent_s`, cut off mid-answer, a 5xx, or
 a 409 for other weights) raises `ServerUnavailable`, which the scheduler retries elsewhere or
 later; a prompt longer than the server's context raises `ContextExceeded` (the 400 each server
@@ -83,6 +91,8 @@ class ServerUnavailable(EngineError, EngineUnavailable):
     """The server cannot serve now (down, cut off, overloaded, or holding other weights): the
     request may be sent again, there or to another server."""
 
+    disconnected = False  # the server closed the connection before answering
+
 
 class ServerContextExceeded(EngineError, ContextExceeded):
     """The server's 400 for a prompt longer than its context."""
@@ -124,6 +134,10 @@ class OpenAIEngine:
         self.weights_path: str | None = None
         self._reload_due = False
         self._reloading = asyncio.Lock()
+        # the server's context (`/v1/models`' max_model_len), read before the first completion;
+        # 0 when it does not say
+        self.context_tokens: int | None = None
+        self._fitted = False  # whether the line about a fitted budget was written
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -141,7 +155,7 @@ class OpenAIEngine:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt_ids,
-            "max_tokens": params.max_tokens,
+            "max_tokens": await self._fitted_tokens(len(prompt_ids), params.max_tokens),
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stop": params.stop,
@@ -166,6 +180,43 @@ class OpenAIEngine:
             return _generation(payload["choices"][0])
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise EngineError(f"{self.base_url}: unreadable completion: {err!r}") from err
+
+    async def _fitted_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens` within the room a prompt leaves in the server's context; a
+        `ServerContextExceeded` when it leaves none."""
+        if self.context_tokens is None:
+            self.context_tokens = await self._served_context()
+        if not self.context_tokens:
+            return max_tokens
+        room = self.context_tokens - prompt_tokens
+        if room < 1:
+            raise ServerContextExceeded(
+                f"{self.base_url}: a prompt of {prompt_tokens} tokens fills the server's "
+                f"context of {self.context_tokens}"
+            )
+        if max_tokens > room and not self._fitted:
+            self._fitted = True
+            log.warning(
+                "%s holds %d tokens of context: a response budget of %d is cut to what each "
+                "prompt leaves (a trajectory that reaches the end is out of room)",
+                self.base_url, self.context_tokens, max_tokens,
+            )  # fmt: skip
+        return min(max_tokens, room)
+
+    async def _served_context(self) -> int:
+        """The context `/v1/models` reports for the served model (its first entry when none is
+        named), or 0 when the server does not say."""
+        try:
+            listed = await self._request("GET", "/v1/models")
+            entries = listed.get("data") or []
+            named = [e for e in entries if isinstance(e, dict) and e.get("id") == self.model]
+            return int((named or entries)[0].get("max_model_len") or 0)
+        except EngineError as err:
+            if isinstance(err, ServerUnavailable):
+                raise
+            return 0
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return 0
 
     async def refresh_kv(self) -> None:
         """Read the server's KV use (and its capacity, when `kv_capacity_tokens` is unset)."""
@@ -237,6 +288,15 @@ class OpenAIEngine:
         return await self._request("POST", route, json=body)
 
     async def _request(self, method: str, route: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return await self._request_once(method, route, **kwargs)
+        except ServerUnavailable as err:
+            if not err.disconnected:
+                raise
+        # a kept-alive connection the server had closed: once more, on a fresh one
+        return await self._request_once(method, route, **kwargs)
+
+    async def _request_once(self, method: str, route: str, **kwargs: Any) -> dict[str, Any]:
         session, where = await self._http(), self.base_url + route
         try:
             async with session.request(method, where, **kwargs) as response:
@@ -250,7 +310,9 @@ class OpenAIEngine:
                 return payload
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as err:
             why = str(err) or type(err).__name__
-            raise ServerUnavailable(f"{where}: {why}") from None
+            unavailable = ServerUnavailable(f"{where}: {why}")
+            unavailable.disconnected = isinstance(err, aiohttp.ServerDisconnectedError)
+            raise unavailable from None
 
 
 async def check_reachable(

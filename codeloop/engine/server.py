@@ -27,6 +27,8 @@ Routes (JSON):
 - `POST /v1/reload` `{"path": DIR}`: load the weights of a policy directory in place; only a
   directory under the one the server was started with (`--weights-dir`), 403 otherwise (and
   always without one).
+- `GET /v1/models`: the model served and its context (`max_model_len`, as vLLM's), which
+  clients fit their requests' `max_tokens` to.
 - `GET /metrics`: Prometheus text, read from the continuous-batching engine: requests running
   (being decoded) and waiting (not yet admitted), and KV-cache use as the tokens the running
   requests reserve (prompt + max_tokens each) over `--kv-capacity-tokens`, which is also the
@@ -265,6 +267,10 @@ def build_app(
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "model": model_name, "version": version})
 
+    async def models(request: web.Request) -> web.Response:
+        served = {"id": model_name, "object": "model", "max_model_len": context}
+        return web.json_response({"object": "list", "data": [served]})
+
     app = web.Application(
         client_max_size=16 << 20,
         middlewares=[
@@ -279,6 +285,7 @@ def build_app(
             web.post("/v1/reload", reload),
             web.get("/metrics", metrics),
             web.get("/health", health),
+            web.get("/v1/models", models),
         ]
     )
     return app

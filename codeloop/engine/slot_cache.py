@@ -63,6 +63,9 @@ from codeloop.memory import free_memory
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_COLUMNS = 1024  # a slot's first size (tokens); doubles when a request needs more
 MIN_WIDTH = 128  # the fewest columns a decoding step reads
+# A prompt's chunk of at least this many tokens in a step is attended on a CPU by the chunk
+# kernel (its keys read once for all of them) rather than by the decoding kernel a token at a time
+CHUNK_MIN = 4
 PREFILL_SCORES = 2**26  # attention-score elements of one prefill chunk (rows x heads x q x k)
 
 
@@ -311,12 +314,15 @@ class SlotDecoder:
         width: int,
         *,
         last: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        chunks: Sequence[tuple[int, int]] = (),
     ) -> torch.Tensor:
         """Feed `tokens` [n, T] at `positions` [n, T] into `slots` [n] (None: the first n,
         read in place rather than gathered) and return the logits [n, V] (float32) at each
-        row's query `last` [n] (default the last one). Each row's KV is written to its slot;
-        every query attends to its slot's columns up to its position (within the first
-        `width`)."""
+        row's query `last` [n] (default the last one), or only at those of `rows` [m] ([m, V]).
+        Each row's KV is written to its slot; every query attends to its slot's columns up to
+        its position (within the first `width`). Several rows may share a slot (one token a
+        row, the tokens of a prompt's chunk): each sees the others' columns below its own."""
         n, t = tokens.shape
         read: slice | torch.Tensor = slice(0, n) if slots is None else slots
         slots = self.slots[:n] if slots is None else slots
@@ -327,8 +333,8 @@ class SlotDecoder:
         }
         in_place = t == 1 and isinstance(read, slice)  # a decoding step, slots in place
         masks = (
-            self._spans(positions[:, 0])
-            if in_place and self.kernel is not None
+            self._spans(positions[:, 0], None if in_place else slots, chunks)
+            if t == 1 and self.kernel is not None
             else self._masks(positions, width, group)
         )  # made once for every layer
         where = slots.unsqueeze(1).expand(n, t)  # [n, T]
@@ -343,13 +349,38 @@ class SlotDecoder:
                 x, weights, self.spec, cos, sin, masks[kind], keys, values, where, positions,
                 read, width,
             )  # fmt: skip
-        rows = torch.arange(n, device=tokens.device)
-        x = x[rows, last] if last is not None else x[:, -1]  # [n, hidden]
+        picked = torch.arange(n, device=tokens.device) if rows is None else rows
+        queries = last[picked] if last is not None else torch.full_like(picked, t - 1)
+        x = x[picked, queries]  # [m, hidden]
         logits = self.model.lm_head(self._norm(self.model.model.norm, x))
         if self.softcap:  # Gemma's final soft-capping, in the model's dtype as transformers'
             logits = torch.tanh(logits / self.softcap) * self.softcap
         scores: torch.Tensor = logits.float()
         return scores
+
+    def step(
+        self, tokens: list[int], slots: list[int], positions: list[int], out: list[int]
+    ) -> torch.Tensor:
+        """One forward of tokens in any slots: token i goes into slot `slots[i]` at
+        `positions[i]` (a decoding row's next token, or a prompt's chunk: several tokens of one
+        slot at consecutive positions, each attending to the columns up to its own); the logits
+        [len(out), V] after the tokens at the indices `out`."""
+        chunks, first = [], 0
+        for i in range(1, len(slots) + 1):
+            if i == len(slots) or slots[i] != slots[first]:
+                if i - first >= CHUNK_MIN:
+                    chunks.append((first, i - first))
+                first = i
+        column = torch.tensor(tokens, dtype=torch.long).unsqueeze(1).to(self.device)  # [N, 1]
+        at = torch.tensor(positions, dtype=torch.long).unsqueeze(1).to(self.device)  # [N, 1]
+        return self.forward(
+            column,
+            at,
+            torch.tensor(slots, dtype=torch.long).to(self.device),
+            self.width(max(positions) + 1),
+            rows=torch.tensor(out, dtype=torch.long).to(self.device),
+            chunks=chunks,
+        )
 
     def _masks(self, positions: torch.Tensor, width: int, group: int) -> dict[str, torch.Tensor]:
         """Each layer type's additive mask for queries at `positions` [n, T] over `width`
@@ -363,15 +394,34 @@ class SlotDecoder:
             masks["sliding_attention"] = self._mask(attend & recent, group)
         return masks
 
-    def _spans(self, positions: torch.Tensor) -> dict[str, _Spans]:
-        """The kernel's column spans for one query a row at `positions` [n], as `_masks`."""
+    def _spans(
+        self,
+        positions: torch.Tensor,
+        slots: torch.Tensor | None,
+        chunks: Sequence[tuple[int, int]] = (),
+    ) -> dict[str, _Spans]:
+        """The kernels' column spans for one query a row at `positions` [n] of `slots` [n]
+        (None: row i's slot is i), as `_masks`; the rows of `chunks` (first row, count: tokens
+        of one slot at consecutive positions) for the chunk kernel."""
         assert self.kernel is not None
         ends = positions + 1
-        spans = {"full_attention": _Spans(self.kernel, torch.zeros_like(ends), ends)}
+        kinds = {"full_attention": torch.zeros_like(ends)}
         if "sliding_attention" in self.tables:
-            starts = (ends - self.window).clamp(min=0)
-            spans["sliding_attention"] = _Spans(self.kernel, starts, ends)
-        return spans
+            kinds["sliding_attention"] = (ends - self.window).clamp(min=0)
+        if not chunks:
+            return {kind: _Spans(self.kernel, s, ends, slots) for kind, s in kinds.items()}
+        assert slots is not None
+        alone = torch.ones(len(positions), dtype=torch.bool)
+        for first, count in chunks:
+            alone[first : first + count] = False
+        index = alone.nonzero().squeeze(1)
+        table = torch.tensor(
+            [(first, first + count, int(slots[first])) for first, count in chunks],
+            dtype=torch.long,
+        )  # [c, 3]
+        return {
+            kind: _Spans(self.kernel, s, ends, slots, index, table) for kind, s in kinds.items()
+        }
 
     def _mask(self, attend: torch.Tensor, group: int) -> torch.Tensor:
         """The additive mask [n, 1, group x T, width] of `attend` [n, T, width] (a boolean one
@@ -548,12 +598,17 @@ class _Spec(NamedTuple):
 
 
 class _Spans(NamedTuple):
-    """A decoding step's attention by the CPU kernel: row i reads columns starts[i] <= c <
-    ends[i] of its slot."""
+    """A step's attention by the CPU kernels, one query token a row: row i reads columns
+    starts[i] <= c < ends[i] of slot slots[i] (None: slot i). The rows of `chunks` (first row,
+    end row, slot: a prompt's consecutive tokens) go to the chunk kernel, which reads their
+    keys once for all of them; the rows `alone` to the decoding kernel."""
 
     kernel: cpu_attention.Kernel
     starts: torch.Tensor  # [n] int64
     ends: torch.Tensor  # [n] int64
+    slots: torch.Tensor | None  # [n] int64
+    alone: torch.Tensor | None = None  # [m] int64
+    chunks: torch.Tensor | None = None  # [c, 3] int64
 
 
 class _Weights(NamedTuple):
@@ -614,7 +669,7 @@ def _layer(
         .reshape(n, kv_heads, group * t, -1)
     )
     if isinstance(mask, _Spans):
-        out = mask.kernel(packed, keys, values, mask.starts, mask.ends, spec.scaling)
+        out = _span_attention(packed, keys, values, mask, spec.scaling)
     else:
         out = torch.nn.functional.scaled_dot_product_attention(
             packed,
@@ -637,6 +692,26 @@ def _layer(
     if w.post_feedforward_norm is not None:
         mlp = _normed(mlp, w.post_feedforward_norm, gemma)
     return x + mlp
+
+
+def _span_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, spans: _Spans, scale: float
+) -> torch.Tensor:
+    """Attention of `query` [n, KVH, G, D] (one token a row) over the slots `keys`/`values`
+    [rows, KVH, columns, D] as `spans` says."""
+    kernel, slots = spans.kernel, spans.slots
+    if spans.chunks is None:
+        return kernel(query, keys, values, spans.starts, spans.ends, scale, slots)
+    query = query.contiguous()
+    out = torch.empty_like(query)
+    alone = spans.alone
+    if alone is not None and len(alone):
+        assert slots is not None
+        out[alone] = kernel(
+            query[alone], keys, values, spans.starts[alone], spans.ends[alone], scale, slots[alone]
+        )
+    kernel.chunks(query, keys, values, out, spans.chunks, spans.starts, spans.ends, scale)
+    return out
 
 
 class SlotBatch:

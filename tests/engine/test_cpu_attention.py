@@ -140,3 +140,43 @@ def test_a_compiler_that_fails_leaves_sdpa_and_says_why(
     with caplog.at_level(logging.WARNING):
         assert cpu_attention.kernel() is None
     assert "could not be built" in caplog.text and "failed" in caplog.text
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("kv_heads", "group", "dim"), [(3, 3, 64), (1, 4, 256), (2, 2, 48)],
+    ids=["smollm2", "gemma3_270m", "dim_48"],
+)  # fmt: skip
+def test_chunks_attend_as_sdpa_each_token_within_its_span(
+    kernel: cpu_attention.Kernel, dtype: torch.dtype, kv_heads: int, group: int, dim: int
+) -> None:
+    """Two chunks of one slot each (45 tokens: two tiles, the second partial; 3 tokens) and a
+    row between them the chunk kernel leaves alone; each token attends to its own causal span
+    (a sliding window of 20 for the first chunk), nothing outside it is read."""
+    columns = 128
+    keys, values = _cache(4, kv_heads, columns, dim, dtype)
+    rows = 45 + 1 + 3
+    query = torch.randn(rows, kv_heads, group, dim).to(dtype)
+    slots = torch.tensor([2] * 45 + [0] + [3] * 3)
+    ends = torch.cat([torch.arange(40, 85), torch.tensor([7]), torch.arange(1, 4)]) + 1
+    starts = torch.cat([(ends[:45] - 20).clamp(min=0), torch.tensor([0, 0, 0, 0])])
+    chunks = torch.tensor([[0, 45, 2], [46, 49, 3]])
+    inside = (torch.arange(columns) >= starts[:, None]) & (torch.arange(columns) < ends[:, None])
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), keys[slots].double(), values[slots].double(),
+        attn_mask=inside[:, None, None], scale=dim**-0.5,
+    )  # fmt: skip
+    for slot in (2, 3):  # NaN where no row of the slot may read, to catch a read outside
+        mine = slots == slot
+        never = ~inside[mine].any(0)
+        keys[slot][:, never] = float("nan")
+        values[slot][:, never] = float("nan")
+    out = torch.full_like(query, 7.0)
+    kernel.chunks(query, keys, values, out, chunks, starts, ends, dim**-0.5)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    chunked = slots != 0
+    torch.testing.assert_close(
+        out[chunked].double(), expected[chunked], atol=tolerance, rtol=tolerance
+    )
+    assert torch.equal(out[45], torch.full_like(out[45], 7.0))  # not a chunk's: untouched

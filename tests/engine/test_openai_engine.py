@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from aiohttp import web
 from fake_http import serve
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -80,24 +81,124 @@ def test_completions_return_ids_and_logprobs(served: tuple[str, Path], fmt: Prom
 def test_a_prompt_past_codeloop_serves_context_is_context_exceeded(
     served: tuple[str, Path],
 ) -> None:
-    """`codeloop serve` (a model of 1,024 positions) answers a prompt of 1,024 or more token
-    ids as vLLM does one past its max_model_len: a 400 the client maps to `ContextExceeded`;
-    a prompt that fits is served."""
+    """`codeloop serve` (a model of 1,024 positions) reports its context at /v1/models: a
+    prompt of 1,024 or more token ids is out of room before any request (`ContextExceeded`),
+    one that fits is served with its budget cut to the room left."""
     url, _ = served
 
     async def main() -> list[Any]:
         engine = OpenAIEngine(url)
         try:
-            calls = [engine.generate([5] * n, SamplingParams(1)) for n in (1023, 1024, 5000)]
+            calls = [engine.generate([5] * n, SamplingParams(9)) for n in (1020, 1024, 5000)]
             return list(await asyncio.gather(*calls, return_exceptions=True))
         finally:
             await engine.close()
 
     fits, full, past = asyncio.run(main())
-    assert isinstance(fits, Generation) and len(fits.token_ids) == 1
+    assert isinstance(fits, Generation) and len(fits.token_ids) == 4  # 1,024 - 1,020
+    assert fits.finish_reason == "length"
     for answer, n in ((full, 1024), (past, 5000)):
         assert isinstance(answer, ContextExceeded) and isinstance(answer, EngineError)
-        assert f"the prompt has {n} tokens; this server takes 1 to 1023" in str(answer)
+        assert f"a prompt of {n} tokens fills the server's context of 1024" in str(answer)
+
+
+def test_a_response_budget_is_fitted_to_what_vllm_says_it_holds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A vLLM started with --max-model-len 2048 refuses a max_tokens past it (HTTP 400); the
+    engine reads 2048 from /v1/models once, sends what each prompt leaves, says so in one
+    line, and sends nothing for a prompt that fills the context."""
+    sent: list[int] = []
+    listed = 0
+
+    async def models(request: Any) -> Any:
+        nonlocal listed
+        listed += 1
+        return web.json_response({"data": [{"id": "m", "max_model_len": 2048}]})
+
+    async def completions(request: Any) -> Any:
+        body = await request.json()
+        sent.append(body["max_tokens"])
+        if body["max_tokens"] > 2048 - len(body["prompt"]):
+            message = f"max_tokens={body['max_tokens']} cannot be greater than max_model_len"
+            return web.json_response({"error": {"message": message}}, status=400)
+        choice = {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}
+        return web.json_response({"choices": [choice]})
+
+    async def main() -> list[Any]:
+        runner, url = await serve(
+            {("GET", "/v1/models"): models, ("POST", "/v1/completions"): completions}
+        )
+        engine = OpenAIEngine(url, "m", "vllm")
+        try:
+            answers = [await engine.generate([1] * 48, SamplingParams(32768))]
+            answers.append(await engine.generate([1] * 100, SamplingParams(32768)))
+            answers.append(await engine.generate([1] * 100, SamplingParams(16)))
+            with pytest.raises(
+                ContextExceeded, match="2048 tokens fills the server's context of 2048"
+            ):
+                await engine.generate([1] * 2048, SamplingParams(16))
+            return answers
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    with caplog.at_level("WARNING", logger="codeloop.engine.openai_engine"):
+        answers = asyncio.run(main())
+    assert all(a.token_ids == [7] for a in answers)
+    assert sent == [2000, 1948, 16] and listed == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "holds 2048 tokens of context" in lines[0] and "32768" in lines[0]
+
+
+def test_a_connection_the_server_closed_while_idle_is_tried_again_fresh() -> None:
+    """A server that closes a kept-alive connection when the next request arrives on it (an
+    idle timeout racing the request): the request goes out again on a new connection."""
+    connections = 0
+    answer = json.dumps(
+        {
+            "choices": [
+                {"token_ids": [3], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}
+            ]
+        }
+    ).encode()
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        served = 0
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )  # fmt: skip
+            await reader.readexactly(length)
+            if served:  # a second request on this connection: closed unanswered
+                writer.close()
+                return
+            served += 1
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+                + answer
+            )
+            await writer.drain()
+
+    async def main() -> list[Generation]:
+        server = await asyncio.start_server(client, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = OpenAIEngine(f"http://127.0.0.1:{port}")
+        engine.context_tokens = 0  # this server lists no models
+        try:
+            return [await engine.generate([1, 2], SamplingParams(4)) for _ in range(3)]
+        finally:
+            await engine.close()
+            server.close()
+
+    answers = asyncio.run(main())
+    assert [a.token_ids for a in answers] == [[3], [3], [3]]
+    assert connections == 3  # each request after the first met a closed connection, then a new one
 
 
 def test_reload_points_the_server_at_a_new_checkpoint(
