@@ -181,6 +181,14 @@ class RolloutConfig:
         "longest request.",
         ge=1,
     )
+    engine_step_tokens: int = knob(
+        512,
+        "Tokens one step of an in-process engine on a CPU forwards: every decoding row's next "
+        "token and, in what is left, chunks of waiting prompts (new requests, turns back from "
+        "a tool); 0 = each join prefilled in a forward of its own. On a GPU joins are "
+        "prefilled or fed a token a step (mixed steps there are not built yet).",
+        ge=0,
+    )
     kv_capacity_tokens: int = knob(
         0,
         "KV-cache tokens per engine: the kv_aware scheduler's budget of each server (0 = what "

@@ -1,8 +1,14 @@
 """An in-process engine on a transformers causal LM, with continuous batching.
 
-Every decoding step serves every running request. A request joins as soon as it arrives: at the
-next step its prompt is prefilled (together with the others that arrived meanwhile) and its KV
-cache merged into the running batch, which then decodes one token for every row. A row leaves
+Every step serves every running request. On slots with the CPU attention kernel a step is
+mixed (`step_tokens`, step_plan.py): one forward of every decoding row's next token and, within
+one token budget, chunks of the prompts still going in, so a request that arrives (a new prompt,
+or a trajectory's next turn) takes a slot at the next step with its cached prefix and never
+stalls the rows that are decoding. Elsewhere a request joins at the next step with its prompt
+prefilled (together with the others that arrived meanwhile) and its KV cache merged into the
+running batch, which then decodes one token for every row. A request is fitted to the model's
+context (`context_tokens`): its `max_tokens` cut to the room its prompt leaves, a prompt that
+fills it `ContextExceeded`, as a server's 400. A row leaves
 the moment it stops, and its slot and KV memory go to the next request; a trajectory's next turn
 (after its tool call) therefore never waits for the rest of a batch. Admission is capped by
 `max_batch` running requests and by `max_kv_tokens`: a request reserves its prompt plus its
@@ -20,11 +26,11 @@ which measured faster than the slots' eager step with torch's attention on a CPU
 chooses. A finished request leaves its KV in a prefix cache (`prefix_cache_tokens`, most
 recently used first), so a trajectory's next turn and the other samples of a prompt prefill only
 their new tokens; identical prompts in one prefill are computed once; new weights empty it. On
-the slot path (with graphs or the CPU kernel), a request with at most `feed_tokens` tokens not
-in that cache (a
-trajectory's next turn: its tool's output and the turn markers) is not prefilled at all: it
-takes a slot at the next step with its cached KV, and its remaining tokens go through the
-decoding steps, one a step beside the running rows, its logits unread until the last one is in.
+the slot path without mixed steps (with graphs, or `step_tokens=0`), a request with at most
+`feed_tokens` tokens not in that cache (a trajectory's next turn: its tool's output and the turn
+markers) is not prefilled at all: it takes a slot at the next step with its cached KV, and its
+remaining tokens go through the decoding steps, one a step beside the running rows, its logits
+unread until the last one is in.
 transformers' continuous-batching manager (`generate_batch`, paged attention) measured at a
 fraction of `generate`'s speed on 2-core CPUs and at 0.4x on an H200 (docs/benchmarks.md), which
 is why this is hand-written.
@@ -202,17 +208,19 @@ def _cpu_slots_fit(model: Any, rows: int, longest_response: int) -> bool:
 def engine_from_config(
     model: Any, tokenizer: Any, rollout: RolloutConfig, *, longest_response: int = 0
 ) -> TransformersEngine:
-    """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`)
-    over `model` as it is (device, dtype), stopping at the tokenizer's turn ends
-    (`end_of_turn_ids`); its KV slots planned for `longest_response` tokens now (`plan`: one
-    that cannot fit is refused here; 0: planned by the first requests). On a CPU the slots are
-    taken only with a plan that fits (`_cpu_slots_fit`), else the DynamicCache. `codeloop
-    serve`, training and evaluation all build their engine here."""
-    slots = None  # the engine's choice
+    """The in-process engine `rollout` describes (`engine_max_batch`, `kv_capacity_tokens`, on a
+    CPU `engine_step_tokens`) over `model` as it is (device, dtype), stopping at the
+    tokenizer's turn ends (`end_of_turn_ids`); its KV slots planned for `longest_response`
+    tokens now (`plan`: one that cannot fit is refused here; 0: planned by the first
+    requests). On a CPU the slots are taken only with a plan that fits (`_cpu_slots_fit`),
+    else the DynamicCache. `codeloop serve`, training and evaluation all build their engine
+    here."""
+    slots, step_tokens = None, None  # the engine's choice
     if next(model.parameters()).device.type == "cpu":
         slots = bool(longest_response) and _cpu_slots_fit(
             model, rollout.engine_max_batch, longest_response
         )
+        step_tokens = rollout.engine_step_tokens if slots and cpu_kernel(model) else 0
     engine = TransformersEngine(
         model,
         tokenizer,
@@ -220,6 +228,7 @@ def engine_from_config(
         max_batch=rollout.engine_max_batch,
         max_kv_tokens=rollout.kv_capacity_tokens,
         slot_cache=slots,
+        step_tokens=step_tokens,
     )
     if longest_response:
         engine.plan(longest_response)

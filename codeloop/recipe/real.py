@@ -308,9 +308,10 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1], "gym" if data.beside else "dev")
 
-        def rl_deadline() -> float | None:
-            """When RL must stop: the end, less what comes after it (`after_rl_s`)."""
-            return None if end is None else end - after_rl_s(points, sizes)
+        def rl_deadline(kept: int | None) -> float | None:
+            """When RL must stop: the end, less what comes after it (`after_rl_s`; the problems
+            RL trains on counted once a stage's screen has kept them)."""
+            return None if end is None else end - after_rl_s(points, sizes, kept)
 
         model = await _sft(
             cfg, model, fmt, train, tools=tools, run_dir=run_dir, sizes=sizes, world=world
@@ -413,8 +414,8 @@ def budget(
     spent_s: float | None = None,
 ) -> str:
     """The run's plan in time, from the first evaluation's rate (trajectories a second): the
-    screen, an RL step's sampling and the last evaluation at that rate (RL's training and its
-    shorter budgets aside), and the RL steps that fit in what is left of `minutes` after
+    screen, an RL step's sampling and the last evaluation at that rate, and at most how many RL
+    steps fit in what is left of `minutes` after
     `spent_s` (this process's time so far; by default SFT's and the first evaluation's: a rerun
     that found them done has spent less)."""
     rate = sizes.eval_problems * sizes.eval_samples / max(eval_s, 1e-9)
@@ -433,17 +434,20 @@ def budget(
         f"{eval_s / 60:.1f} min ({rate:.1f} trajectories/s); at that rate the screen "
         f"{screen_s / 60:.1f} min, an RL step's sampling {step_s:.0f} s, the last evaluation "
         f"{last_s / 60:.1f} min and the trained problems' two {trained_s / 60:.1f} min: room "
-        f"for about {fits} of the {planned} RL steps"
+        f"for at most {fits} of the {planned} RL steps (their updates come on top: the first "
+        "step says how many fit)"
     )
 
 
-def after_rl_s(points: list[dict[str, Any]], sizes: Sizes) -> float:
+def after_rl_s(points: list[dict[str, Any]], sizes: Sizes, trained: int | None = None) -> float:
     """The time to keep for what follows RL: the last evaluation (the longest one so far and a
-    quarter: a trained policy answers at more length), the problems RL is expected to train on
-    scored twice at the same rate (`_score_trained`), and FINISH_S."""
+    quarter: a trained policy answers at more length), the problems RL trains on (`trained`,
+    once a screen has kept them; else as many as expected) scored twice at the same rate
+    (`_score_trained`), and FINISH_S."""
     longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
     scored = sizes.eval_problems * sizes.eval_samples
-    share = expected_trained(sizes) * sizes.trained_samples / max(1, scored)
+    count = expected_trained(sizes) if trained is None else trained
+    share = count * sizes.trained_samples / max(1, scored)
     return EVAL_MARGIN * longest * (1 + 2 * share) + FINISH_S
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,9 @@ from codeloop.trainer.logs import read_metrics
 from codeloop.trainer.rl import RLRun, opened_run
 from codeloop.trainer.state import RunState
 
-Deadline = float | Callable[[], float | None] | None  # a time.perf_counter() value, or asked
+# a time.perf_counter() value, or asked before each stage (with None) and before each of its RL
+# steps (with the count of problems its screen kept)
+Deadline = float | Callable[[int | None], float | None] | None
 
 
 async def run_recipe(
@@ -90,7 +93,7 @@ async def run_recipe(
             if after_stage is not None:
                 await after_stage(stage.name)
             continue
-        until = deadline() if callable(deadline) else deadline
+        until = deadline(None) if callable(deadline) else deadline
         if until is not None and time.perf_counter() >= until:  # not even its refilter
             summaries.append(_stopped(stage, index, len(current), 0))
             break
@@ -111,7 +114,8 @@ async def run_recipe(
                 run.carry_on_from(carried, stage.reset_optimizer)
             if run.resume():
                 print(f"{stage_dir.name}: resumed from step {run.step_index}")
-            history = await run.train(stage.steps - run.step_index, stage_dir.name, deadline=until)
+            asked = partial(deadline, len(kept)) if callable(deadline) else until
+            history = await run.train(stage.steps - run.step_index, stage_dir.name, deadline=asked)
         if run.step_index < stage.steps:  # out of time
             summaries.append(
                 {

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +118,14 @@ class RLRun:
         steps: int,
         progress: str = "",
         source: GroupSource | None = None,
-        deadline: float | None = None,
+        deadline: float | Callable[[], float | None] | None = None,
     ) -> list[dict[str, float]]:
         """`steps` RL steps, their groups drawn from `source`, or synchronously or
         asynchronously as `trainer.mode` says. `progress`: the label of a progress bar over the
         steps (rank 0; none when empty), the last reward beside it. `deadline` (a
-        `time.perf_counter()` value): a step starts only when one as long as the last would end
-        by then (the ranks agree), so fewer than `steps` may run."""
+        `time.perf_counter()` value, or a function asked before each step): a step starts only
+        when one as long as the last would end by then (the ranks agree), so fewer than `steps`
+        may run; after the first step one line says how many fit."""
         self.source = source or self._new_source()
         await self.sync_weights()
         await self.source.start()
@@ -138,12 +139,20 @@ class RLRun:
                 unit="step",
                 disable=not (progress and self.world.is_main),
             ) as bar:
-                for _ in range(steps):
-                    if deadline is not None and self._out_of_time(deadline, last_s):
+                for done in range(steps):
+                    until = deadline() if callable(deadline) else deadline
+                    if until is not None and self._out_of_time(until, last_s):
                         break
                     started = time.perf_counter()
                     history.append(await self.step())
                     last_s = time.perf_counter() - started
+                    if not done and until is not None and self.world.is_main:
+                        fit = min(steps, 1 + int((until - time.perf_counter()) // last_s))
+                        print(
+                            f"{progress or 'RL'}: a step took {last_s:.0f} s (sampling and "
+                            f"update): time for about {fit} of its {steps} steps",
+                            flush=True,
+                        )
                     bar.update()
                     bar.set_postfix(reward=f"{history[-1]['reward/mean']:.3f}")
         finally:

@@ -504,15 +504,15 @@ def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
     assert planned == 12
     assert "(20.0 trajectories/s)" in text and "the screen 1.0 min" in text
     assert "an RL step's sampling 13 s" in text
-    assert text.endswith("room for about 12 of the 12 RL steps")
+    assert "room for at most 12 of the 12 RL steps (their updates" in text
     # at half that rate: 540 - 60 - 100 - 120 - 125 - 24 - 15 = 96 s, three steps of 25.6 s
     text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0)
     assert "an RL step's sampling 26 s" in text
-    assert text.endswith("room for about 3 of the 12 RL steps")
+    assert "room for at most 3 of the 12 RL steps (their updates" in text
     # a rerun that found SFT and the evaluation done, 1 s into its time: 540 - 1 - 120 - 125 -
     # 24 - 15 = 255 s, nine steps
     text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0, spent_s=1.0)
-    assert text.endswith("room for about 9 of the 12 RL steps")
+    assert "room for at most 9 of the 12 RL steps (their updates" in text
 
 
 def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_problems() -> None:
@@ -525,6 +525,8 @@ def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_proble
     # And 15 s to finish.
     assert after_rl_s(points, GPU_SIZES) == pytest.approx(50 + 12 + 15)
     assert after_rl_s([], GPU_SIZES) == 15.0
+    # once the screen has kept 100: 100 x 4, twice, against 1,000 in 40 s: 2 x 0.4 x 50 s
+    assert after_rl_s(points, GPU_SIZES, 100) == pytest.approx(50 + 40 + 15)
 
 
 def test_the_slots_are_planned_for_the_longest_prompt_and_budget() -> None:

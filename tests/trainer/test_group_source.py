@@ -4,6 +4,7 @@ each new version inside its `publishing` block, and logs and checkpoints what it
 synchronous source refills groups without signal, within MAX_REFILL_ROUNDS rounds."""
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -186,6 +187,40 @@ def test_no_step_starts_that_would_end_after_the_deadline(
     logger.close()
     assert len(history) == steps == run.step_index
     assert source.calls.count("draw") == steps and source.calls[-1] == "stop"
+
+
+def test_a_deadline_asked_each_step_stops_where_it_moved_and_the_first_step_says_what_fits(
+    trainer_fmt: PromptFormat, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deadline function asked before each step: a minute away for the first two, then
+    passed (a screen kept more problems to score after RL); two steps run. After the first
+    step of 0.5 s one line says that all three fit in the minute."""
+    import time
+
+    cfg = Config()
+    cfg.trainer.output_dir, cfg.reward.workers = str(tmp_path), 1
+    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
+    logger = RunLogger(tmp_path)
+    run = build_run(cfg, model, trainer_fmt, [PROBLEM], tools=None, logger=logger, engine=Weights())  # type: ignore[arg-type]
+    source = SlowReplay(0.5)
+    asked: list[float] = []
+    start = time.perf_counter()
+
+    def deadline() -> float:
+        asked.append(time.perf_counter())
+        return start + (60.0 if len(asked) <= 2 else -1.0)
+
+    async def main() -> list[dict[str, float]]:
+        try:
+            return await run.train(3, "stage1", source=source, deadline=deadline)
+        finally:
+            await run.close()
+
+    history = asyncio.run(main())
+    logger.close()
+    assert len(history) == 2 and len(asked) == 3
+    line = r"stage1: a step took \d s \(sampling and update\): time for about 3 of its 3 steps"
+    assert re.search(line, capsys.readouterr().out)
 
 
 def _synchronous(refill: bool, signal: Callable[[int], bool]) -> tuple[SyncGroups, RunState]:
