@@ -20,7 +20,7 @@ from codeloop.trainer.learner import Learner
 from codeloop.trainer.logs import RunLogger
 
 POINTS: dict[str, tuple[Any, str, bool]] = {  # (owner, attribute, kill after the call returns)
-    "rollout": (TransformersEngine, "_sample_and_retire", False),
+    "rollout": (TransformersEngine, "_sample", False),
     "update": (Learner, "_update", False),
     "checkpoint": (torch, "save", True),
     "logged": (RunLogger, "log", True),
