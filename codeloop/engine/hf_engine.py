@@ -668,7 +668,7 @@ class TransformersEngine:
             if leader is None:
                 continue
             source = row_of.get(id(leader))
-            if source is not None and (lengths[source] < request.shared or leader.follows):
+            if source is not None and lengths[source] < request.shared:
                 continue  # the leader does not hold them yet
             if source is not None:
                 self.slots.move(source, row, request.shared)

@@ -155,7 +155,7 @@ class OpenAIEngine:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt_ids,
-            "max_tokens": await self._fitted_tokens(len(prompt_ids), params.max_tokens),
+            "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stop": params.stop,
@@ -172,8 +172,9 @@ class OpenAIEngine:
         if self._reload_due:
             await self._reload_again()
         try:
+            body["max_tokens"] = await self._fitted_tokens(len(prompt_ids), params.max_tokens)
             payload = await self._post("/v1/completions", body)
-        except ServerUnavailable:
+        except ServerUnavailable:  # its context asked, or the completion
             self._reload_due = self.weights_path is not None and self.backend != "codeloop"
             raise
         try:

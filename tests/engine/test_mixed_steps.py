@@ -16,7 +16,7 @@ from transformers import Gemma3TextConfig, LlamaConfig
 
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.engine.kv_batch import PrefixCache
-from codeloop.engine.protocol import Generation, SamplingParams
+from codeloop.engine.protocol import ContextExceeded, Generation, SamplingParams
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder
 from codeloop.engine.step_plan import Follow, followers, plan_step
 
@@ -206,3 +206,18 @@ def test_the_engine_counts_chunks_and_copies_by_hand() -> None:
     assert samples[0].token_ids == first.token_ids  # seeded: the same draws
     assert stats.fed_tokens == 20 + 1 + 1 and stats.shared_tokens == 2 * 19
     assert stats.steps == 3 + 4 + 1
+
+
+def test_a_request_is_fitted_to_the_models_context() -> None:
+    """A model of 64 positions: a 60-token prompt asking 50 tokens gets the 4 left (`length`);
+    a 64-token prompt is out of room (`ContextExceeded`), as a server's 400, before it runs."""
+    config = LlamaConfig(**{**SMALL, "max_position_embeddings": 64})
+    engine = TransformersEngine(
+        _model(config, torch.float64), _Tokens(), set(), 4, slot_cache=True, batch_window_ms=0
+    )
+    fitted = asyncio.run(engine.generate(list(range(1, 61)), SamplingParams(50, temperature=0.0)))
+    assert len(fitted.token_ids) == 4 and fitted.finish_reason == "length"
+    before = engine.stats()
+    with pytest.raises(ContextExceeded, match="64 tokens fills the model's context of 64"):
+        asyncio.run(engine.generate(list(range(1, 65)), SamplingParams(1)))
+    assert engine.stats() == before  # the second never ran

@@ -5,9 +5,11 @@ synchronous source refills groups without signal, within MAX_REFILL_ROUNDS round
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from codeloop.trainer.checkpoint import read_state
 from codeloop.trainer.distributed import World
 from codeloop.trainer.groups import Drawn, SyncGroups, problem_at, samples_of
 from codeloop.trainer.logs import RunLogger, read_metrics
-from codeloop.trainer.rl import build_run
+from codeloop.trainer.rl import RLRun, build_run
 from codeloop.trainer.state import RunState
 from codeloop.types import RolloutStatus, Trajectory
 
@@ -161,6 +163,28 @@ class SlowReplay(Replay):
         return await super().draw()
 
 
+def _slow_steps(
+    fmt: PromptFormat, run_dir: Path, deadline: Any, progress: str = ""
+) -> tuple[list[dict[str, float]], RLRun, SlowReplay]:
+    """Up to three RL steps of 0.5 s each (`SlowReplay`) under `deadline`."""
+    cfg = Config()
+    cfg.trainer.output_dir, cfg.reward.workers = str(run_dir), 1
+    model = tiny_model(len(fmt.tokenizer), hidden_size=32, layers=1)
+    logger = RunLogger(run_dir)
+    run = build_run(cfg, model, fmt, [PROBLEM], tools=None, logger=logger, engine=Weights())  # type: ignore[arg-type]
+    source = SlowReplay(0.5)
+
+    async def main() -> list[dict[str, float]]:
+        try:
+            return await run.train(3, progress, source=source, deadline=deadline)
+        finally:
+            await run.close()
+
+    history = asyncio.run(main())
+    logger.close()
+    return history, run, source
+
+
 @pytest.mark.parametrize(("budget", "steps"), [(-1.0, 0), (1.0, 1), (60.0, 3)])
 def test_no_step_starts_that_would_end_after_the_deadline(
     trainer_fmt: PromptFormat, tmp_path: Path, budget: float, steps: int
@@ -168,23 +192,7 @@ def test_no_step_starts_that_would_end_after_the_deadline(
     """Steps of 0.5 s: a deadline passed runs none; 1 s from now runs the first (nothing is
     known of a step's length before it) but not the second (more than 0.5 + 0.5 s); a minute
     runs all three."""
-    import time
-
-    cfg = Config()
-    cfg.trainer.output_dir, cfg.reward.workers = str(tmp_path), 1
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
-    logger = RunLogger(tmp_path)
-    run = build_run(cfg, model, trainer_fmt, [PROBLEM], tools=None, logger=logger, engine=Weights())  # type: ignore[arg-type]
-    source = SlowReplay(0.5)
-
-    async def main() -> list[dict[str, float]]:
-        try:
-            return await run.train(3, source=source, deadline=time.perf_counter() + budget)
-        finally:
-            await run.close()
-
-    history = asyncio.run(main())
-    logger.close()
+    history, run, source = _slow_steps(trainer_fmt, tmp_path, time.perf_counter() + budget)
     assert len(history) == steps == run.step_index
     assert source.calls.count("draw") == steps and source.calls[-1] == "stop"
 
@@ -195,14 +203,6 @@ def test_a_deadline_asked_each_step_stops_where_it_moved_and_the_first_step_says
     """A deadline function asked before each step: a minute away for the first two, then
     passed (a screen kept more problems to score after RL); two steps run. After the first
     step of 0.5 s one line says that all three fit in the minute."""
-    import time
-
-    cfg = Config()
-    cfg.trainer.output_dir, cfg.reward.workers = str(tmp_path), 1
-    model = tiny_model(len(trainer_fmt.tokenizer), hidden_size=32, layers=1)
-    logger = RunLogger(tmp_path)
-    run = build_run(cfg, model, trainer_fmt, [PROBLEM], tools=None, logger=logger, engine=Weights())  # type: ignore[arg-type]
-    source = SlowReplay(0.5)
     asked: list[float] = []
     start = time.perf_counter()
 
@@ -210,14 +210,7 @@ def test_a_deadline_asked_each_step_stops_where_it_moved_and_the_first_step_says
         asked.append(time.perf_counter())
         return start + (60.0 if len(asked) <= 2 else -1.0)
 
-    async def main() -> list[dict[str, float]]:
-        try:
-            return await run.train(3, "stage1", source=source, deadline=deadline)
-        finally:
-            await run.close()
-
-    history = asyncio.run(main())
-    logger.close()
+    history, _, _ = _slow_steps(trainer_fmt, tmp_path, deadline, "stage1")
     assert len(history) == 2 and len(asked) == 3
     line = r"stage1: a step took \d s \(sampling and update\): time for about 3 of its 3 steps"
     assert re.search(line, capsys.readouterr().out)
