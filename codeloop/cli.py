@@ -642,6 +642,8 @@ def _real(args: argparse.Namespace) -> int:
             "rl_problems",
             "trained_samples",
             "dev_beside",
+            "sft_gym_problems",
+            "held_out_family_problems",
         )
     }
     given["eval_every_stage"] = args.eval_every_stage or None
@@ -654,6 +656,11 @@ def _real(args: argparse.Namespace) -> int:
     if minutes is None:
         minutes = GPU_MINUTES if args.gpu else recipe.minutes
     overrides = [*recipe.overrides, *_with_out(args)]
+    if args.eval_families:
+        if args.task == "gsm8k" and not args.config:
+            raise ConfigError("--eval-families: gym families are scored with --task gym")
+        families = args.eval_families.removeprefix("gym:")
+        overrides = [f"--data.held_out_gym=gym:{families}", *overrides]
     if args.config and args.model != "smollm2":  # the model named, in the config given
         overrides = [f"--trainer.model={args.model}", *overrides]
     return main(config, overrides, sizes, minutes)
@@ -764,10 +771,21 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
             "final one (0: none)",
         ),
         ("dev-beside", "development problems scored beside the gym ones (--task gym)"),
+        (
+            "sft-gym-problems",
+            "problems of the data.sft_gym families drawn for SFT demonstrations (--task gym)",
+        ),
+        (
+            "held-out-family-problems",
+            "problems of the families in neither SFT nor RL scored after SFT and after RL "
+            "(data.held_out_gym, --eval-families)",
+        ),
     ):
         field = name.replace("-", "_")
         others = (
-            [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")] if field != "dev_beside" else []
+            [(GPU_SIZES, "--gpu"), (LONG_RECIPE.sizes, "--long")]
+            if field not in ("dev_beside", "sft_gym_problems", "held_out_family_problems")
+            else []
         )
         others.append((MODEL_RECIPES["gemma3-270m"].sizes, "--model gemma3-270m"))
         others.append((TASK_RECIPES["gym"]["smollm2"].sizes, "--task gym"))
@@ -779,6 +797,12 @@ def _add_model_commands(commands: argparse._SubParsersAction[Any]) -> None:
         )
         defaults += ")"
         real.add_argument(f"--{name}", type=int, help=f"{help_text} {defaults}")
+    real.add_argument(
+        "--eval-families",
+        metavar="TASKS",
+        help="reasoning-gym families in neither SFT nor RL, scored after SFT and after RL "
+        "(comma-separated task names, or a mix file: sets data.held_out_gym; --task gym)",
+    )
     real.add_argument(
         "--eval-every-stage",
         action="store_true",

@@ -487,6 +487,18 @@ class DataConfig:
         "the SFT ones; gym:TASKS or gym:MIX_FILE = reasoning-gym tasks, scored on held-out "
         "problems of the same mix (the development split beside them).",
     )
+    sft_gym: str = knob(
+        "",
+        "reasoning-gym families whose problems become SFT demonstrations in `codeloop real` "
+        "beside GSM8K's (gym:TASKS or gym:MIX_FILE): each problem's program "
+        "(data/gym_programs.py), kept when it prints an answer its task scores right; "
+        "empty = none. No family may be in two of data.sft_gym, data.rl, data.held_out_gym.",
+    )
+    held_out_gym: str = knob(
+        "",
+        "reasoning-gym families in neither SFT nor RL (gym:TASKS or gym:MIX_FILE), scored "
+        "after SFT and after RL by `codeloop real`: does the skill carry over? Empty = none.",
+    )
     gym_problems: int = knob(
         1000, "Problems drawn when a source is reasoning-gym tasks (gym:lcm,gcd).", ge=1
     )

@@ -21,8 +21,8 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from codeloop.data.problems import Problem
 from codeloop.rollout.prompt import PromptFormat
@@ -42,6 +42,7 @@ Conversation = list[dict[str, str]]
 class Built:
     conversations: list[Conversation]  # system, user, assistant and tool turns
     dropped: Counter[str]  # why problems gave no conversation
+    ids: list[str] = field(default_factory=list)  # each conversation's problem
 
 
 def code_cell(solution: str, answer: str, question: str = "") -> str | None:
@@ -103,6 +104,20 @@ def _call(code: str) -> str:
     return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
 
+def solution_cell(problem: Problem) -> str | None:
+    """GSM8K's code cell (`code_cell`) of a problem's worked solution."""
+    return code_cell(problem.solution, problem.answer, problem.problem)
+
+
+def printed_gold(printed: str, problem: Problem) -> str | None:
+    """The gold answer when the cell printed it (as a number), else None."""
+    return problem.answer if _same_number(printed, problem.answer) else None
+
+
+Cell = Callable[[Problem], "str | None"]  # a problem's program, or None: no demonstration
+Check = Callable[[str, Problem], "str | None"]  # printed output -> the answer to write, or None
+
+
 async def build(
     problems: Sequence[Problem],
     tools: ToolExecutor,
@@ -112,14 +127,15 @@ async def build(
     seed: int = 0,
     max_tool_chars: int = 2048,
     concurrency: int = 32,
+    cell: Cell = solution_cell,
+    check: Check = printed_gold,
 ) -> Built:
-    """One conversation per problem whose solution reproduces its answer in the sandbox."""
+    """One conversation per problem whose program (`cell`: by default the cell of its worked
+    solution) prints, in the sandbox, what `check` accepts; the last turn answers what `check`
+    returns."""
     rng = random.Random(seed)
     dropped: Counter[str] = Counter()
-    cells = [
-        (p, code_cell(p.solution, p.answer, p.problem), rng.random() < error_share)
-        for p in problems
-    ]
+    cells = [(p, cell(p), rng.random() < error_share) for p in problems]
     gate = asyncio.Semaphore(concurrency)
 
     async def run(code: str) -> ExecResult:
@@ -131,7 +147,8 @@ async def build(
             dropped["no computation gives the answer"] += 1
             return None
         result = await run(cell)
-        if result.status != ExecStatus.OK or not _same_number(result.stdout, problem.answer):
+        answer = check(result.stdout, problem) if result.status == ExecStatus.OK else None
+        if answer is None:
             dropped["the code does not print the answer"] += 1
             return None
         turns = fmt.messages(problem.problem)
@@ -156,9 +173,10 @@ async def build(
             )
         turns += [
             {"role": "tool", "content": format_observation(result, max_tool_chars)},
-            {"role": "assistant", "content": f"<answer>\\boxed{{{problem.answer}}}</answer>"},
+            {"role": "assistant", "content": f"<answer>\\boxed{{{answer}}}</answer>"},
         ]
         return turns
 
     built = await asyncio.gather(*(one(*c) for c in cells))
-    return Built([c for c in built if c is not None], dropped)
+    kept = [(p.id, c) for p, c in zip(problems, built, strict=True) if c is not None]
+    return Built([c for _, c in kept], dropped, [i for i, _ in kept])

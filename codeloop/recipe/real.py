@@ -37,6 +37,8 @@ import json
 import shutil
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -57,11 +59,19 @@ from codeloop.memory import (
     trim_when_above,
 )
 from codeloop.recipe import gsm8k_sft
+from codeloop.recipe.gym_sft import build_gym
 from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
 from codeloop.recipe.runner import run_recipe
 from codeloop.recipe.sizes import Sizes
-from codeloop.recipe.tasks import by_task, paired, read_beside, report_lines, task_data
+from codeloop.recipe.tasks import (
+    HELD_OUT_FAMILIES,
+    by_task,
+    paired,
+    read_beside,
+    report_lines,
+    task_data,
+)
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE
@@ -202,8 +212,11 @@ async def _sft(
     run_dir: Path,
     sizes: Sizes,
     world: World,
+    gym_problems: Sequence[Problem] = (),
 ) -> Any:
-    """Stage 0; the SFT policy, loaded when `sft_model/` exists."""
+    """Stage 0; the SFT policy, loaded when `sft_model/` exists. Its conversations: GSM8K's
+    (`gsm8k_sft.py`) and those of `gym_problems` (`gym_sft.py`), kept as `sft.jsonl` (each
+    line's problem `id`, and a gym problem's `task`)."""
     saved = run_dir / "sft_model"
     if (saved / "config.json").is_file():
         return Policy.load(saved, cfg).model
@@ -214,13 +227,31 @@ async def _sft(
         built = await gsm8k_sft.build(
             train[: sizes.sft_problems], tools, fmt, sizes.error_share, seed=cfg.trainer.seed
         )
-        conversations = built.conversations
         print(
-            f"sft data: {len(conversations)} conversations from {sizes.sft_problems} "
+            f"sft data: {len(built.conversations)} conversations from {sizes.sft_problems} "
             f"solutions; dropped {dict(built.dropped)}",
             flush=True,
         )
-        write_atomic(data, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+        lines = [
+            {"id": i, "messages": c} for i, c in zip(built.ids, built.conversations, strict=True)
+        ]
+        if gym_problems:
+            demos = await build_gym(
+                gym_problems, tools, fmt, sizes.error_share, seed=cfg.trainer.seed
+            )
+            tasks = {p.id: p.task for p in gym_problems}
+            print(
+                f"sft data: {len(demos.conversations)} conversations from "
+                f"{len(gym_problems)} gym problems ({_counted(tasks[i] for i in demos.ids)}); "
+                f"dropped {dict(demos.dropped)}",
+                flush=True,
+            )
+            lines += [
+                {"id": i, "task": tasks[i], "messages": c}
+                for i, c in zip(demos.ids, demos.conversations, strict=True)
+            ]
+        conversations = [line["messages"] for line in lines]
+        write_atomic(data, "".join(json.dumps(line) + "\n" for line in lines))
     logger = RunLogger(run_dir / "sft", [TensorBoardSink(run_dir / "sft")])
     try:
         train_sft(
@@ -238,6 +269,11 @@ async def _sft(
     Policy(model, fmt).save(saved)
     trim_when_above(0.0)  # SFT's freed activations go back before the engines take memory
     return model
+
+
+def _counted(names: Iterable[str]) -> str:
+    """`gcd 20, lcm 18, ...`: how many of each name, most first."""
+    return ", ".join(f"{name} {n}" for name, n in Counter(names).most_common())
 
 
 def longest_request(cfg: Config, fmt: PromptFormat, problems: list[Problem]) -> int:
@@ -314,7 +350,15 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             return None if end is None else end - after_rl_s(points, sizes, kept)
 
         model = await _sft(
-            cfg, model, fmt, train, tools=tools, run_dir=run_dir, sizes=sizes, world=world
+            cfg,
+            model,
+            fmt,
+            train,
+            tools=tools,
+            run_dir=run_dir,
+            sizes=sizes,
+            world=world,
+            gym_problems=data.sft,
         )
         # the SFT policy's weights, to score the problems RL trains on before and after it
         sft_weights = (
@@ -399,6 +443,10 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             for name, found in beside.items()
             if len(found) > 1
         }
+        summary["families"] = data.families
+        if len(found := beside.get(HELD_OUT_FAMILIES, [])) > 1:  # in neither SFT nor RL
+            table = by_task(data.beside[HELD_OUT_FAMILIES], found[0], found[-1])
+            summary[HELD_OUT_FAMILIES] = {**table["overall"], "by_task": table}
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot(points, run_dir / "curves.png")
     return summary
@@ -567,4 +615,7 @@ def main(config: str, overrides: list[str], sizes: Sizes, minutes: float = 0.0) 
         print("\n".join(report_lines("gym", summary["gym_by_task"])))
         for name, found in summary["beside"].items():
             print(first_vs_last(found["points"], f"{name} pass@1"))
+        if HELD_OUT_FAMILIES in summary:
+            by_family = summary[HELD_OUT_FAMILIES]["by_task"]
+            print("\n".join(report_lines("held-out family", by_family)))
     return 0

@@ -28,6 +28,13 @@ class Sizes:
     # With RL on another task (data.rl: a gym mix), the development problems scored beside
     # its held-out ones after SFT and after RL, once each
     dev_beside: int = 200
+    # With data.sft_gym: problems of those families drawn for SFT demonstrations (those whose
+    # program prints an answer its task scores right become conversations, beside GSM8K's)
+    sft_gym_problems: int = 240
+    sft_family_problems: int = 100  # of those families (other problems), scored beside
+    # With data.held_out_gym: problems of the families in neither SFT nor RL, scored beside
+    # the held-out ones after SFT and after RL, once each
+    held_out_family_problems: int = 200
 
 
 CPU_CONFIG = "configs/gsm8k_smollm2.toml"  # the package's own (config.config_path)

@@ -19,14 +19,41 @@ from codeloop.recipe.sizes import Sizes  # noqa: E402
 from codeloop.recipe.tasks import by_task  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gym_smollm2.toml"
-TINY = Sizes(dev=3, eval_problems=6, eval_samples=2, sft_problems=4, rl_problems=4, dev_beside=2)
+TINY = Sizes(
+    dev=3,
+    eval_problems=6,
+    eval_samples=2,
+    sft_problems=4,
+    rl_problems=4,
+    dev_beside=2,
+    sft_gym_problems=3,
+    sft_family_problems=2,
+    held_out_family_problems=3,
+)
 
 
 @pytest.mark.slow
 def test_the_gym_recipe_scores_held_out_gym_problems_and_the_dev_split(tmp_path: Path) -> None:
-    overrides = [*_tiny_recipe(tmp_path), "--data.rl=gym:lcm,gcd"]
+    overrides = [
+        *_tiny_recipe(tmp_path),
+        "--data.rl=gym:lcm,gcd",
+        "--data.sft_gym=gym:count_bits",
+        "--data.held_out_gym=gym:spell_backward",
+    ]
     run_dir = tmp_path / "run"
     summary = asyncio.run(run_real(load_config(str(CONFIG), overrides), TINY))
+    families = {"sft": ["count_bits"], "rl": ["gcd", "lcm"], "held_out": ["spell_backward"]}
+    assert json.loads((run_dir / "families.json").read_text()) == families
+    assert summary["families"] == families
+    # SFT's data: GSM8K's conversations and count_bits' demonstrations, nothing of the others
+    lines = [json.loads(line) for line in (run_dir / "sft.jsonl").read_text().splitlines()]
+    assert {line.get("task") for line in lines} == {None, "count_bits"}
+    assert sum(line.get("task") == "count_bits" for line in lines) == 3
+    assert all("spell_backward" not in json.dumps(line) for line in lines)
+    held_out = summary["held_out_families"]
+    assert held_out["problems"] == 3 and set(held_out["by_task"]) == {"overall", "spell_backward"}
+    assert {"difference", "interval95"} <= set(held_out)
+    assert summary["beside"]["sft_families"]["problems"] == 2
     train = load_problems(str(run_dir / "gym_train.jsonl"))
     held = load_problems(str(run_dir / "gym_eval.jsonl"))
     assert len(train) == 4 and len(held) == 6

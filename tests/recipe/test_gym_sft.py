@@ -1,0 +1,126 @@
+"""Gym SFT demonstrations: the task's program run in the real sandbox, kept only when its task
+scores the printed answer right; the three sets of families and their disjointness."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloop[gym]'")
+
+from codeloop.config import ConfigError, SandboxConfig, load_config  # noqa: E402
+from codeloop.data import gym, gym_programs  # noqa: E402
+from codeloop.data.problem import Problem  # noqa: E402
+from codeloop.data.tokenizer import train_tokenizer  # noqa: E402
+from codeloop.recipe.gsm8k_sft import Built  # noqa: E402
+from codeloop.recipe.gym_sft import build_gym  # noqa: E402
+from codeloop.recipe.sizes import Sizes  # noqa: E402
+from codeloop.recipe.tasks import family_sets, task_data  # noqa: E402
+from codeloop.rollout.prompt import PromptFormat  # noqa: E402
+from codeloop.sandbox.pool import LocalSandbox  # noqa: E402
+from codeloop.trainer.sft import encode_conversation  # noqa: E402
+
+
+def _build(problems: list[Problem], error_share: float = 0.0) -> tuple[Built, PromptFormat]:
+    fmt = PromptFormat(train_tokenizer(["print(math.gcd(12, 18)) bin count"] * 20, 400))
+
+    async def main() -> Built:
+        async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+            return await build_gym(problems, sandbox, fmt, error_share)
+
+    return asyncio.run(main()), fmt
+
+
+def test_a_demonstration_answers_what_its_program_printed() -> None:
+    [power] = [p for p in gym.generate([gym.GymTask("power_function")], 8, 2) if "^-" in p.problem][
+        :1
+    ]
+    gcd = gym.generate([gym.GymTask("gcd")], 1, 5)[0]
+    plain = Problem("math", "What is 2 + 2?", "4")  # no task: no program
+    built, fmt = _build([gcd, power, plain])
+    assert built.ids == [gcd.id, power.id]
+    assert built.dropped == {"no computation gives the answer": 1}
+    first, second = built.conversations
+    assert [m["role"] for m in first] == ["system", "user", "assistant", "tool", "assistant"]
+    numbers = json.loads(gcd.metadata)["numbers"]
+    payload = json.loads(first[2]["content"].split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+    assert (
+        payload["arguments"]["code"] == f"import math\nprint(math.gcd({numbers[0]}, {numbers[1]}))"
+    )
+    assert first[3]["content"] == gcd.answer  # the sandbox's output
+    assert first[4]["content"] == f"<answer>\\boxed{{{gcd.answer}}}</answer>"
+    # the answer is what the program printed (e notation), not the gold's long decimal
+    printed = second[3]["content"]
+    assert "e-" in printed and printed != power.answer
+    assert second[4]["content"] == f"<answer>\\boxed{{{printed}}}</answer>"
+    assert sum(encode_conversation(fmt, first).loss_mask) > 0
+
+
+def test_a_program_whose_answer_its_task_scores_wrong_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problems = gym.generate([gym.GymTask("count_bits")], 3, 1)
+    monkeypatch.setitem(gym_programs.PROGRAMS, "count_bits", lambda m, q: f"print({m['number']})")
+    built, _ = _build(problems)
+    assert built.conversations == [] and built.dropped == {"the code does not print the answer": 3}
+    monkeypatch.setitem(gym_programs.PROGRAMS, "count_bits", lambda m, q: "print(1)\nprint(2)")
+    assert _build(problems)[0].dropped == {"the code does not print the answer": 3}
+
+
+def test_an_error_and_its_fix_in_a_gym_demonstration() -> None:
+    built, _ = _build(gym.generate([gym.GymTask("count_bits")], 1, 4), error_share=1.0)
+    (fixed,) = built.conversations
+    assert "print(answer)" in fixed[2]["content"]
+    assert fixed[3]["content"].endswith("NameError: name 'answer' is not defined")
+    assert "bin(" in fixed[4]["content"]
+
+
+def test_a_family_in_two_sets_is_refused_with_one_line() -> None:
+    sets = family_sets([gym.GymTask("gcd")], [gym.GymTask("lcm"), gym.GymTask("products")], [])
+    assert sets == {"sft": ["gcd"], "rl": ["lcm", "products"], "held_out": []}
+    with pytest.raises(ConfigError) as err:
+        family_sets([gym.GymTask("gcd")], [gym.GymTask("lcm")], [gym.GymTask("gcd")])
+    assert str(err.value) == (
+        "data.sft_gym and data.held_out_gym share gcd: a family is in one set (SFT "
+        "demonstrations, RL, or neither)"
+    )
+    with pytest.raises(ConfigError, match="data.rl and data.held_out_gym share lcm"):
+        family_sets([], [gym.GymTask("lcm")], [gym.GymTask("lcm")])
+
+
+def test_the_run_keeps_its_families_apart_in_its_own_files(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            "--data.rl=gym:lcm,products",
+            "--data.sft_gym=gym:gcd,count_bits",
+            "--data.held_out_gym=gym:spell_backward,letter_counting",
+        ],
+    )
+    sizes = Sizes(eval_problems=6, rl_problems=8, sft_gym_problems=10, sft_family_problems=4,
+                  held_out_family_problems=6, dev_beside=2)  # fmt: skip
+    dev = [Problem(f"d{i}", "?", "1") for i in range(3)]
+    data = task_data(cfg, tmp_path, sizes, [], dev)
+    families = json.loads((tmp_path / "families.json").read_text())
+    assert (
+        families
+        == data.families
+        == {
+            "sft": ["count_bits", "gcd"],
+            "rl": ["lcm", "products"],
+            "held_out": ["letter_counting", "spell_backward"],
+        }
+    )
+    assert {p.task for p in data.sft} <= {"gcd", "count_bits"} and len(data.sft) == 10
+    assert {p.task for p in data.rl} | {p.task for p in data.held_out} <= {"lcm", "products"}
+    assert {p.task for p in data.beside["held_out_families"]} <= set(families["held_out"])
+    assert {p.task for p in data.beside["sft_families"]} <= set(families["sft"])
+    assert {p.problem for p in data.sft}.isdisjoint(p.problem for p in data.beside["sft_families"])
+    assert len(data.beside["held_out_families"]) == 6 and len(data.beside["gsm8k_dev"]) == 2
+    again = task_data(cfg, tmp_path, sizes, [], dev)  # read back, the same
+    assert again == data
+    with pytest.raises(ConfigError, match="share gcd"):
+        task_data(load_config(None, ["--data.rl=gym:gcd", "--data.sft_gym=gym:gcd"]),
+                  tmp_path / "other", sizes, [], dev)  # fmt: skip
+    assert not (tmp_path / "other").exists()
