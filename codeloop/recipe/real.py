@@ -340,7 +340,9 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
                 beside.setdefault(name, []).append({"stage": stage, **found})
                 write_atomic(beside_file, json.dumps(beside, indent=2))
                 _print_point(beside[name][-1], name)
-            points.append({"stage": stage, **metrics, "seconds": time.perf_counter() - began})
+            scored = len(held_out) * sizes.eval_samples + sum(map(len, data.beside.values()))
+            seconds = time.perf_counter() - began
+            points.append({"stage": stage, **metrics, "seconds": seconds, "scored": scored})
             write_atomic(points_file, json.dumps(points, indent=2))
             _print_point(points[-1], "gym" if data.beside else "dev")
 
@@ -375,7 +377,10 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
         if end is not None:
             spent_s = time.perf_counter() - start  # less than SFT and the evaluation on a rerun
             first_s = points[0]["seconds"]
-            print(budget(cfg, sizes, minutes, sft_s, eval_s=first_s, spent_s=spent_s), flush=True)
+            text = budget(
+                cfg, sizes, minutes, sft_s, eval_s=first_s, spent_s=spent_s, points=points
+            )
+            print(text, flush=True)
         policy = "sft"  # what the model is now: scored at the end, after each stage if asked
 
         async def after_stage(name: str) -> None:
@@ -460,13 +465,15 @@ def budget(
     *,
     eval_s: float,
     spent_s: float | None = None,
+    points: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The run's plan in time, from the first evaluation's rate (trajectories a second): the
     screen, an RL step's sampling and the last evaluation at that rate, and at most how many RL
     steps fit in what is left of `minutes` after
     `spent_s` (this process's time so far; by default SFT's and the first evaluation's: a rerun
-    that found them done has spent less)."""
-    rate = sizes.eval_problems * sizes.eval_samples / max(eval_s, 1e-9)
+    that found them done has spent less). An evaluation scores `scored_per_point` trajectories
+    (its sets beside the held-out problems included)."""
+    rate = scored_per_point(points, sizes) / max(eval_s, 1e-9)
     first = cfg.recipe.stages[0] if cfg.recipe.stages else None
     screened = sizes.rl_problems * first.refilter_samples if first and first.refilter else 0
     screen_s = screened / rate
@@ -493,10 +500,16 @@ def after_rl_s(points: list[dict[str, Any]], sizes: Sizes, trained: int | None =
     once a screen has kept them; else as many as expected) scored twice at the same rate
     (`_score_trained`), and FINISH_S."""
     longest = max((p.get("seconds", 0.0) for p in points), default=0.0)
-    scored = sizes.eval_problems * sizes.eval_samples
     count = expected_trained(sizes) if trained is None else trained
-    share = count * sizes.trained_samples / max(1, scored)
+    share = count * sizes.trained_samples / scored_per_point(points, sizes)
     return EVAL_MARGIN * longest * (1 + 2 * share) + FINISH_S
+
+
+def scored_per_point(points: Sequence[dict[str, Any]], sizes: Sizes) -> int:
+    """The trajectories an evaluation scores: as the first point recorded them (the held-out
+    problems' samples and the sets scored beside), else the held-out problems' samples."""
+    recorded = points[0].get("scored", 0) if points else 0
+    return max(1, recorded or sizes.eval_problems * sizes.eval_samples)
 
 
 def expected_trained(sizes: Sizes) -> int:
@@ -544,7 +557,7 @@ async def _score_trained(
         return found
     if not trained or not sizes.trained_samples:
         return None
-    dev_share = len(trained) * sizes.trained_samples / (sizes.eval_problems * sizes.eval_samples)
+    dev_share = len(trained) * sizes.trained_samples / scored_per_point(points, sizes)
     needed_s = 2 * EVAL_MARGIN * dev_share * max(p.get("seconds", 0.0) for p in points)
     if left_s is not None and needed_s > left_s:
         print(

@@ -78,21 +78,24 @@ MODEL_RECIPES = {
     "gemma3-270m": ModelRecipe("configs/gsm8k_gemma3.toml", GEMMA3_SIZES, 85.0),
 }
 
-# `codeloop real --task gym`: SFT on GSM8K's solutions as above (fewer: the format and the tool,
-# not the task), then RL on reasoning-gym tasks that the SFT policy solves sometimes
-# (configs/gym_mix_smollm2.json, chosen by measured pass rate), scored after SFT and after RL on
-# 400 held-out problems of the mix x 2 samples and 100 development problems, within an hour on
-# two cores. Sized from the rates of a 2-core AMD EPYC with the CPU attention kernel (~1.2 gym
-# trajectories/s, so each evaluation ~12 min): SFT on 300 solutions (~8 min), a screen of 64
-# problems x 4, the trained problems x 2 samples; the limit leaves RL ~20 minutes.
+# `codeloop real --task gym` (configs/gym_smollm2.toml): SFT on GSM8K's solutions (fewer: the
+# format and the tool, not the task) and on the programs of 240 problems of the SFT families;
+# RL on the RL families (96 problems screened x 4); scored after SFT and after RL on 320
+# held-out problems of the RL families, 120 of the SFT families, 300 of the families in neither
+# and 60 development problems, once each (more problems narrow a paired interval more than more
+# samples), within an hour on two cores. At the ~3.4 gym trajectories/s of a 2-core AMD EPYC
+# with mixed engine steps, each evaluation takes about 4 minutes.
 GYM_SIZES = Sizes(
     dev=500,
-    eval_problems=400,
-    eval_samples=2,
+    eval_problems=320,
+    eval_samples=1,
     sft_problems=300,
-    rl_problems=64,
+    rl_problems=96,
     trained_samples=2,
-    dev_beside=100,
+    dev_beside=60,
+    sft_gym_problems=240,
+    sft_family_problems=120,
+    held_out_family_problems=300,
 )
 # The same with Gemma 3 270M (configs/gym_gemma3.toml), within its 90 minutes: a token costs
 # it twice SmolLM2's compute, most of it in the output layer, which the attention kernel does

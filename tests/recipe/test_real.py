@@ -513,6 +513,9 @@ def test_the_budget_plans_rl_steps_from_the_first_evaluations_rate() -> None:
     # 24 - 15 = 255 s, nine steps
     text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=100.0, spent_s=1.0)
     assert "room for at most 9 of the 12 RL steps (their updates" in text
+    # the first evaluation scored 2,000 trajectories in its 50 s (sets beside): 40 a second
+    text = budget(cfg, GPU_SIZES, 9.0, sft_s=60.0, eval_s=50.0, points=[{"scored": 2000}])
+    assert "(40.0 trajectories/s)" in text and "an RL step's sampling 6 s" in text
 
 
 def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_problems() -> None:
@@ -527,6 +530,10 @@ def test_the_time_kept_after_rl_holds_the_last_evaluation_and_the_trained_proble
     assert after_rl_s([], GPU_SIZES) == 15.0
     # once the screen has kept 100: 100 x 4, twice, against 1,000 in 40 s: 2 x 0.4 x 50 s
     assert after_rl_s(points, GPU_SIZES, 100) == pytest.approx(50 + 40 + 15)
+    # an evaluation that scored 2,000 trajectories (sets beside the held-out ones): the trained
+    # problems' 120, twice, are 2 x 0.06 of it
+    points[0]["scored"] = 2000
+    assert after_rl_s(points, GPU_SIZES) == pytest.approx(50 + 6 + 15)
 
 
 def test_the_slots_are_planned_for_the_longest_prompt_and_budget() -> None:

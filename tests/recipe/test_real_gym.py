@@ -96,8 +96,9 @@ def test_real_task_gym_is_the_gym_config_and_sizes(
         replace(GYM_SIZES, dev_beside=50),
         60.0,
     )
-    assert sizes.eval_problems >= 400 and sizes.eval_samples >= 2
+    assert sizes.eval_problems * sizes.eval_samples >= 300
     cfg = load_config(config, overrides)
+    assert cfg.data.sft_gym.startswith("gym:") and cfg.data.held_out_gym.startswith("gym:")
     assert cfg.trainer.output_dir == "runs/real-gym" and cfg.data.rl.startswith("gym:")
     assert cfg.recipe.stages[0].refilter
     capsys.readouterr()
@@ -115,12 +116,30 @@ def test_real_task_gym_is_the_gym_config_and_sizes(
     assert gemma.trainer.model == "gemma3-270m"
     assert gemma.trainer.output_dir == "runs/real-gym-gemma3"
     assert gemma.rollout.chat_template.endswith("gemma_chat_template.jinja")
-    assert gemma.data.rl == cfg.data.rl
+    assert gemma.data.rl.startswith("gym:")
+    # --eval-families names the families in neither SFT nor RL
+    assert cli.main(["real", "--task", "gym", "--eval-families", "spell_backward,gcd"]) == 0
+    assert load_config(*calls[-1][:2]).data.held_out_gym == "gym:spell_backward,gcd"
+    assert cli.main(["real", "--eval-families", "gcd"]) != 0
+    assert "--eval-families: gym families are scored with --task gym" in capsys.readouterr().err
 
 
 def test_the_packaged_mix_reads_and_checks() -> None:
     from codeloop.config import config_path
     from codeloop.data.gym import read_mix
+    from codeloop.data.gym_programs import PROGRAMS
+    from codeloop.recipe.tasks import family_sets
 
-    mix = read_mix(config_path(load_config(str(CONFIG)).data.rl.removeprefix("gym:")))
+    data = load_config(str(CONFIG)).data
+    mix, sft, held_out = (
+        read_mix(config_path(spec.removeprefix("gym:")))
+        for spec in (data.rl, data.sft_gym, data.held_out_gym)
+    )
     assert len(mix) >= 4 and all(task.weight > 0 for task in mix)
+    sets = family_sets(sft, mix, held_out)  # disjoint
+    assert all(family in PROGRAMS for family in sets["sft"])  # each has its demonstrations
+    # the tasks the GSM8K-only SFT policy never solved are taught, or trained on by RL
+    never = {"gcd", "count_bits", "count_primes", "base_conversion", "leg_counting",
+             "fraction_simplification", "prime_factorization", "simple_equations",
+             "power_function", "time_intervals"}  # fmt: skip
+    assert never <= set(sets["sft"]) | set(sets["rl"])
