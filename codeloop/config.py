@@ -531,6 +531,13 @@ class StageConfig:
         le=1,
     )
     reset_optimizer: bool = knob(False, "Start the stage with a fresh optimiser state.")
+    harder: str = knob(
+        "",
+        "With refilter, on reasoning-gym problems: a gym mix (gym:MIX_FILE or gym:TASKS) of "
+        "harder settings. A family whose screened problems the policy solves on average more "
+        "often than refilter_max_pass_rate gets as many new problems drawn from its settings "
+        "here, screened with the rest: RL keeps a signal as it learns. Empty = none.",
+    )
 
 
 @dataclass

@@ -62,7 +62,7 @@ from codeloop.recipe import gsm8k_sft
 from codeloop.recipe.gym_sft import build_gym
 from codeloop.recipe.plot import plot
 from codeloop.recipe.points import first_vs_last, read_points, score_point, score_text
-from codeloop.recipe.runner import run_recipe
+from codeloop.recipe.runner import known_problems, run_recipe
 from codeloop.recipe.sizes import Sizes
 from codeloop.recipe.tasks import (
     HELD_OUT_FAMILIES,
@@ -407,7 +407,8 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
             if last["stopped_at"]:
                 policy = f"{last['stage']}@{last['stopped_at']}"
         await measure(policy)
-        trained = [p for p in rl_problems if p.id in _trained_ids(stages)]
+        trained_ids = _trained_ids(stages)  # the harder problems stages drew included
+        trained = [p for p in known_problems(run_dir, rl_problems) if p.id in trained_ids]
         left_s = None if end is None else end - FINISH_S - time.perf_counter()
         trained_result = await _score_trained(
             engine,

@@ -31,7 +31,8 @@ from typing import Any
 
 from codeloop.algo.group import expected_signal, sampled_per_step
 from codeloop.config import AlgoConfig, Config, ConfigError, stage_config
-from codeloop.data.problems import DataError, Problem
+from codeloop.data.curate import write_problems
+from codeloop.data.problems import DataError, Problem, load_problems
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
 from codeloop.files import write_atomic
@@ -89,7 +90,7 @@ async def run_recipe(
             if engine is not None:
                 engine.update_weights(lora.merged_state(model))
             summaries.append(json.loads(done.read_text()))
-            current = _refiltered(stage_dir, problems) or current
+            current = _refiltered(stage_dir, known_problems(stage_dir.parent, problems)) or current
             if after_stage is not None:
                 await after_stage(stage.name)
             continue
@@ -100,9 +101,14 @@ async def run_recipe(
         async with opened_run(
             scfg, model, fmt, current, tools=tools, run_dir=stage_dir, world=world, engine=engine
         ) as run:
-            kept = _refiltered(stage_dir, problems) if stage.refilter else None
+            known = known_problems(Path(cfg.trainer.output_dir), problems)
+            kept = _refiltered(stage_dir, known) if stage.refilter else None
             if kept is None:
-                kept = list(await _stage_problems(run, stage, current, later=bool(summaries)))
+                kept = list(
+                    await _stage_problems(
+                        run, stage, current, later=bool(summaries), index=index, where=stage_dir
+                    )
+                )
                 if stage.refilter and world.is_main:
                     write_atomic(stage_dir / PROBLEMS_FILE, json.dumps([p.id for p in kept]))
             if not kept:  # a later stage's screen: the policy solves all it trained on
@@ -168,17 +174,33 @@ def _stopped(
 
 
 async def _stage_problems(
-    run: RLRun, stage: Any, problems: Sequence[Problem], later: bool = False
+    run: RLRun,
+    stage: Any,
+    problems: Sequence[Problem],
+    later: bool = False,
+    *,
+    index: int = 0,
+    where: Path | None = None,
 ) -> Sequence[Problem]:
     """The problems a stage trains on: with `refilter`, those whose pass rate over fresh
-    samples is in the stage's band. None kept is an error for the first stage that trains
-    (nothing to learn from) and the end of RL for a later one (`later`: all solved or none)."""
+    samples is in the stage's band (with `stage.harder`, among them the new problems of each
+    family the policy solved: `_harder`, kept in `where`). None kept is an error for the first
+    stage that trains (nothing to learn from) and the end of RL for a later one (`later`: all
+    solved or none)."""
     if not stage.refilter:
         return problems
     samples = stage.refilter_samples
     low, high = stage.refilter_min_pass_rate, stage.refilter_max_pass_rate
     found = await run.score(problems, samples, f"{stage.name or 'stage'} refilter")
-    rates = found.per_problem
+    rates = dict(found.per_problem)
+    if stage.harder:
+        new = _harder(stage, problems, rates, run.cfg.trainer.seed + HARDER_SEED + index)
+        if new:
+            if where is not None and run.world.is_main:
+                write_problems(where / HARDER_FILE, new)
+            more = await run.score(new, samples, f"{stage.name or 'stage'} harder refilter")
+            rates.update(more.per_problem)
+            problems = [*problems, *new]
     kept = [p for p in problems if p.id in rates and low <= rates[p.id] <= high]
     band = f"<= {high}" if low == 0 else f"in [{low}, {high}]"
     if run.world.is_main:
@@ -204,6 +226,59 @@ async def _stage_problems(
             "problems"
         )
     return kept
+
+
+HARDER_SEED = 5_000_003  # added to trainer.seed and the stage's index: harder problems' draw
+HARDER_FILE = "harder.jsonl"  # a stage's harder problems, beside its problems.json
+
+
+def _harder(
+    stage: Any, problems: Sequence[Problem], rates: dict[str, float], seed: int
+) -> list[Problem]:
+    """New problems for each family (gym task) of `problems` whose mean pass rate in `rates` is
+    above the stage's `refilter_max_pass_rate` and which `stage.harder` (a gym mix) sets: as
+    many as the family has, drawn from those settings with `seed`. Printed, one line."""
+    from codeloop.data import gym
+
+    settings = {t.task: t for t in _harder_mix(stage.harder)}
+    by_family: dict[str, list[float]] = {}
+    for p in problems:
+        if p.task in settings and p.id in rates:
+            by_family.setdefault(p.task, []).append(rates[p.id])
+    solved = {
+        family: found
+        for family, found in sorted(by_family.items())
+        if sum(found) / len(found) > stage.refilter_max_pass_rate
+    }
+    new: list[Problem] = []
+    for n, (family, found) in enumerate(solved.items()):
+        new += gym.generate([settings[family]], len(found), seed + n, split=f"gym-harder-{family}")
+    if solved:
+        print(
+            "harder: "
+            + ", ".join(
+                f"{family} (solved {100 * sum(found) / len(found):.0f}%: {len(found)} new)"
+                for family, found in solved.items()
+            ),
+            flush=True,
+        )
+    return new
+
+
+def _harder_mix(spec: str) -> list[Any]:
+    from codeloop.config import config_path
+    from codeloop.data import gym
+
+    body = spec.removeprefix(gym.PREFIX)
+    return gym.parse_mix(str(config_path(body)) if body.endswith((".json", ".toml")) else body)
+
+
+def known_problems(output_dir: Path, problems: Sequence[Problem]) -> list[Problem]:
+    """The recipe's problems and the harder ones its stages drew (`harder.jsonl`)."""
+    found = list(problems)
+    for path in sorted(output_dir.glob(f"*/{HARDER_FILE}")):
+        found += load_problems(str(path))
+    return found
 
 
 def _signal_outlook(

@@ -12,6 +12,7 @@ pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloo
 from codeloop.config import ConfigError, SandboxConfig, load_config  # noqa: E402
 from codeloop.data import gym, gym_programs  # noqa: E402
 from codeloop.data.problem import Problem  # noqa: E402
+from codeloop.data.problems import load_problems  # noqa: E402
 from codeloop.data.tokenizer import train_tokenizer  # noqa: E402
 from codeloop.recipe.gsm8k_sft import Built  # noqa: E402
 from codeloop.recipe.gym_sft import build_gym  # noqa: E402
@@ -124,3 +125,47 @@ def test_the_run_keeps_its_families_apart_in_its_own_files(tmp_path: Path) -> No
         task_data(load_config(None, ["--data.rl=gym:gcd", "--data.sft_gym=gym:gcd"]),
                   tmp_path / "other", sizes, [], dev)  # fmt: skip
     assert not (tmp_path / "other").exists()
+
+
+def test_a_stage_draws_harder_problems_of_the_families_the_policy_solved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from codeloop.config import AlgoConfig, StageConfig
+    from codeloop.recipe.runner import HARDER_FILE, _stage_problems, known_problems
+
+    problems = gym.generate([gym.GymTask("lcm"), gym.GymTask("gcd")], 6, 1)
+    lcm = [p for p in problems if p.task == "lcm"]
+    scored: list[list[str]] = []
+
+    class Run:  # the policy solves every lcm problem drawn first, half of the others
+        cfg = SimpleNamespace(trainer=SimpleNamespace(seed=0), algo=AlgoConfig())
+        world = SimpleNamespace(is_main=True)
+
+        async def score(self, given: list[Problem], samples: int, label: str) -> object:
+            scored.append([p.id for p in given])
+            solved = {p.id: 1.0 if p in lcm else 0.5 for p in given}
+            return SimpleNamespace(per_problem=solved)
+
+    stage_dir = tmp_path / "2-hard"
+    stage_dir.mkdir()
+    stage = StageConfig(
+        name="hard",
+        refilter=True,
+        refilter_samples=2,
+        refilter_max_pass_rate=0.75,
+        harder="gym:lcm",  # lcm at its default settings: values up to 100
+    )
+    kept = asyncio.run(_stage_problems(Run(), stage, problems, index=1, where=stage_dir))  # type: ignore[arg-type]
+    new = load_problems(str(stage_dir / HARDER_FILE))
+    assert len(new) == len(lcm) and {p.task for p in new} == {"lcm"}
+    assert scored == [[p.id for p in problems], [p.id for p in new]]
+    # the solved lcm problems leave the band; gcd's (half) and the new ones (half) stay
+    assert [p.id for p in kept] == [p.id for p in problems if p.task == "gcd"] + [p.id for p in new]
+    assert f"harder: lcm (solved 100%: {len(lcm)} new)" in capsys.readouterr().out
+    assert known_problems(tmp_path, problems) == [*problems, *new]  # a rerun finds them
+    # a family solved no more often than the band's top keeps its problems: nothing drawn
+    stage.refilter_max_pass_rate = 1.0
+    again = asyncio.run(_stage_problems(Run(), stage, problems, index=1, where=tmp_path))  # type: ignore[arg-type]
+    assert again == problems and not (tmp_path / HARDER_FILE).exists()

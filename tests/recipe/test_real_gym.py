@@ -137,6 +137,8 @@ def test_the_packaged_mix_reads_and_checks() -> None:
     )
     assert len(mix) >= 4 and all(task.weight > 0 for task in mix)
     sets = family_sets(sft, mix, held_out)  # disjoint
+    harder = read_mix(config_path(load_config(str(CONFIG)).recipe.stages[-1].harder[4:]))
+    assert {t.task for t in harder} == {t.task for t in mix}  # each RL family can grow harder
     assert all(family in PROGRAMS for family in sets["sft"])  # each has its demonstrations
     # the tasks the GSM8K-only SFT policy never solved are taught, or trained on by RL
     never = {"gcd", "count_bits", "count_primes", "base_conversion", "leg_counting",
