@@ -16,16 +16,19 @@ from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
 from codeloop.intervals import compare, percent, verdict
 from codeloop.reward import Verifier
+from codeloop.reward.verifier import Gold
 from codeloop.rollout.collect import Agent
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.score import SCORE, score_policy
 from codeloop.rollout.stats import trajectory_stats
 from codeloop.rollout.tools import ToolExecutor
+from codeloop.types import ExecStatus, Trajectory
 
 STATISTICS = (  # `rollout/stats.py` means that a point keeps
     "response_tokens",
     "policy_tokens",
     "tool_calls",
+    "tool_error_ratio",
     "tool_error_ratio_correct",
     "tool_use",
     "cut_off_in_call",
@@ -54,6 +57,7 @@ async def score_point(
     with engine.reserving_at_most(max_kv_tokens), Verifier(reward) as verifier:
         agent = Agent(engine, tools, fmt, rollout)
         found = await score_policy(agent, problems, samples, verifier, seed=seed, progress=progress)
+        printed = printed_right(found.trajectories, problems, verifier)
     if not found.per_problem:
         raise RunError(
             f"all {found.failed} trajectories failed in the engine or the sandbox: nothing to score"
@@ -62,8 +66,31 @@ async def score_point(
     return {
         **found.metrics(),
         **{key: means[key] for key in STATISTICS},
+        "printed_right_answered_wrong": printed,
         "per_problem": found.per_problem,
     }
+
+
+def printed_right(
+    trajectories: Sequence[Trajectory], problems: Sequence[Problem], verifier: Verifier
+) -> float:
+    """The share of `trajectories` answered wrong (reward 0) whose last tool output is itself a
+    right answer (the last non-empty output of a call that ran, scored as the answer): the
+    program computed it, and the model answered something else."""
+    gold = {p.id: p.gold for p in problems}
+    items: list[tuple[Trajectory | str, Gold]] = []
+    for t in trajectories:
+        if t.reward != 0.0 or t.prompt_id not in gold:
+            continue
+        outputs = [
+            r.result.stdout.strip()
+            for r in t.tool_calls
+            if r.result.status == ExecStatus.OK and r.result.stdout.strip()
+        ]
+        if outputs:
+            items.append((f"<answer>\\boxed{{{outputs[-1]}}}</answer>", gold[t.prompt_id]))
+    right = sum(r.reward == 1.0 for r in verifier.score_batch(items)) if items else 0
+    return right / max(1, len(trajectories))
 
 
 def read_points(path: Path) -> list[dict[str, Any]]:

@@ -606,6 +606,7 @@ def _print_point(point: dict[str, Any], what: str = "dev") -> None:
         f"cut off inside a call {100 * point['cut_off_in_call']:.0f}%, "
         f"malformed calls {100 * point['malformed_calls']:.1f}%, "
         f"tool errors among correct {100 * point['tool_error_ratio_correct']:.1f}%, "
+        f"a right output answered wrong {100 * point.get('printed_right_answered_wrong', 0):.1f}%, "
         f"response {point['response_tokens']:.0f} tokens",
         flush=True,
     )

@@ -83,7 +83,7 @@ MODEL_RECIPES = {
 # RL on the RL families (96 problems screened x 4); scored after SFT and after RL on 320
 # held-out problems of the RL families, 120 of the SFT families, 300 of the families in neither
 # and 60 development problems, once each (more problems narrow a paired interval more than more
-# samples), within an hour on two cores. At the ~3.4 gym trajectories/s of a 2-core AMD EPYC
+# samples), within an hour on two cores. At the ~3.8 gym trajectories/s of a 2-core AMD EPYC
 # with mixed engine steps, each evaluation takes about 4 minutes.
 GYM_SIZES = Sizes(
     dev=500,
