@@ -310,6 +310,8 @@ def test_bench_ratios_name_the_best_baseline_and_skip_rows_not_run() -> None:
     ratios = _ratios(rows)
     assert ratios["continuous / best of transformers (generate_static)"] == 2.5
     assert ratios["continuous / static"] == 15.0 and ratios["agent: continuous / static"] == 2.0
+    rows["tools_separate"] = row(600)  # the engine without mixed steps
+    assert _ratios(rows)["agent: mixed steps / separate prefills"] == 1.5
 
 
 def test_bench_rollout_profiles_plain_generation_on_request(tmp_path: object) -> None:
