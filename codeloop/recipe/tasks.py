@@ -22,6 +22,7 @@ names as reasoning-gym spells them); a family in two of them is a `ConfigError` 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -91,6 +92,8 @@ def task_data(
             )
         write_problems(train_file, rl)
         write_problems(eval_file, held)
+    else:
+        _check_kept_families(cfg, run_dir)
     beside = {"gsm8k_dev": dev[: sizes.dev_beside]}
     if sft_eval_file.is_file():
         beside[SFT_FAMILIES] = load_problems(str(sft_eval_file))
@@ -105,6 +108,25 @@ def task_data(
         if (run_dir / "families.json").is_file()
         else {},
     )
+
+
+def _check_kept_families(cfg: Config, run_dir: Path) -> None:
+    """A rerun reads its problems back: where the config now names other families than the
+    run kept (`families.json`, or none before the sets existed), say so in one line."""
+    path = run_dir / "families.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    asked = {"sft": cfg.data.sft_gym, "held_out": cfg.data.held_out_gym}
+    wanted = {name: sorted({t.task for t in _mix(spec)}) for name, spec in asked.items()}
+    differ = [name for name in wanted if wanted[name] != kept.get(name, [])]
+    if differ:
+        print(
+            f"{run_dir}: the run keeps its own families ({path.name}"
+            f"{'' if path.is_file() else ': none, made before the sets'}); the config's "
+            f"{' and '.join(f'data.{name}_gym' for name in differ)} apply to a new run "
+            "directory (--out DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _mix(spec: str) -> list[gym.GymTask]:

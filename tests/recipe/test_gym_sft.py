@@ -90,7 +90,9 @@ def test_a_family_in_two_sets_is_refused_with_one_line() -> None:
         family_sets([], [gym.GymTask("lcm")], [gym.GymTask("lcm")])
 
 
-def test_the_run_keeps_its_families_apart_in_its_own_files(tmp_path: Path) -> None:
+def test_the_run_keeps_its_families_apart_in_its_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = load_config(
         None,
         [
@@ -121,6 +123,17 @@ def test_the_run_keeps_its_families_apart_in_its_own_files(tmp_path: Path) -> No
     assert len(data.beside["held_out_families"]) == 6 and len(data.beside["gsm8k_dev"]) == 2
     again = task_data(cfg, tmp_path, sizes, [], dev)  # read back, the same
     assert again == data
+    assert capsys.readouterr().err == ""
+    # a rerun whose config names other families keeps the run's own, and says so
+    other = load_config(None, ["--data.rl=gym:lcm,products", "--data.held_out_gym=gym:gcd"])
+    assert task_data(other, tmp_path, sizes, [], dev) == data
+    assert capsys.readouterr().err == (
+        f"{tmp_path}: the run keeps its own families (families.json); the config's "
+        "data.sft_gym and data.held_out_gym apply to a new run directory (--out DIR)\n"
+    )
+    (tmp_path / "families.json").unlink()  # a run made before the sets
+    task_data(cfg, tmp_path, sizes, [], dev)
+    assert "(families.json: none, made before the sets)" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="share gcd"):
         task_data(load_config(None, ["--data.rl=gym:gcd", "--data.sft_gym=gym:gcd"]),
                   tmp_path / "other", sizes, [], dev)  # fmt: skip
