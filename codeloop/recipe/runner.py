@@ -36,6 +36,7 @@ from codeloop.data.problems import DataError, Problem, load_problems
 from codeloop.engine.hf_engine import TransformersEngine
 from codeloop.errors import RunError
 from codeloop.files import write_atomic
+from codeloop.recipe.tasks import gym_mix
 from codeloop.rollout.policy import Policy
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import ToolExecutor
@@ -78,6 +79,8 @@ async def run_recipe(
         raise ConfigError("recipe.stages is empty: nothing to run")
     if cfg.trainer.lora.rank and not world.distributed:  # every stage trains these adapters
         model = lora.attach(model, cfg.trainer.lora)
+    for index, stage in enumerate(cfg.recipe.stages):  # a bad mix fails now, not at its stage
+        gym_mix(stage.harder, f"recipe.stages[{index}].harder")
     summaries: list[dict[str, Any]] = []
     carried: dict[str, Any] | None = None  # optimiser and schedule state of the previous stage
     current = list(problems)  # what the stage before trained on
@@ -194,7 +197,8 @@ async def _stage_problems(
     found = await run.score(problems, samples, f"{stage.name or 'stage'} refilter")
     rates = dict(found.per_problem)
     if stage.harder:
-        new = _harder(stage, problems, rates, run.cfg.trainer.seed + HARDER_SEED + index)
+        seed = run.cfg.trainer.seed + HARDER_SEED + index
+        new = _harder(stage, problems, rates, seed, say=run.world.is_main)
         if new:
             if where is not None and run.world.is_main:
                 write_problems(where / HARDER_FILE, new)
@@ -233,14 +237,14 @@ HARDER_FILE = "harder.jsonl"  # a stage's harder problems, beside its problems.j
 
 
 def _harder(
-    stage: Any, problems: Sequence[Problem], rates: dict[str, float], seed: int
+    stage: Any, problems: Sequence[Problem], rates: dict[str, float], seed: int, say: bool = True
 ) -> list[Problem]:
     """New problems for each family (gym task) of `problems` whose mean pass rate in `rates` is
     above the stage's `refilter_max_pass_rate` and which `stage.harder` (a gym mix) sets: as
     many as the family has, drawn from those settings with `seed`. Printed, one line."""
     from codeloop.data import gym
 
-    settings = {t.task: t for t in _harder_mix(stage.harder)}
+    settings = {t.task: t for t in gym_mix(stage.harder)}
     by_family: dict[str, list[float]] = {}
     for p in problems:
         if p.task in settings and p.id in rates:
@@ -253,7 +257,7 @@ def _harder(
     new: list[Problem] = []
     for n, (family, found) in enumerate(solved.items()):
         new += gym.generate([settings[family]], len(found), seed + n, split=f"gym-harder-{family}")
-    if solved:
+    if solved and say:
         print(
             "harder: "
             + ", ".join(
@@ -263,14 +267,6 @@ def _harder(
             flush=True,
         )
     return new
-
-
-def _harder_mix(spec: str) -> list[Any]:
-    from codeloop.config import config_path
-    from codeloop.data import gym
-
-    body = spec.removeprefix(gym.PREFIX)
-    return gym.parse_mix(str(config_path(body)) if body.endswith((".json", ".toml")) else body)
 
 
 def known_problems(output_dir: Path, problems: Sequence[Problem]) -> list[Problem]:

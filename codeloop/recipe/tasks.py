@@ -65,8 +65,8 @@ def task_data(
     sft_file, families_file = run_dir / "gym_sft.jsonl", run_dir / "held_out_families.jsonl"
     sft_eval_file = run_dir / "sft_families.jsonl"
     if not eval_file.is_file():
-        mix = _mix(cfg.data.rl)
-        sft_mix, family_mix = _mix(cfg.data.sft_gym), _mix(cfg.data.held_out_gym)
+        mix = gym_mix(cfg.data.rl)
+        sft_mix, family_mix = gym_mix(cfg.data.sft_gym), gym_mix(cfg.data.held_out_gym)
         families = family_sets(sft_mix, mix, family_mix)
         seed = cfg.trainer.seed
         rl = gym.generate(mix, sizes.rl_problems, seed, split="gym")
@@ -116,7 +116,7 @@ def _check_kept_families(cfg: Config, run_dir: Path) -> None:
     path = run_dir / "families.json"
     kept = json.loads(path.read_text()) if path.is_file() else {}
     asked = {"sft": cfg.data.sft_gym, "held_out": cfg.data.held_out_gym}
-    wanted = {name: sorted({t.task for t in _mix(spec)}) for name, spec in asked.items()}
+    wanted = {name: sorted({t.task for t in gym_mix(spec)}) for name, spec in asked.items()}
     differ = [name for name in wanted if wanted[name] != kept.get(name, [])]
     if differ:
         print(
@@ -129,12 +129,14 @@ def _check_kept_families(cfg: Config, run_dir: Path) -> None:
         )
 
 
-def _mix(spec: str) -> list[gym.GymTask]:
-    """The gym mix a `data.*` setting names (empty: none)."""
+def gym_mix(spec: str, setting: str = "") -> list[gym.GymTask]:
+    """The gym mix a setting names (`gym:TASKS` or `gym:MIX_FILE`; empty: none); checked
+    (`gym.parse_mix`)."""
     if not spec:
         return []
     if not spec.startswith(gym.PREFIX):
-        raise ConfigError(f"{spec!r}: a gym mix is gym:TASKS or gym:MIX_FILE")
+        where = f"{setting}: " if setting else ""
+        raise ConfigError(f"{where}{spec!r} is not a gym mix (gym:TASKS or gym:MIX_FILE)")
     body = spec.removeprefix(gym.PREFIX)
     return gym.parse_mix(str(config_path(body)) if body.endswith((".json", ".toml")) else body)
 

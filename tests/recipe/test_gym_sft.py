@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="the gym extra: pip install 'codeloop[gym]'")
 
-from codeloop.config import ConfigError, SandboxConfig, load_config  # noqa: E402
+from codeloop.config import ConfigError, SandboxConfig, StageConfig, load_config  # noqa: E402
 from codeloop.data import gym, gym_programs  # noqa: E402
 from codeloop.data.problem import Problem  # noqa: E402
 from codeloop.data.problems import load_problems  # noqa: E402
@@ -182,3 +182,22 @@ def test_a_stage_draws_harder_problems_of_the_families_the_policy_solved(
     stage.refilter_max_pass_rate = 1.0
     again = asyncio.run(_stage_problems(Run(), stage, problems, index=1, where=tmp_path))  # type: ignore[arg-type]
     assert again == problems and not (tmp_path / HARDER_FILE).exists()
+
+
+def test_a_bad_harder_mix_fails_before_any_stage_runs(tmp_path: Path) -> None:
+    from codeloop.data.problem import DataError
+    from codeloop.recipe.runner import run_recipe
+
+    def run(harder: str) -> None:
+        cfg = load_config(None, ["--trainer.output_dir", str(tmp_path)])
+        cfg.recipe.stages = [StageConfig(name="a", steps=1), StageConfig(name="b", harder=harder)]
+        asyncio.run(run_recipe(cfg, None, None, [], tools=None))  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError) as err:
+        run("lcm")
+    assert str(err.value) == (
+        "recipe.stages[1].harder: 'lcm' is not a gym mix (gym:TASKS or gym:MIX_FILE)"
+    )
+    with pytest.raises(DataError, match="no gym task 'lcn'"):
+        run("gym:lcn")
+    assert not any(tmp_path.iterdir())  # no stage started
