@@ -99,17 +99,21 @@ GYM_SIZES = Sizes(
 )
 # The same with Gemma 3 270M (configs/gym_gemma3.toml), within its 90 minutes: a token costs
 # it twice SmolLM2's compute, most of it in the output layer, which the attention kernel does
-# not touch. Fewer SFT solutions, 200 held-out problems x 2 and 50 development problems, a
-# smaller screen; the limit (85 min, as for its GSM8K recipe) stops RL where the last
-# evaluations still fit.
+# not touch. Fewer SFT solutions, 200 held-out problems of the RL families, 80 of the SFT
+# families, 200 of the families in neither and 50 development problems (~530 trajectories, ~7
+# minutes at Gemma's ~1.3 trajectories/s), a smaller screen; the limit (85 min, as for its
+# GSM8K recipe) stops RL where the last evaluations still fit.
 GYM_GEMMA3_SIZES = Sizes(
     dev=500,
     eval_problems=200,
-    eval_samples=2,
+    eval_samples=1,
     sft_problems=240,
     rl_problems=48,
     trained_samples=2,
     dev_beside=50,
+    sft_gym_problems=240,
+    sft_family_problems=80,
+    held_out_family_problems=200,
 )
 # `codeloop real --task NAME [--model NAME]`: the recipe of each task for each packaged model
 # that has one

@@ -107,16 +107,21 @@ def test_real_task_gym_is_the_gym_config_and_sizes(
     assert len(calls) == 1
 
     # Gemma 3 270M's gym recipe: its own config (model, turn markup, output directory) on the
-    # same mix, its sizes and its 85 minutes
+    # same three sets of families, its sizes and its 85 minutes
     assert cli.main(["real", "--task", "gym", "--model", "gemma3-270m"]) == 0
     config, overrides, sizes, minutes = calls[-1]
     assert (config, minutes) == ("configs/gym_gemma3.toml", 85.0)
-    assert sizes.eval_problems == 200 and sizes.eval_samples == 2 and sizes.dev_beside == 50
+    assert sizes.eval_problems == 200 and sizes.eval_samples == 1 and sizes.dev_beside == 50
     gemma = load_config(config, overrides)
     assert gemma.trainer.model == "gemma3-270m"
     assert gemma.trainer.output_dir == "runs/real-gym-gemma3"
     assert gemma.rollout.chat_template.endswith("gemma_chat_template.jinja")
-    assert gemma.data.rl.startswith("gym:")
+    assert (gemma.data.rl, gemma.data.sft_gym, gemma.data.held_out_gym) == (
+        cfg.data.rl,
+        cfg.data.sft_gym,
+        cfg.data.held_out_gym,
+    )
+    assert gemma.recipe.stages[2].harder == cfg.recipe.stages[2].harder
     # --eval-families names the families in neither SFT nor RL
     assert cli.main(["real", "--task", "gym", "--eval-families", "spell_backward,gcd"]) == 0
     assert load_config(*calls[-1][:2]).data.held_out_gym == "gym:spell_backward,gcd"
