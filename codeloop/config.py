@@ -239,6 +239,13 @@ class RolloutConfig:
         "Tools the model may call, listed in its prompt: `python` (code in the sandbox) or "
         "`module:Name`, an importable Tool class made with the sandbox (rollout/tools.py).",
     )
+    environment: str = knob(
+        "",
+        "An environment in TRL's form (`module:Name`, as GRPOTrainer's environment_factory): one "
+        "instance per trajectory, reset with the problem row's fields, its public methods the "
+        "model's tools beside rollout.tools, get_reward() its reward (docs/environments.md). "
+        "Empty = none.",
+    )
     temperature: float = knob(1.0, "Sampling temperature during training.", ge=0)
     top_p: float = knob(
         1.0, "Nucleus sampling threshold during training (codeloop's choice: none).", gt=0, le=1
@@ -476,7 +483,11 @@ class DataConfig:
 
     train: str = knob("", "Training problems: a JSONL/Parquet file or a hub dataset name.")
     problem_field: str = knob("problem", "Field that holds the problem text.")
-    answer_field: str = knob("answer", "Field that holds the gold answer.")
+    answer_field: str = knob(
+        "answer",
+        "Field that holds the gold answer; empty = none (an environment's get_reward scores "
+        "the trajectories: rollout.environment).",
+    )
     id_field: str = knob("id", "Field that holds a unique problem id; empty = line number.")
     integer_answers_only: bool = knob(True, "Keep only problems with integer answers (report).")
     decontaminate: list[str] = knob([], "Benchmark files whose 8-grams are removed from training.")

@@ -42,6 +42,7 @@ class RolloutStatus(StrEnum):
     TRUNCATED_LENGTH = "truncated_length"
     TRUNCATED_TURNS = "truncated_turns"
     ERROR = "error"
+    DONE = "done"  # an environment said its episode was over after a tool call
 
 
 def _check_keys(cls: type, data: dict[str, Any]) -> None:

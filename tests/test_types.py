@@ -56,6 +56,7 @@ def test_status_enums_are_their_string_values() -> None:
         "truncated_length",
         "truncated_turns",
         "error",
+        "done",
     ]
     assert ExecStatus("timeout") is ExecStatus.TIMEOUT
     assert json.dumps(ExecStatus.OK) == '"ok"'

@@ -6,7 +6,8 @@ without importing the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from codeloop.errors import CodeloopError
 from codeloop.reward.task import TaskGold
@@ -22,6 +23,9 @@ class Problem:
     # scorer reads (JSON text); such a problem is scored by that task, not the math verifier.
     task: str = ""
     metadata: str = "{}"
+    # The problem file's line as it was read (every key), what an environment's `reset(**row)`
+    # receives (`rollout/environment.py`); empty for GSM8K's and reasoning-gym's problems.
+    row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def gold(self) -> str | TaskGold:

@@ -8,7 +8,9 @@ and an `answer` whose last line is `#### 72` (and none of the mapped fields) is 
 load the `main` configuration. A line that is not JSON, or a record without a mapped field, is
 an error that names the file and the line; nothing is skipped silently. A record with `task` (a
 reasoning-gym task's name) and `metadata` is scored by that task (`data/gym.py`); the source
-`gym:TASK,TASK` or `gym:MIX_FILE` draws `data.gym_problems` of them with `data.gym_seed`.
+`gym:TASK,TASK` or `gym:MIX_FILE` draws `data.gym_problems` of them with `data.gym_seed`. An
+empty `answer_field` (or `problem_field`) reads no gold answer (no text): an environment scores
+those problems (`rollout.environment`); each problem keeps its line's keys (`Problem.row`).
 """
 
 from __future__ import annotations
@@ -119,7 +121,9 @@ def load_problems(source: str, cfg: DataConfig | None = None) -> list[Problem]:
                     f"set data.{key} to the field that holds it{hint})"
                 )
         problem_id = str(record[cfg.id_field]) if cfg.id_field else str(index)
-        problem = Problem(problem_id, str(record[cfg.problem_field]), str(record[cfg.answer_field]))
+        text = str(record[cfg.problem_field]) if cfg.problem_field else ""
+        answer = str(record[cfg.answer_field]) if cfg.answer_field else ""
+        problem = Problem(problem_id, text, answer, row=record)
         problems.append(_with_task(problem, record, where) if record.get("task") else problem)
     if not problems:
         raise DataError(f"{source}: holds no problems")

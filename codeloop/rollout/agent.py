@@ -9,13 +9,14 @@ states: `answered` (the turn ended and holds a closed `<answer>`), `no_answer` (
 without), `truncated_length` (a token budget ran out, an observation would not fit, or the
 context grew past what the engine's server takes: `ContextExceeded`), `truncated_turns` (the
 turn budget ran out before an answer; a tool call in the last turn is not run, since no turn is
-left to read its output), `error` (the engine failed).
+left to read its output), `done` (an environment said its episode was over after a tool call:
+`done`, its answer inserted), `error` (the engine failed).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from codeloop.config import RolloutConfig
@@ -60,9 +61,11 @@ async def run_trajectory(
     sample_index: int,
     prompt_ids: list[int],
     seed: int | None = None,
+    done: Callable[[], bool] | None = None,
 ) -> Trajectory:
     """Roll out one trajectory to an end state (see the module docstring). `tools`: the tools
-    by name, or a sequence of them, or a `ToolExecutor` (the Python tool over it)."""
+    by name, or a sequence of them, or a `ToolExecutor` (the Python tool over it); `done`,
+    asked after each tool call, ends the trajectory when true (an environment's episode)."""
     tools = toolbox(tools)
     response, records, turns = _Response(), list[ToolCallRecord](), 0
     status = RolloutStatus.TRUNCATED_TURNS
@@ -109,6 +112,9 @@ async def run_trajectory(
             status = RolloutStatus.TRUNCATED_LENGTH
             break
         response.add(observation, None)
+        if done is not None and done():
+            status = RolloutStatus.DONE
+            break
     text = fmt.tokenizer.decode(response.ids)
     return Trajectory(
         prompt_id,

@@ -7,6 +7,11 @@ as it ends, so verification overlaps the generation of the others (the verifier 
 own thread, its slow checks in worker processes). Sample j of a problem is seeded from
 (seed, key, j), the key being the problem's id unless the caller gives one (RL gives the
 problem's position in its data order).
+
+With an environment (`rollout.environment`, `environment.py`), each trajectory opens its own
+episode: an instance reset with the problem's row, whose text is appended to the prompt, whose
+methods join the agent's tools, whose `done` ends the trajectory and whose `get_reward()` is its
+reward (else the verifier scores the final answer against the gold one).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from codeloop.config import RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.engine.protocol import Batched, Engine
 from codeloop.engine.scheduler import Scheduler
+from codeloop.errors import RunError
 from codeloop.progress import progress_bar
 from codeloop.reward import Verdict, Verifier
 from codeloop.rollout.agent import run_trajectory
+from codeloop.rollout.environment import Environment, load_environment
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
 from codeloop.types import Trajectory
@@ -42,16 +49,23 @@ class Agent:
     tools: ToolExecutor | Toolbox | Sequence[Tool]
     fmt: PromptFormat
     rollout: RolloutConfig
+    # `rollout.environment`, loaded (None: the tools alone); its methods are tools too
+    environment: Environment | None = None
 
     def __post_init__(self) -> None:
         tools = toolbox(self.tools, self.rollout.tools)
+        environment = self.environment
+        if environment is None and self.rollout.environment:
+            environment = load_environment(self.rollout.environment)
+        methods = list(environment.methods) if environment is not None else []
         listed = [schema.get("function", schema).get("name") for schema in self.fmt.tools]
-        if sorted(map(str, listed)) != sorted(tools):
+        if sorted(map(str, listed)) != sorted([*tools, *methods]):
             raise ValueError(
-                f"the prompt lists the tools {listed}, the agent has {list(tools)}: "
+                f"the prompt lists the tools {listed}, the agent has {[*tools, *methods]}: "
                 "give PromptFormat(tools=...) the agent's tools' schemas"
             )
         object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "environment", environment)
 
 
 def in_flight_limit(scheduler: Scheduler) -> int:
@@ -103,24 +117,47 @@ async def collect(
     # them all before it blocked the event loop ~1.8 s for 2,000 samples)
     rendered: dict[int, list[int]] = {}
 
+    environment = agent.environment
+    if environment is not None and not environment.owns_reward:
+        unanswered = next((p.id for p in problems if not p.answer), None)
+        if unanswered is not None:
+            raise RunError(
+                f"problem {unanswered}: no gold answer, and {environment.label} has no "
+                "get_reward to score it (give the problems answers, or the environment a reward)"
+            )
+
+    def prompt_of(problem: Problem, appended: str) -> list[int]:
+        if appended:  # an environment's reset text: this trajectory's own prompt
+            return agent.fmt.prompt_ids(problem.problem, appended)
+        if id(problem) not in rendered:
+            rendered[id(problem)] = agent.fmt.prompt_ids(problem.problem)
+        return rendered[id(problem)]
+
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
         async with gate, scheduler.lease() as leased:
-            prompt = rendered.get(id(problem))
-            if prompt is None:
-                prompt = rendered[id(problem)] = agent.fmt.prompt_ids(problem.problem)
+            tools, episode, done = toolbox(agent.tools), None, None
+            if environment is not None:
+                episode = await environment.open(problem.row)
+                tools, done = {**tools, **episode.tools}, episode.done
+            prompt = prompt_of(problem, episode.reset_text if episode is not None else "")
             trajectory = await run_trajectory(
                 leased,
-                agent.tools,
+                tools,
                 agent.fmt,
                 agent.rollout,
                 prompt_id=problem.id,
                 sample_index=index,
                 prompt_ids=prompt,
                 seed=seed_of(seed, key, index),
+                done=done,
             )
-        result = await verifier.score_async(trajectory, problem.gold)
-        trajectory.reward, trajectory.final_answer = result.reward, result.extracted
-        trajectory.scorer_failed = bool(problem.task) and result.reason in UNSCORED
+        if episode is not None and episode.environment.owns_reward:
+            trajectory.reward = await episode.reward()
+            trajectory.final_answer = ""
+        else:
+            result = await verifier.score_async(trajectory, problem.gold)
+            trajectory.reward, trajectory.final_answer = result.reward, result.extracted
+            trajectory.scorer_failed = bool(problem.task) and result.reason in UNSCORED
         bar.update()
         if on_trajectory is not None:
             on_trajectory(trajectory)

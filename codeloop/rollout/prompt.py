@@ -28,6 +28,7 @@ from typing import Any
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
 from codeloop.engine.model import end_of_turn_ids
 from codeloop.errors import ModelError, read_text_input
+from codeloop.rollout.environment import environment_schemas
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.rollout.tools import PYTHON_SCHEMA, tool_schemas
 
@@ -45,7 +46,7 @@ USER_INSTRUCTION = (
 STOP_STRINGS = [CALL_CLOSE]
 # `[rollout]` settings that shape a trajectory's turns, saved beside a trained policy (the
 # trajectory's budgets and sampling at evaluation are `[eval]`'s, saved with them)
-TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars", "tools")
+TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars", "tools", "environment")
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 
@@ -135,7 +136,7 @@ class PromptFormat:
             cfg.chat_template,
             cfg.system_prompt or SYSTEM_PROMPT,
             cfg.user_instruction or USER_INSTRUCTION,
-            tools=tool_schemas(cfg.tools),
+            tools=tool_schemas(cfg.tools) + environment_schemas(cfg.environment),
         )
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
         fmt.turn_settings = {key: copy.copy(getattr(cfg, key)) for key in TURN_SETTINGS}
@@ -189,8 +190,12 @@ class PromptFormat:
             {"role": "user", "content": self.user_instruction.format(problem=problem)},
         ]
 
-    def prompt_ids(self, problem: str) -> list[int]:
-        return self.encode(self.render(self.messages(problem), add_generation_prompt=True))
+    def prompt_ids(self, problem: str, appended: str = "") -> list[int]:
+        """The prompt of `problem`; `appended`: text after the user's message (what an
+        environment's `reset` returned, as TRL appends it)."""
+        messages = self.messages(problem)
+        messages[-1]["content"] += appended
+        return self.encode(self.render(messages, add_generation_prompt=True))
 
     def tool_response_ids(self, observation: str) -> list[int]:
         """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header."""

@@ -57,7 +57,11 @@ def prepare(cfg: Config) -> tuple[Any, PromptFormat, list[Problem]]:
     problems = load_problems(cfg.data.train, cfg.data)
     benchmarks = [b for path in cfg.data.decontaminate for b in load_problems(path, cfg.data)]
     kept, removed = curate(
-        problems, cfg.data.integer_answers_only, False, benchmarks, n=cfg.data.ngram
+        problems,
+        cfg.data.integer_answers_only and bool(cfg.data.answer_field),
+        False,
+        benchmarks,
+        n=cfg.data.ngram,
     )
     reasons = Counter(r.reason for r in removed)
     if distributed.launched_main():

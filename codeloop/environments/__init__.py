@@ -1,0 +1,1 @@
+"""Example environments in TRL's form (`rollout.environment`, docs/environments.md)."""

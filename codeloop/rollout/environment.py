@@ -1,0 +1,198 @@
+"""Environments in TRL's form as a trajectory's world: one instance per trajectory, its public
+methods the model's tools, `reset(**row)` before the first turn, `get_reward()` after the last.
+
+The convention is TRL's `environment_factory` (`GRPOTrainer`), unchanged, so that a class
+written for TRL runs here without edits:
+- the class (or any callable returning an instance) takes no arguments; every trajectory gets
+  its own instance, so trajectories of a group never share state;
+- `reset(**row)` receives the problem row's fields (every key of its line in the problem file)
+  and returns None or a string, which is appended to the user's message;
+- every public method other than `reset` and `get_reward` is a tool: its name, type hints and
+  Google-style docstring make its schema (`transformers.utils.get_json_schema`, as TRL makes
+  it); what it returns is the tool's answer (`str(value)`), and an exception it raises is the
+  answer TRL gives, `{'error': '...'}`, not a failed rollout;
+- `get_reward()` (optional) returns the trajectory's reward, a number, read once after its last
+  turn: the environment owns the reward, and the problem row needs no gold answer. Without it,
+  the final answer is scored against the row's gold answer as for any problem;
+- `done` (optional, an attribute or a method of no arguments, codeloop's own addition): when it
+  is true after a tool call, the episode is over and the trajectory ends there.
+
+`rollout.environment = "module:Name"` names it (`load_environment`); the tools of
+`rollout.tools` are listed beside its methods (set `rollout.tools = []` for the environment's
+alone). The tokens are the agent loop's: the model's turns are the sampled ids, each tool answer
+is inserted as masked ids, never re-rendered (`agent.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from codeloop.config import ConfigError
+from codeloop.errors import CodeloopError
+from codeloop.rollout.tools import Tool
+from codeloop.types import ExecResult, ExecStatus
+
+RESERVED = ("reset", "get_reward", "done")
+
+
+class EnvError(CodeloopError, RuntimeError):
+    """An environment that broke its contract during a run (a reward that is not a number,
+    a `reset` that raised): the message names the class and the method."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A loaded `rollout.environment`: how to make an instance and what its tools are."""
+
+    name: str  # as configured: module:Name
+    factory: Callable[[], Any]
+    label: str  # the class's name, for messages
+    methods: tuple[str, ...]  # the tool methods' names
+    schemas: tuple[dict[str, Any], ...]  # their schemas, in the same order
+    owns_reward: bool  # it has get_reward
+
+    async def open(self, row: Mapping[str, Any]) -> Episode:
+        """A new instance, reset with the row's fields: the episode of one trajectory."""
+        try:
+            instance = self.factory()
+        except Exception as err:
+            raise EnvError(f"{self.label}(): {type(err).__name__}: {err}") from None
+        try:
+            text = await _call(instance.reset, **row)
+        except Exception as err:
+            raise EnvError(
+                f"{self.label}.reset: {type(err).__name__}: {err} (its row's keys: {sorted(row)})"
+            ) from None
+        if text is not None and not isinstance(text, str):
+            raise EnvError(
+                f"{self.label}.reset returned {type(text).__name__}; expected None or a string"
+            )
+        tools: dict[str, Tool] = {
+            name: MethodTool(self.label, getattr(instance, name), schema)
+            for name, schema in zip(self.methods, self.schemas, strict=True)
+        }
+        return Episode(self, instance, text or "", tools)
+
+
+@dataclass
+class Episode:
+    """One trajectory's environment instance, its tools bound to it."""
+
+    environment: Environment
+    instance: Any
+    reset_text: str  # appended to the user's message
+    tools: dict[str, Tool]
+
+    def done(self) -> bool:
+        """Whether the instance says its episode is over (`done`, when it has one)."""
+        done = getattr(self.instance, "done", False)
+        return bool(done() if callable(done) else done)
+
+    async def reward(self) -> float:
+        """`get_reward()`, checked to be a finite number."""
+        label = self.environment.label
+        try:
+            value = await _call(self.instance.get_reward)
+        except Exception as err:
+            raise EnvError(f"{label}.get_reward: {type(err).__name__}: {err}") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise EnvError(
+                f"{label}.get_reward returned {type(value).__name__} ({value!r}); expected a number"
+            )
+        if not math.isfinite(value):
+            raise EnvError(f"{label}.get_reward returned {value}; expected a finite number")
+        return float(value)
+
+
+class MethodTool:
+    """One public method of an environment instance as a `Tool`."""
+
+    def __init__(self, label: str, method: Callable[..., Any], schema: dict[str, Any]) -> None:
+        self.label, self.method, self.schema = label, method, schema
+        self.name: str = schema["function"]["name"]
+
+    def check(self, arguments: dict[str, Any]) -> dict[str, Any] | str:
+        return arguments  # the method's own signature checks them, as in TRL
+
+    async def run(self, arguments: dict[str, Any]) -> ExecResult:
+        try:
+            value = await _call(self.method, **arguments)
+        except Exception as err:  # the answer TRL gives the model
+            return ExecResult(
+                status=ExecStatus.ERROR,
+                stderr=str({"error": str(err)}),
+                error_type=type(err).__name__,
+            )
+        return ExecResult(status=ExecStatus.OK, stdout=str(value))
+
+
+async def _call(method: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """A method's value: awaited when it is a coroutine function, else run on a thread (an
+    environment may block: a game's step, a browser's page)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(**kwargs)
+    return await asyncio.to_thread(functools.partial(method, **kwargs))
+
+
+@functools.cache
+def load_environment(name: str) -> Environment:
+    """The environment `rollout.environment` names (`module:Name`): imported, one instance made
+    to read its tool methods (as TRL probes one), each method's schema made from its docstring
+    and type hints. A `ConfigError` names the class and the method that is wrong."""
+    where = f"rollout.environment: {name!r}"
+    module, _, attribute = name.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"{where} is not module:Name")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # a module of one's own beside the config, as in TRL scripts
+    try:
+        factory = getattr(importlib.import_module(module), attribute)
+    except ImportError as err:
+        raise ConfigError(f"{where}: cannot import {module} ({err})") from None
+    except AttributeError:
+        raise ConfigError(f"{where}: {module} has no {attribute}") from None
+    if not callable(factory):
+        raise ConfigError(f"{where}: {attribute} is not a class or a callable")
+    try:
+        probe = factory()
+    except Exception as err:
+        raise ConfigError(f"{where}: {attribute}() failed: {type(err).__name__}: {err}") from None
+    cls = type(probe)
+    label = cls.__name__
+    if not callable(getattr(probe, "reset", None)):
+        raise ConfigError(f"{where}: {label} has no reset method (TRL's environments need one)")
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    methods, schemas = [], []
+    # the class's functions, as TRL lists them (the instance's properties are not evaluated)
+    for method_name, _ in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if method_name.startswith("_") or method_name in RESERVED:
+            continue
+        try:
+            schema = get_json_schema(getattr(probe, method_name))
+        except Exception as err:
+            raise ConfigError(
+                f"{where}: {label}.{method_name}: cannot make its tool schema ({err}; a tool "
+                "method needs a docstring with an Args: line per argument and type hints)"
+            ) from None
+        methods.append(method_name)
+        schemas.append(schema)
+    owns_reward = callable(getattr(probe, "get_reward", None))
+    if not methods:
+        raise ConfigError(f"{where}: {label} has no public method to offer as a tool")
+    return Environment(name, factory, label, tuple(methods), tuple(schemas), owns_reward)
+
+
+def environment_schemas(name: str) -> list[dict[str, Any]]:
+    """The tool schemas of `rollout.environment` (none when it is empty)."""
+    return list(load_environment(name).schemas) if name else []

@@ -1,0 +1,225 @@
+"""Environments in TRL's form (`rollout.environment`): one instance per trajectory, its methods
+the tools, `reset(**row)`, `get_reward()`, `done`; the tokens trained are the tokens sampled
+and the tokens appended."""
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import pytest
+from rollout_helpers import ScriptedEngine
+
+from codeloop.algo.loss import policy_loss
+from codeloop.config import ConfigError, RolloutConfig
+from codeloop.data.problems import Problem
+from codeloop.environments.guess_number import GuessNumber
+from codeloop.reward import Verifier
+from codeloop.rollout.collect import Agent, collect
+from codeloop.rollout.environment import EnvError, environment_schemas, load_environment
+from codeloop.rollout.prompt import PromptFormat
+from codeloop.trainer.batch import collate, from_trajectory
+from codeloop.types import RolloutStatus
+
+END = "<|im_end|>"
+GUESS = "codeloop.environments.guess_number:GuessNumber"
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def _agent(fmt: PromptFormat, turns: list[str], environment: str) -> tuple[Agent, ScriptedEngine]:
+    rollout = RolloutConfig(tools=[], environment=environment, max_response_tokens=4000)
+    with_env = PromptFormat(fmt.tokenizer, tools=environment_schemas(environment))
+    engine = ScriptedEngine(with_env, turns)
+    return Agent(engine, [], with_env, rollout), engine
+
+
+def _collect(agent: Agent, problems: list[Problem], k: int = 1) -> list[list[Any]]:
+    with Verifier() as verifier:
+        return asyncio.run(collect(agent, problems, k, verifier, concurrency=1))
+
+
+def _game(secret: int, **extra: Any) -> Problem:
+    row = {"id": f"g{secret}", "prompt": "Play.", "secret": secret, "high": 8, "guesses": 3}
+    return Problem(row["id"], "Play.", "", row={**row, **extra})
+
+
+def test_each_turn_trains_the_sampled_ids_and_the_appended_ones_masked(fmt: PromptFormat) -> None:
+    turns = [_call("guess", number=4), _call("guess", number=6), _call("guess", number=7)]
+    agent, engine = _agent(fmt, turns, GUESS)
+    [[trajectory]] = _collect(agent, [_game(7)])
+    with_env = agent.fmt
+    answers = ["higher (2 guesses left)", "higher (1 guess left)", "right: you found it"]
+    # sampled turn, its answer, sampled turn, its answer, ...: exactly these ids, in order
+    expected_ids, expected_mask = [], []
+    for turn, answer in zip(turns, answers, strict=True):
+        sampled, appended = with_env.encode(turn), with_env.tool_response_ids(answer)
+        expected_ids += sampled + appended
+        expected_mask += [1] * len(sampled) + [0] * len(appended)
+    assert trajectory.response_ids == expected_ids
+    assert trajectory.loss_mask == expected_mask
+    assert [lp for lp, m in zip(trajectory.logprobs, expected_mask, strict=True) if not m] == [
+        0.0
+    ] * expected_mask.count(0)
+    # each turn was sampled from the prompt plus everything before it, token for token
+    for n, prompt in enumerate(engine.prompts):
+        assert (
+            prompt
+            == trajectory.prompt_ids + expected_ids[: len(prompt) - len(trajectory.prompt_ids)]
+        )
+        assert len(prompt) - len(trajectory.prompt_ids) == sum(
+            len(with_env.encode(t)) + len(with_env.tool_response_ids(a))
+            for t, a in zip(turns[:n], answers[:n], strict=True)
+        )
+    # the game said done after the winning guess: the trajectory ends there, reward from it
+    assert trajectory.status == RolloutStatus.DONE and trajectory.reward == 1.0
+    assert [r.result.stdout for r in trajectory.tool_calls] == answers
+
+    # the loss's gradient reaches the sampled tokens' positions only
+    sample = from_trajectory(trajectory, advantage=1.0)
+    batch = collate([sample], pad_id=0)
+    logprobs = batch["old_logprobs"].clone().requires_grad_()  # on policy: ratio 1
+    loss, _ = policy_loss(
+        logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], denominator=1
+    )
+    loss.backward()
+    assert logprobs.grad is not None
+    trained = (logprobs.grad[0] != 0).tolist()
+    prompt = len(trajectory.prompt_ids)
+    assert trained == [bool(m) for m in ([0] * (prompt - 1) + expected_mask)]
+
+
+def test_reset_gets_the_row_and_its_text_ends_the_users_message(fmt: PromptFormat) -> None:
+    agent, engine = _agent(fmt, [f"no idea{END}"], GUESS)
+    [[trajectory]] = _collect(agent, [_game(5, colour="red")])
+    prompt = agent.fmt.tokenizer.decode(engine.prompts[0])
+    assert "Play.\n\nI am thinking of a whole number from 1 to 8." in prompt
+    assert '"name": "guess"' in prompt and "The whole number guessed." in prompt
+    # no tool call: the turn ended without an answer, and the game scores a loss
+    assert trajectory.status == RolloutStatus.NO_ANSWER and trajectory.reward == 0.0
+
+
+def test_rewards_are_the_environments_per_trajectory_and_instances_are_not_shared(
+    fmt: PromptFormat,
+) -> None:
+    # four trajectories of one game, in turn: 3; 1, 2, 8; 5, 4, 3; 7, 6, 5
+    guesses = [3, 1, 2, 8, 5, 4, 3, 7, 6, 5]
+    agent, _ = _agent(fmt, [_call("guess", number=n) for n in guesses], GUESS)
+    [group] = _collect(agent, [_game(3)], k=4)
+    assert [t.reward for t in group] == [1.0, 0.0, 1.0, 0.0]
+    assert [len(t.tool_calls) for t in group] == [1, 3, 3, 3]
+    assert [t.status for t in group] == [RolloutStatus.DONE] * 4
+    # the second trajectory guessed 1, 2, 8: three guesses of its own game, not the first's
+    assert [r.result.stdout for r in group[1].tool_calls] == [
+        "higher (2 guesses left)",
+        "higher (1 guess left)",
+        "lower; no guesses left",
+    ]
+
+
+class Counter:
+    """TRL documentation's shape: a counter the model increments, no reward of its own."""
+
+    def __init__(self):
+        self._counter = 0
+
+    def reset(self, **kwargs) -> None:
+        self._counter = int(kwargs.get("start", 0))
+
+    def increment(self, a: int) -> int:
+        """
+        Increment the integer by a specified value
+
+        Args:
+            a: The value to increment by
+
+        Returns:
+            The incremented integer.
+        """
+        self._counter += a
+        if self._counter > 100:
+            raise ValueError("past 100")
+        return self._counter
+
+
+def test_a_trl_class_runs_unchanged_its_errors_become_answers_and_the_gold_scores(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "trl_counter_env", sys.modules[__name__])
+    turns = [
+        _call("increment", a=2),
+        _call("increment", a=200),
+        _call("increment", b=1),
+        f"<answer>\\boxed{{12}}</answer>{END}",
+    ]
+    agent, _ = _agent(fmt, turns, "trl_counter_env:Counter")
+    problem = Problem("c", "Count.", "12", row={"start": 10})
+    [[trajectory]] = _collect(agent, [problem])
+    assert [r.result.stdout or r.result.stderr for r in trajectory.tool_calls] == [
+        "12",
+        "{'error': 'past 100'}",
+        "{'error': \"Counter.increment() got an unexpected keyword argument 'b'\"}",
+    ]
+    # no get_reward: the verifier scores the final answer against the row's gold answer
+    assert trajectory.status == RolloutStatus.ANSWERED and trajectory.reward == 1.0
+    # a row without a gold answer cannot be scored without get_reward: refused before sampling
+    from codeloop.errors import RunError
+
+    with pytest.raises(RunError, match="problem d: no gold answer, and Counter has no get_reward"):
+        _collect(agent, [Problem("d", "Count.", "")])
+
+
+class NoReset:
+    def step(self, a: int) -> int:
+        """Step.
+
+        Args:
+            a: how far
+        """
+        return a
+
+
+class Undocumented:
+    def reset(self, **row):
+        return None
+
+    def move(self, a: int) -> int:
+        return a
+
+
+class BadReward(GuessNumber):
+    def get_reward(self):
+        return "yes"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nosuch_module_xyz:Env", "rollout.environment: 'nosuch_module_xyz:Env': cannot import"),
+        ("env_cases:Missing", "rollout.environment: 'env_cases:Missing': env_cases has no Missing"),
+        ("env_cases:NoReset", "NoReset has no reset method"),
+        ("env_cases:Undocumented", "Undocumented.move: cannot make its tool schema"),
+        ("Nothing", "'Nothing' is not module:Name"),
+    ],
+)
+def test_a_bad_environment_is_one_line_naming_the_class_and_method(
+    name: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    load_environment.cache_clear()
+    with pytest.raises(ConfigError) as caught:
+        load_environment(name)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_reward_that_is_not_a_number_is_one_line_naming_get_reward(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    agent, _ = _agent(fmt, [_call("guess", number=2)], "env_cases:BadReward")
+    with pytest.raises(
+        EnvError, match=r"^BadReward.get_reward returned str \('yes'\); expected a number$"
+    ):
+        _collect(agent, [_game(2)])
