@@ -215,7 +215,19 @@ def _with_out(args: argparse.Namespace) -> list[str]:
     return (["--trainer.output_dir", args.out] if args.out else []) + list(args.overrides)
 
 
+def _packaged_model(cfg: Config) -> None:
+    """trainer.model naming a packaged model (`smollm2`, `gemma3-270m`) and no directory: that
+    model's directory, imported on first use."""
+    from pathlib import Path
+
+    from codeloop.data.pretrained import PACKAGED, packaged
+
+    if cfg.trainer.model in PACKAGED and not Path(cfg.trainer.model).exists():
+        cfg.trainer.model = str(packaged(cfg.trainer.model)())
+
+
 def _run_training(args: argparse.Namespace, cfg: Config) -> int:
+    _packaged_model(cfg)
     if args.command == "recipe":
         import asyncio
 

@@ -358,7 +358,11 @@ class LoraConfig:
 class TrainerConfig:
     """The policy, optimiser, checkpoints and logs."""
 
-    model: str = knob("Qwen/Qwen3-14B-Base", "Model path or hub name (report: Qwen3-14B-Base).")
+    model: str = knob(
+        "Qwen/Qwen3-14B-Base",
+        "Model path or hub name (report: Qwen3-14B-Base); `smollm2` or `gemma3-270m`: the "
+        "packaged model, imported on first use.",
+    )
     output_dir: str = knob("runs/default", "Run directory: checkpoints, logs, trajectories.")
     seed: int = knob(0, "Seed for data order, sampling and resampling.")
     prompts_per_step: int = knob(512, "Prompts per RL step (report: 512).", ge=1)

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from codeloop.cli import main, split_overrides
-from codeloop.config import load_config
+from codeloop.cli import _packaged_model, main, split_overrides
+from codeloop.config import Config, load_config
+from codeloop.data import pretrained
 
 TOP_LEVEL = [
     "sandbox",
@@ -108,3 +109,24 @@ def test_a_commands_count_below_one_is_a_usage_error_naming_the_option(
         main([*argv, "0"])
     assert exited.value.code == 2
     assert f"argument {argv[-1]}: '0' is not a count of 1 or more" in capsys.readouterr().err
+
+
+def test_a_packaged_models_name_as_trainer_model_is_its_imported_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    imported = []
+    monkeypatch.setitem(
+        pretrained.PACKAGED, "smollm2", lambda: imported.append(1) or tmp_path / "SmolLM2"
+    )
+    cfg = Config()
+    cfg.trainer.model = "smollm2"
+    _packaged_model(cfg)
+    assert cfg.trainer.model == str(tmp_path / "SmolLM2") and imported == [1]
+    cfg.trainer.model = str(tmp_path)  # a directory is left as it is
+    _packaged_model(cfg)
+    assert cfg.trainer.model == str(tmp_path) and imported == [1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").mkdir()  # a directory of that name wins over the packaged model
+    cfg.trainer.model = "smollm2"
+    _packaged_model(cfg)
+    assert cfg.trainer.model == "smollm2" and imported == [1]

@@ -1,10 +1,10 @@
 """The layering of the design page holds: checked by walking every import in the package's source.
 
-types/config/intervals < sandbox, reward, algo, data < engine < rollout < trainer < recipe, eval,
-bench < cli. A module may import its own layer or lower ones. sandbox, reward and algo import
-neither transformers, an inference engine nor ray. Heavy optional packages are imported inside
-functions only. No modules import each other, directly or round a longer circle, not even through an
-import inside a function.
+types/config/intervals < sandbox, reward, algo, data, environments < engine < rollout < trainer <
+recipe, eval, bench < cli. A module may import its own layer or lower ones. sandbox, reward and
+algo import neither transformers, an inference engine nor ray. Heavy optional packages are imported
+inside functions only. No modules import each other, directly or round a longer circle, not even
+through an import inside a function.
 """
 
 import ast
@@ -33,6 +33,7 @@ RANK = {
     "reward": 1,
     "algo": 1,
     "data": 1,
+    "environments": 1,
     "engine": 2,
     "rollout": 3,
     "trainer": 4,

@@ -31,8 +31,7 @@ class GuessNumber:
             number: The whole number guessed.
 
         Returns:
-            "right", "higher" (the secret is larger) or "lower" (it is smaller), and the
-            guesses left.
+            Whether the secret is higher, lower or right, and the guesses left.
         """
         if self.left <= 0 or self.won:
             raise ValueError("the game is over")

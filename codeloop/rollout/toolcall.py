@@ -3,9 +3,9 @@
 A call is the JSON object inside the turn's last `<tool_call>...</tool_call>`: `{"name": ...,
 "arguments": {...}}`, naming one of the agent's tools (`tools.py`; the report's one is
 `execute_python_code_with_standard_io` with `code` and an optional `input`, the program's
-stdin). Bad JSON, an unknown tool, a missing or mistyped argument are not exceptions:
-`parse_tool_call` returns the error text, which goes back to the model as the tool response and
-counts as a failed call.
+stdin); a JSON list of such objects, as some models write, is read as its last call. Bad JSON,
+an unknown tool, a missing or mistyped argument are not exceptions: `parse_tool_call` returns
+the error text, which goes back to the model as the tool response and counts as a failed call.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def parse_tool_call(turn_text: str, tools: Toolbox = PYTHON_ONLY) -> ToolCall | 
     except json.JSONDecodeError as err:
         where = f"line {err.lineno} column {err.colno}"
         return f"Error: the tool call is not valid JSON ({err.msg} at {where})."
+    if isinstance(payload, list) and payload:  # a list of calls (some models' format): the last
+        payload = payload[-1]
     if not isinstance(payload, dict):
         return 'Error: the tool call must be a JSON object with "name" and "arguments".'
     name, arguments = payload.get("name"), payload.get("arguments")

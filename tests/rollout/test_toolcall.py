@@ -22,6 +22,13 @@ def test_the_last_call_of_the_turn_counts_and_string_arguments_are_accepted() ->
     assert isinstance(call, ToolCall) and call.arguments == {"code": "2"}
 
 
+def test_a_list_of_calls_is_read_as_its_last_call() -> None:
+    first = f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "1"}}}}'
+    last = f'{{"name": "{PYTHON_TOOL}", "arguments": {{"code": "2"}}}}'
+    call = parse_tool_call(_call(f"[{first}, {last}]"))
+    assert isinstance(call, ToolCall) and call.arguments == {"code": "2"}
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
