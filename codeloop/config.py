@@ -243,8 +243,14 @@ class RolloutConfig:
         "",
         "An environment in TRL's form (`module:Name`, as GRPOTrainer's environment_factory): one "
         "instance per trajectory, reset with the problem row's fields, its public methods the "
-        "model's tools beside rollout.tools, get_reward() its reward (docs/environments.md). "
-        "Empty = none.",
+        "model's tools beside rollout.tools, get_reward() its reward (docs/environments.md); "
+        "or an OpenEnv server's URL (http://host:port): a session per trajectory, its action "
+        "the `step` tool. Empty = none.",
+    )
+    environment_reward: Literal["final", "sum"] = knob(
+        "final",
+        "An OpenEnv server's reward for a trajectory: the last observation's, or the sum of its "
+        "steps' (an environment in TRL's form: its get_reward() either way).",
     )
     temperature: float = knob(1.0, "Sampling temperature during training.", ge=0)
     top_p: float = knob(

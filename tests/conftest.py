@@ -130,6 +130,25 @@ def _codeloop_serve(model: Path, *options: str, port: int = 0) -> Iterator[Serve
 
 
 @contextlib.contextmanager
+def _openenv_serve(command: list[str], *options: str) -> Iterator[ServedURL]:
+    """An OpenEnv server (`command --port PORT OPTIONS`) on a free port of loopback; yields its
+    URL once /health answers (`process`: the server, which a test may kill)."""
+    with tempfile.TemporaryFile() as said:
+        try:
+            server, found, _ = _start_serving(command, options, said)
+            try:
+                url = ServedURL(found)
+                url.process = server
+                yield url
+            finally:
+                server.kill()
+                server.wait(60)
+        finally:
+            said.seek(0)
+            sys.stderr.write(said.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
 def _sandbox_serve(*options: str) -> Iterator[str]:
     """`codeloop sandbox serve --workers 1 OPTIONS` on a free port of loopback; yields its URL
     (https:// with `--tls-cert`) once healthy; its log has no traceback at the end."""
@@ -158,6 +177,12 @@ def tls_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     return self_signed(tmp_path_factory.mktemp("tls"), ["127.0.0.1"])
+
+
+@pytest.fixture(scope="session")
+def openenv_serve() -> Callable[..., Any]:
+    """A context manager factory: `with openenv_serve(command, *options) as url: ...`."""
+    return _openenv_serve
 
 
 @pytest.fixture(scope="session")

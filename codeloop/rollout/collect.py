@@ -31,9 +31,10 @@ from codeloop.progress import progress_bar
 from codeloop.reward import Verdict, Verifier
 from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.environment import Environment, load_environment
+from codeloop.rollout.openenv import EnvFault
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
-from codeloop.types import Trajectory
+from codeloop.types import RolloutStatus, Trajectory
 
 UNSCORED = (Verdict.TIMEOUT, Verdict.VERIFIER_ERROR)  # a gym task's scorer hung or raised
 
@@ -134,27 +135,38 @@ async def collect(
         return rendered[id(problem)]
 
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
-        async with gate, scheduler.lease() as leased:
-            tools, episode, done = toolbox(agent.tools), None, None
-            if environment is not None:
-                episode = await environment.open(problem.row)
-                tools, done = {**tools, **episode.tools}, episode.done
-            prompt = prompt_of(problem, episode.reset_text if episode is not None else "")
-            trajectory = await run_trajectory(
-                leased,
-                tools,
-                agent.fmt,
-                agent.rollout,
-                prompt_id=problem.id,
-                sample_index=index,
-                prompt_ids=prompt,
-                seed=seed_of(seed, key, index),
-                done=done,
+        episode = None
+        try:
+            async with gate, scheduler.lease() as leased:
+                tools, done = toolbox(agent.tools), None
+                if environment is not None:
+                    episode = await environment.open(problem.row)
+                    tools, done = {**tools, **episode.tools}, episode.done
+                prompt = prompt_of(problem, episode.reset_text if episode is not None else "")
+                trajectory = await run_trajectory(
+                    leased,
+                    tools,
+                    agent.fmt,
+                    agent.rollout,
+                    prompt_id=problem.id,
+                    sample_index=index,
+                    prompt_ids=prompt,
+                    seed=seed_of(seed, key, index),
+                    done=done,
+                )
+            if episode is not None and episode.environment.owns_reward:
+                total = agent.rollout.environment_reward == "sum"
+                trajectory.reward = await episode.reward(total)
+                trajectory.final_answer = ""
+        except EnvFault as fault:  # the environment's server, not the model: left out
+            trajectory = Trajectory(
+                problem.id, index, prompt_of(problem, ""), [], [], [], RolloutStatus.ERROR
             )
-        if episode is not None and episode.environment.owns_reward:
-            trajectory.reward = await episode.reward()
-            trajectory.final_answer = ""
-        else:
+            trajectory.text = f"[environment fault: {fault}]"  # status error: never in a group
+        finally:
+            if episode is not None:
+                await episode.close()
+        if trajectory.reward is None:  # the gold scores it (a fault's: unscorable all the same)
             result = await verifier.score_async(trajectory, problem.gold)
             trajectory.reward, trajectory.final_answer = result.reward, result.extracted
             trajectory.scorer_failed = bool(problem.task) and result.reason in UNSCORED

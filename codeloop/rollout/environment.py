@@ -39,10 +39,12 @@ from typing import Any
 
 from codeloop.config import ConfigError
 from codeloop.errors import CodeloopError
+from codeloop.rollout.openenv import EnvFault, Gate, OpenEnvSession, action_schema, is_url
 from codeloop.rollout.tools import Tool
 from codeloop.types import ExecResult, ExecStatus
 
 RESERVED = ("reset", "get_reward", "done")
+SERVED_TIMEOUT = 300.0  # seconds a served environment may take to answer a reset or a step
 
 
 class EnvError(CodeloopError, RuntimeError):
@@ -60,15 +62,19 @@ class Environment:
     methods: tuple[str, ...]  # the tool methods' names
     schemas: tuple[dict[str, Any], ...]  # their schemas, in the same order
     owns_reward: bool  # it has get_reward
+    served: bool = False  # an OpenEnv server's sessions (`openenv.py`): step rewards, aclose()
 
     async def open(self, row: Mapping[str, Any]) -> Episode:
-        """A new instance, reset with the row's fields: the episode of one trajectory."""
+        """A new instance, reset with the row's fields: the episode of one trajectory. A server
+        that cannot be reached raises `EnvFault` (infrastructure, not the model)."""
         try:
             instance = self.factory()
         except Exception as err:
             raise EnvError(f"{self.label}(): {type(err).__name__}: {err}") from None
         try:
             text = await _call(instance.reset, **row)
+        except EnvFault:
+            raise
         except Exception as err:
             raise EnvError(
                 f"{self.label}.reset: {type(err).__name__}: {err} (its row's keys: {sorted(row)})"
@@ -98,9 +104,12 @@ class Episode:
         done = getattr(self.instance, "done", False)
         return bool(done() if callable(done) else done)
 
-    async def reward(self) -> float:
-        """`get_reward()`, checked to be a finite number."""
+    async def reward(self, total: bool = False) -> float:
+        """`get_reward()`, checked to be a finite number; `total`: the sum of a served
+        environment's step rewards (`rollout.environment_reward = "sum"`)."""
         label = self.environment.label
+        if total and self.environment.served:
+            return float(sum(self.instance.rewards))
         try:
             value = await _call(self.instance.get_reward)
         except Exception as err:
@@ -112,6 +121,11 @@ class Episode:
         if not math.isfinite(value):
             raise EnvError(f"{label}.get_reward returned {value}; expected a finite number")
         return float(value)
+
+    async def close(self) -> None:
+        """Ends a served environment's session; nothing for an instance of a class."""
+        if self.environment.served:
+            await self.instance.aclose()
 
 
 class MethodTool:
@@ -127,6 +141,8 @@ class MethodTool:
     async def run(self, arguments: dict[str, Any]) -> ExecResult:
         try:
             value = await _call(self.method, **arguments)
+        except EnvFault as err:  # the server, not the model: left out of groups and scores
+            return ExecResult(status=ExecStatus.SANDBOX_ERROR, stderr=str(err))
         except Exception as err:  # the answer TRL gives the model
             return ExecResult(
                 status=ExecStatus.ERROR,
@@ -150,6 +166,8 @@ def load_environment(name: str) -> Environment:
     to read its tool methods (as TRL probes one), each method's schema made from its docstring
     and type hints. A `ConfigError` names the class and the method that is wrong."""
     where = f"rollout.environment: {name!r}"
+    if is_url(name):
+        return _served(name, where)
     module, _, attribute = name.partition(":")
     if not module or not attribute:
         raise ConfigError(f"{where} is not module:Name")
@@ -191,6 +209,23 @@ def load_environment(name: str) -> Environment:
     if not methods:
         raise ConfigError(f"{where}: {label} has no public method to offer as a tool")
     return Environment(name, factory, label, tuple(methods), tuple(schemas), owns_reward)
+
+
+def _served(url: str, where: str) -> Environment:
+    """An OpenEnv server at `url`: its sessions as instances, its action as the `step` tool."""
+    try:
+        schema = action_schema(url)
+    except EnvFault as err:
+        raise ConfigError(
+            f"{where}: cannot read the OpenEnv server's action schema ({err})"
+        ) from None
+    gate = Gate()  # this process's sessions on that server
+
+    def session() -> OpenEnvSession:
+        return OpenEnvSession(url, gate, timeout=SERVED_TIMEOUT)
+
+    label = f"OpenEnv at {url}"
+    return Environment(url, session, label, ("step",), (schema,), True, served=True)
 
 
 def environment_schemas(name: str) -> list[dict[str, Any]]:

@@ -46,7 +46,13 @@ USER_INSTRUCTION = (
 STOP_STRINGS = [CALL_CLOSE]
 # `[rollout]` settings that shape a trajectory's turns, saved beside a trained policy (the
 # trajectory's budgets and sampling at evaluation are `[eval]`'s, saved with them)
-TURN_SETTINGS = ("max_tokens_per_turn", "max_tool_response_chars", "tools", "environment")
+TURN_SETTINGS = (
+    "max_tokens_per_turn",
+    "max_tool_response_chars",
+    "tools",
+    "environment",
+    "environment_reward",
+)
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 
 

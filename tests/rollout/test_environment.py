@@ -4,7 +4,9 @@ and the tokens appended."""
 
 import asyncio
 import json
+import random
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +16,14 @@ from codeloop.algo.loss import policy_loss
 from codeloop.config import ConfigError, RolloutConfig
 from codeloop.data.problems import Problem
 from codeloop.environments.guess_number import GuessNumber
+from codeloop.environments import guess_number
+from codeloop.environments.guess_number_demos import demonstrations, play
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
 from codeloop.rollout.environment import EnvError, environment_schemas, load_environment
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import collate, from_trajectory
+from codeloop.trainer.sft import encode_conversation
 from codeloop.types import RolloutStatus
 
 END = "<|im_end|>"
@@ -223,3 +228,44 @@ def test_a_reward_that_is_not_a_number_is_one_line_naming_get_reward(
         EnvError, match=r"^BadReward.get_reward returned str \('yes'\); expected a number$"
     ):
         _collect(agent, [_game(2)])
+
+
+def test_the_games_sft_demonstrations_are_the_tokens_a_trajectory_of_that_game_holds(
+    fmt: PromptFormat,
+) -> None:
+    system, instruction = "Play by calling tools.", "Task: {problem}"
+    row = {"id": "g", "prompt": "Play.", "secret": 6, "high": 8, "guesses": 3}
+    messages = play(row, random.Random(4), system, instruction)
+    turns = [m["content"] for m in messages if m["role"] == "assistant"]
+    answers = [m["content"] for m in messages if m["role"] == "tool"]
+    # the player kept to where the secret can be: each guess inside what the answers left
+    assert answers == ["higher (2 guesses left)", "lower (1 guess left)", "higher; no guesses left"]
+    assert [t.split("\n")[0] for t in turns] == [
+        "<reason>It is from 1 to 8. I guess 4.</reason>",
+        "<reason>It is from 5 to 8. I guess 7.</reason>",
+        "<reason>It is from 5 to 6. I guess 5.</reason>",
+    ]
+    rollout = RolloutConfig(tools=[], environment=GUESS, max_response_tokens=4000)
+    with_env = PromptFormat(
+        fmt.tokenizer, "", system, instruction, tools=environment_schemas(GUESS)
+    )
+    # the first turn is sampled after the <reason> the prompt opens it with
+    sampled = [turns[0].removeprefix("<reason>"), *turns[1:]]
+    agent = Agent(ScriptedEngine(with_env, sampled), [], with_env, rollout)
+    [[trajectory]] = _collect(agent, [Problem("g", "Play.", "", row=row)])
+    assert trajectory.reward == 0.0 and trajectory.status == RolloutStatus.DONE
+    sample = encode_conversation(with_env, messages)
+    # SFT trains the ids RL samples, with the same mask; RL's last answer is past the demo's end
+    last = len(with_env.tool_response_ids(answers[-1]))
+    assert sample.input_ids == (trajectory.prompt_ids + trajectory.response_ids)[:-last]
+    assert sample.loss_mask == ([0] * len(trajectory.prompt_ids) + trajectory.loss_mask)[:-last]
+
+
+def test_the_shipped_demonstrations_are_what_the_generator_writes() -> None:
+    shipped = Path(guess_number.__file__).with_name("guess_number_sft.jsonl")
+    lines = shipped.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == demonstrations(256, 1)
+    wins = sum(
+        d["messages"][-1]["content"] == "right: you found it" for d in demonstrations(256, 1)
+    )
+    assert 0.5 < wins / 256 < 0.8  # a random player among the numbers left wins ~62%
