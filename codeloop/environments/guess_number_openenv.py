@@ -24,6 +24,8 @@ from codeloop.environments.guess_number import GuessNumber
 
 
 class Guess(Action):
+    """Guess the secret number."""
+
     number: int = Field(description="The whole number guessed.")
 
 

@@ -83,8 +83,8 @@ class Environment:
             raise EnvError(
                 f"{self.label}.reset returned {type(text).__name__}; expected None or a string"
             )
-        tools: dict[str, Tool] = {
-            name: MethodTool(self.label, getattr(instance, name), schema)
+        tools: dict[str, Tool] = {  # a served environment's one tool is its session's step
+            name: MethodTool(self.label, getattr(instance, "step" if self.served else name), schema)
             for name, schema in zip(self.methods, self.schemas, strict=True)
         }
         return Episode(self, instance, text or "", tools)
@@ -211,21 +211,23 @@ def load_environment(name: str) -> Environment:
     return Environment(name, factory, label, tuple(methods), tuple(schemas), owns_reward)
 
 
-def _served(url: str, where: str) -> Environment:
-    """An OpenEnv server at `url`: its sessions as instances, its action as the `step` tool."""
+def _served(name: str, where: str) -> Environment:
+    """An OpenEnv server at `name`'s URL: its sessions as instances, its action as one tool,
+    `step` or the name after the URL's `#`."""
+    url, _, tool = name.partition("#")
+    if tool and not tool.isidentifier():
+        raise ConfigError(f"{where}: {tool!r} after '#' is not a tool name")
     try:
-        schema = action_schema(url)
+        schema = action_schema(url, tool or "step")
     except EnvFault as err:
-        raise ConfigError(
-            f"{where}: cannot read the OpenEnv server's action schema ({err})"
-        ) from None
+        raise ConfigError(f"{where}: cannot read the OpenEnv server's schema ({err})") from None
     gate = Gate()  # this process's sessions on that server
 
     def session() -> OpenEnvSession:
         return OpenEnvSession(url, gate, timeout=SERVED_TIMEOUT)
 
     label = f"OpenEnv at {url}"
-    return Environment(url, session, label, ("step",), (schema,), True, served=True)
+    return Environment(name, session, label, (tool or "step",), (schema,), True, served=True)
 
 
 def environment_schemas(name: str) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ per tool call, each answered `{"type": "observation", "data": {"observation", "r
 "done"}}`, then `{"type": "close"}`.
 
 The server looks to the agent like an environment in TRL's form (`environment.py`), so both
-run through the same loop: one tool, `step`, whose arguments are the server's action (its JSON
-schema from `/schema`); the reset observation is appended to the user's message and each step's
+run through the same loop: one tool, `step` (or the name after the URL's `#`:
+`http://host:port#guess`), whose arguments are the server's action (its JSON schema from
+`/schema`); the reset observation is appended to the user's message and each step's
 observation is the tool's answer (a lone text field as it is, else the fields as JSON); the
 observation's `done` ends the episode; the reward is the last observation's, or the sum of the
 step rewards (`rollout.environment_reward`).
@@ -54,20 +55,24 @@ def _ws(url: str) -> str:
     return "ws" + url.removeprefix("http") if url.startswith("http") else url
 
 
-def action_schema(url: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The `step` tool's schema from the server's `/schema` (its action model), fetched once."""
-
+def action_schema(url: str, name: str = "step", timeout: float = 30.0) -> dict[str, Any]:
+    """The tool `name`'s schema from the server's `/schema` (its action model), fetched once:
+    the action's fields less `metadata`, its docstring the description."""
     address = _http(url).rstrip("/") + "/schema"
     try:
         with urllib.request.urlopen(address, timeout=timeout) as response:
             action = dict(json.loads(response.read())["action"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise EnvFault(f"{address}: {type(err).__name__}: {err}") from None
-    properties = {k: v for k, v in action.get("properties", {}).items() if k != "metadata"}
+    properties = {
+        field: {key: value for key, value in spec.items() if key != "title"}
+        for field, spec in action.get("properties", {}).items()
+        if field != "metadata" and isinstance(spec, dict)
+    }
     return {
         "type": "function",
         "function": {
-            "name": "step",
+            "name": name,
             "description": action.get("description") or "Take one action in the environment.",
             "parameters": {
                 "type": "object",

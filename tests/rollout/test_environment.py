@@ -15,8 +15,8 @@ from rollout_helpers import ScriptedEngine
 from codeloop.algo.loss import policy_loss
 from codeloop.config import ConfigError, RolloutConfig
 from codeloop.data.problems import Problem
-from codeloop.environments.guess_number import GuessNumber
 from codeloop.environments import guess_number
+from codeloop.environments.guess_number import GuessNumber
 from codeloop.environments.guess_number_demos import demonstrations, play
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect

@@ -152,3 +152,19 @@ def test_a_server_that_cannot_be_reached_is_one_line_naming_it() -> None:
     load_environment.cache_clear()
     with pytest.raises(ConfigError, match=r"rollout.environment: 'http://127.0.0.1:9': cannot"):
         load_environment("http://127.0.0.1:9")
+
+
+def test_the_action_tool_named_after_the_urls_hash_has_the_classs_arguments(
+    openenv_serve: Any,
+) -> None:
+    # the same game as a class and served: one tool name, description and arguments (the
+    # class's docstring also says what it returns)
+    with openenv_serve(GUESS, "--sessions", "1") as url:
+        load_environment.cache_clear()
+        [served] = environment_schemas(url + "#guess")
+        [method] = environment_schemas("codeloop.environments.guess_number:GuessNumber")
+        for key in ("name", "description", "parameters"):
+            assert served["function"][key] == method["function"][key]
+        assert environment_schemas(url)[0]["function"]["name"] == "step"
+        with pytest.raises(ConfigError, match="'no way' after '#' is not a tool name"):
+            load_environment(url + "#no way")
