@@ -247,6 +247,13 @@ class RolloutConfig:
         "or an OpenEnv server's URL (http://host:port): a session per trajectory, its action "
         "the `step` tool. Empty = none.",
     )
+    reward_functions: list[str] = knob(
+        [],
+        "Reward functions in TRL's signature (`module:function`: prompts, completions, "
+        "completion_ids, environments and the row's fields, each a list), called once a "
+        "trajectory; their values (None left out) and the environment's get_reward() summed "
+        "are the reward, in place of the gold answer's (docs/environments.md).",
+    )
     environment_reward: Literal["final", "sum"] = knob(
         "final",
         "An OpenEnv server's reward for a trajectory: the last observation's, or the sum of its "

@@ -34,6 +34,7 @@ from codeloop.rollout.environment import Environment, load_environment
 from codeloop.rollout.openenv import EnvFault
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
+from codeloop.rollout.trl_rewards import load_reward_function, trl_reward
 from codeloop.types import RolloutStatus, Trajectory
 
 UNSCORED = (Verdict.TIMEOUT, Verdict.VERIFIER_ERROR)  # a gym task's scorer hung or raised
@@ -119,7 +120,10 @@ async def collect(
     rendered: dict[int, list[int]] = {}
 
     environment = agent.environment
-    if environment is not None and not environment.owns_reward:
+    for name in agent.rollout.reward_functions:  # a wrong name fails before any sampling
+        load_reward_function(name)
+    scored_by_gold = not agent.rollout.reward_functions
+    if environment is not None and not environment.owns_reward and scored_by_gold:
         unanswered = next((p.id for p in problems if not p.answer), None)
         if unanswered is not None:
             raise RunError(
@@ -154,9 +158,22 @@ async def collect(
                     seed=seed_of(seed, key, index),
                     done=done,
                 )
+            own = None  # the environment's reward, where it has one
             if episode is not None and episode.environment.owns_reward:
-                total = agent.rollout.environment_reward == "sum"
-                trajectory.reward = await episode.reward(total)
+                own = await episode.reward(agent.rollout.environment_reward == "sum")
+            if agent.rollout.reward_functions:  # TRL's reward functions, plus get_reward
+                trajectory.reward = await trl_reward(
+                    agent.rollout.reward_functions,
+                    prompt=problem.problem + (episode.reset_text if episode else ""),
+                    completion=trajectory.text,
+                    completion_ids=list(trajectory.response_ids),
+                    row=problem.row,
+                    environment=episode.instance if episode else None,
+                    environment_reward=own,
+                )
+            elif own is not None:
+                trajectory.reward = own
+            if trajectory.reward is not None:
                 trajectory.final_answer = ""
         except EnvFault as fault:  # the environment's server, not the model: left out
             trajectory = Trajectory(

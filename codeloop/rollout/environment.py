@@ -160,6 +160,22 @@ async def _call(method: Callable[..., Any], /, **kwargs: Any) -> Any:
     return await asyncio.to_thread(functools.partial(method, **kwargs))
 
 
+def imported(name: str, where: str, form: str) -> Any:
+    """What `module:attribute` names, the working directory importable (a module of one's own
+    beside the config, as in TRL scripts); a one-line `ConfigError` after `where` if not."""
+    module, _, attribute = name.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"{where} is not {form}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except ImportError as err:
+        raise ConfigError(f"{where}: cannot import {module} ({err})") from None
+    except AttributeError:
+        raise ConfigError(f"{where}: {module} has no {attribute}") from None
+
+
 @functools.cache
 def load_environment(name: str) -> Environment:
     """The environment `rollout.environment` names (`module:Name`): imported, one instance made
@@ -168,17 +184,8 @@ def load_environment(name: str) -> Environment:
     where = f"rollout.environment: {name!r}"
     if is_url(name):
         return _served(name, where)
-    module, _, attribute = name.partition(":")
-    if not module or not attribute:
-        raise ConfigError(f"{where} is not module:Name")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # a module of one's own beside the config, as in TRL scripts
-    try:
-        factory = getattr(importlib.import_module(module), attribute)
-    except ImportError as err:
-        raise ConfigError(f"{where}: cannot import {module} ({err})") from None
-    except AttributeError:
-        raise ConfigError(f"{where}: {module} has no {attribute}") from None
+    factory = imported(name, where, "module:Name")
+    attribute = name.partition(":")[2]
     if not callable(factory):
         raise ConfigError(f"{where}: {attribute} is not a class or a callable")
     try:
