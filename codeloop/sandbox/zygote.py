@@ -388,6 +388,7 @@ class Zygote:
         for fd in list(child.pipes):
             self.selector.unregister(fd)
             os.close(fd)
+        child.pipes.clear()  # an event of the same select batch may still name them
         os.close(child.pidfd)
         if child.command_fd is not None:
             os.close(child.command_fd)
@@ -437,7 +438,7 @@ class Zygote:
                     self._on_control()
                 elif isinstance(key.data, Child):
                     self._on_exit(key.data)
-                else:
+                elif key.fd in key.data[0].pipes:  # not closed by an earlier event of the batch
                     self._on_pipe(key.data[0], key.fd)
             self._sweep(time.monotonic())
 
