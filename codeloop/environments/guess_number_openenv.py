@@ -1,14 +1,14 @@
 """Guess the number served by OpenEnv: the game of `guess_number.py` as an OpenEnv environment.
 
     pip install 'codeloop[openenv]'
-    python -m codeloop.environments.guess_number_openenv --port 8000 [--sessions 8]
+    python -m codeloop.environments.guess_number_openenv --port 8000 [--max-concurrent-envs 8]
 
 serves it on 127.0.0.1:8000 (OpenEnv's `create_app`, uvicorn); `rollout.environment =
 "http://127.0.0.1:8000"` trains on it (`configs/env_guess_number_openenv.toml`). Its action is
 `{"number": n}`, each observation's `message` the game's answer, `done` the game's end, and the
 reward 1.0 on the winning step (0.0 on the others), so the final and the summed reward agree.
-`--sessions` is how many episodes the server holds at once (OpenEnv's `max_concurrent_envs`);
-with 1, codeloop runs a group's trajectories one after another.
+`--max-concurrent-envs` is how many episodes the server holds at once (OpenEnv's setting of
+that name); with 1, codeloop runs a group's trajectories one after another.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--sessions", type=int, default=8, help="episodes held at once")
+    parser.add_argument("--max-concurrent-envs", type=int, default=8, help="episodes at once")
     args = parser.parse_args(argv)
-    uvicorn.run(app(args.sessions), host=args.host, port=args.port, log_level="warning")
+    served = app(args.max_concurrent_envs)
+    uvicorn.run(served, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each `{"amount": n}` adds n; the step's reward is n / 10; the episode is done after three steps.
 So the final reward (the last step's) and the summed one differ. Run as a script:
-`python openenv_counter.py --port P [--sessions N]`.
+`python openenv_counter.py --port P [--max-concurrent-envs N]`.
 """
 
 import argparse
@@ -47,7 +47,7 @@ class Counter(Environment[Add, Count, State]):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--sessions", type=int, default=1)
+    parser.add_argument("--max-concurrent-envs", type=int, default=1)
     args = parser.parse_args()
-    app = create_app(Counter, Add, Count, max_concurrent_envs=args.sessions)
+    app = create_app(Counter, Add, Count, max_concurrent_envs=args.max_concurrent_envs)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

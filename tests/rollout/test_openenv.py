@@ -59,7 +59,7 @@ def _game(secret: int) -> Problem:
 def test_a_group_of_8_on_a_one_session_server_completes_one_trajectory_after_another(
     fmt: PromptFormat, openenv_serve: Any
 ) -> None:
-    with openenv_serve(GUESS, "--sessions", "1") as url:
+    with openenv_serve(GUESS, "--max-concurrent-envs", "1") as url:
         # whichever trajectory holds the session takes the next turns: a win in one guess,
         # then a loss in three, four times over
         turns = [_step(number=6), _step(number=4), _step(number=7), _step(number=5)] * 4
@@ -86,7 +86,7 @@ def test_the_reward_is_the_last_steps_or_the_sum_of_the_steps(
     fmt: PromptFormat, openenv_serve: Any
 ) -> None:
     turns = [_step(amount=1), _step(amount=2), _step(amount=5)]
-    with openenv_serve(COUNTER, "--sessions", "2") as url:
+    with openenv_serve(COUNTER, "--max-concurrent-envs", "2") as url:
         row = {"id": "c", "prompt": "Count.", "start": 3}
         problem = Problem("c", "Count.", "", row=row)
         final, _ = _agent(fmt, list(turns), url, "final")
@@ -104,7 +104,7 @@ def test_the_reward_is_the_last_steps_or_the_sum_of_the_steps(
 
 def test_an_environment_error_is_the_models_answer(fmt: PromptFormat, openenv_serve: Any) -> None:
     # a guess after the game is over: the game raises, the model reads the error (as in TRL)
-    with openenv_serve(GUESS, "--sessions", "1") as url:
+    with openenv_serve(GUESS, "--max-concurrent-envs", "1") as url:
         agent, _ = _agent(fmt, [_step(number="six"), _step(number=6)], url)
         [[trajectory]] = _collect(agent, [_game(6)], k=1, concurrency=1)
     bad, good = trajectory.tool_calls
@@ -130,7 +130,7 @@ class KillingEngine(ScriptedEngine):
 def test_a_server_that_dies_mid_episode_is_a_counted_fault_never_a_zero(
     fmt: PromptFormat, openenv_serve: Any
 ) -> None:
-    with openenv_serve(GUESS, "--sessions", "1") as url:
+    with openenv_serve(GUESS, "--max-concurrent-envs", "1") as url:
         agent, _ = _agent(fmt, [], url)
         engine = KillingEngine(agent.fmt, [_step(number=4)] * 40, url.process, kill_at=2)
         agent = Agent(engine, [], agent.fmt, agent.rollout)
@@ -159,7 +159,7 @@ def test_the_action_tool_named_after_the_urls_hash_has_the_classs_arguments(
 ) -> None:
     # the same game as a class and served: one tool name, description and arguments (the
     # class's docstring also says what it returns)
-    with openenv_serve(GUESS, "--sessions", "1") as url:
+    with openenv_serve(GUESS, "--max-concurrent-envs", "1") as url:
         load_environment.cache_clear()
         [served] = environment_schemas(url + "#guess")
         [method] = environment_schemas("codeloop.environments.guess_number:GuessNumber")
