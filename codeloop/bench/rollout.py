@@ -717,6 +717,9 @@ def _ratios(rows: dict[str, Any]) -> dict[str, float]:
     if "tools_separate" in rows:
         separate = speed("tools_separate")
         ratios["agent: mixed steps / separate prefills"] = speed("tools_overlapped") / separate
+    if "tools_unpacked" in rows:
+        unpacked = speed("tools_unpacked")
+        ratios["agent: packed weights / unpacked"] = speed("tools_overlapped") / unpacked
     if "tools_prefilled" in rows:
         prefilled = speed("tools_prefilled")
         ratios["agent: turns fed / turns prefilled"] = speed("tools_overlapped") / prefilled
@@ -981,6 +984,7 @@ def main(argv: list[str]) -> int:
         feed: int | None = None,
         slots: bool | None = None,
         step: int | None = None,
+        pack: bool | None = None,
     ) -> TransformersEngine:
         engine = TransformersEngine(
             model,
@@ -991,6 +995,7 @@ def main(argv: list[str]) -> int:
             feed_tokens=feed,
             slot_cache=slots,
             step_tokens=args.step_tokens if step is None else step,
+            pack_weights=pack,
         )
         with torch.no_grad():
             record(row, asyncio.run(_measure_tools(engine, fmt, args, serialised)))
@@ -1004,6 +1009,8 @@ def main(argv: list[str]) -> int:
         agent_row("tools_separate", False, step=0)
     elif overlapped.feed_tokens:  # the baseline of fed turns, kept by --quick too
         agent_row("tools_prefilled", False, feed=0)
+    if overlapped.slots and overlapped.slots.packed:  # the baseline of weights as the model's
+        agent_row("tools_unpacked", False, pack=False)
     if overlapped.join_wait_steps and not args.quick:
         agent_row("tools_joins_at_once", False, 0, feed=0)  # the baseline of batched joins
     if cpu and not args.quick:

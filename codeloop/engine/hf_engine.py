@@ -278,6 +278,7 @@ class TransformersEngine:
         feed_tokens: int | None = None,
         step_tokens: int | None = None,
         compile_backend: str = "",
+        pack_weights: bool | None = None,
     ) -> None:
         self.model = model.eval()
         # The KV cache: slots with a static decoding step (slot_cache.py; CUDA graphs on a GPU,
@@ -289,9 +290,13 @@ class TransformersEngine:
             supported = unsupported_reason(model) is None
             slot_cache = supported and (on_gpu or cpu_kernel(model) is not None)
         # `compile_backend` ("inductor" on a GPU): the slots' decoding steps compiled by
-        # `torch.compile` (fused kernels; the first steps of each shape pay the compilation)
+        # `torch.compile` (fused kernels; the first steps of each shape pay the compilation).
+        # `pack_weights`: on a CPU the slots' matrix products use weights packed for oneDNN
+        # (cpu_linear.py); None: where this torch can.
         self.slots = (
-            SlotDecoder(model, max_batch, compile_backend=compile_backend) if slot_cache else None
+            SlotDecoder(model, max_batch, compile_backend=compile_backend, pack=pack_weights)
+            if slot_cache
+            else None
         )
         use_decode_attention(model)  # on a CPU: decoding steps without SDPA (attention.py)
         # Where a step runs. None: on a GPU a worker thread, so the event loop runs while the

@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from codeloop.engine import cpu_attention
+from codeloop.engine import cpu_attention, cpu_linear
 from codeloop.engine.kv_batch import SHARED_PREFIX_MIN, PrefixCache, _common_prefix
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.sampler import sample
@@ -127,7 +127,13 @@ class SlotDecoder:
     """The model's forward over a slot cache of `rows` slots; see the module docstring."""
 
     def __init__(
-        self, model: Any, rows: int, graphs: bool | None = None, *, compile_backend: str = ""
+        self,
+        model: Any,
+        rows: int,
+        graphs: bool | None = None,
+        *,
+        compile_backend: str = "",
+        pack: bool | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason:
@@ -161,19 +167,28 @@ class SlotDecoder:
         self.captures = 0  # graphs captured since made (growth drops the held ones)
         self._pool: Any = None
         self.ladder = ladder(rows)
+        # on a CPU, eager steps multiply by weights packed once for oneDNN (`cpu_linear`):
+        # copies, packed again by `refresh` when new weights arrive (None: where it can)
+        eager_cpu = self.device.type == "cpu" and not compile_backend
+        can_pack = eager_cpu and cpu_linear.packs(self.dtype)
+        self.packed = can_pack if pack is None else pack and can_pack
         # q, k and v merged into one matrix a layer, gate and up into another: two matrix
         # products instead of five. Copies of the model's weights, refreshed in place
-        # (`refresh`) when new weights arrive, since the captured graphs read them.
-        self.qkv = [self._qkv_weight(layer) for layer in self.layers]
+        # (`refresh`) when new weights arrive, since the captured graphs read them (packed
+        # weights are made from the model's own, with no merged copy kept beside them).
+        self.qkv = [] if self.packed else [self._qkv_weight(layer) for layer in self.layers]
         self.qkv_bias = [self._qkv_bias(layer) for layer in self.layers]
-        self.gate_up = [self._gate_up_weight(layer) for layer in self.layers]
+        self.gate_up = [] if self.packed else [self._gate_up_weight(layer) for layer in self.layers]
         attn, act = self.layers[0].self_attn, self.layers[0].mlp.act_fn
         qk_norm = hasattr(attn, "q_norm")
         self.spec = _Spec(
-            self.heads, self.kv_heads, self.head_dim, self.gemma, qk_norm, float(attn.scaling), act
-        )
+            self.heads, self.kv_heads, self.head_dim, self.gemma, qk_norm, float(attn.scaling), act,
+            self.packed,
+        )  # fmt: skip
+        self.head: torch.Tensor | None = None  # the output layer's packed weight
         # each layer's tensors, in `_layer`'s order (the merged ones are the copies above)
-        self.weights = [self._layer_weights(index) for index in range(len(self.layers))]
+        self.weights: list[_Weights] = []
+        self._take_weights()
         # the decoding step's layers compiled with `compile_backend` (`torch.compile`: one
         # program for every layer, as they differ only in their tensors), or None: eager
         self._compiled: Any = (
@@ -185,6 +200,13 @@ class SlotDecoder:
         # it builds: each row reads its own columns, with no mask
         self.kernel = None if compile_backend else cpu_kernel(model)
         self.ensure_columns(MIN_COLUMNS)
+
+    def _take_weights(self) -> None:
+        """Each layer's tensors for `_layer` (packed copies, where packed) and the output
+        layer's packed weight."""
+        self.weights = [self._layer_weights(index) for index in range(len(self.layers))]
+        if self.packed:
+            self.head = cpu_linear.pack(self.model.lm_head.weight)
 
     def _layer_weights(self, index: int) -> _Weights:
         layer = self.layers[index]
@@ -198,18 +220,26 @@ class SlotDecoder:
             (norm(attn.q_norm), norm(attn.k_norm)) if self.spec.qk_norm else (None, None)
         )
         gemma = self.gemma
+        if self.packed:
+            qkv = cpu_linear.pack(self._qkv_weight(layer))
+            o_proj = cpu_linear.pack(attn.o_proj.weight)
+            gate_up = cpu_linear.pack(self._gate_up_weight(layer))
+            down = cpu_linear.pack(mlp.down_proj.weight)
+        else:
+            qkv, o_proj = self.qkv[index], attn.o_proj.weight
+            gate_up, down = self.gate_up[index], mlp.down_proj.weight
         return _Weights(
             norm(layer.input_layernorm),
-            self.qkv[index],
+            qkv,
             self.qkv_bias[index],
             q_norm,
             k_norm,
-            attn.o_proj.weight,
+            o_proj,
             attn.o_proj.bias,
             norm(layer.post_attention_layernorm),
             norm(layer.pre_feedforward_layernorm) if gemma else None,
-            self.gate_up[index],
-            mlp.down_proj.weight,
+            gate_up,
+            down,
             mlp.down_proj.bias,
             norm(layer.post_feedforward_layernorm) if gemma else None,
         )
@@ -232,13 +262,17 @@ class SlotDecoder:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the model's current weights into the merged projections, in place."""
+        """Copy the model's current weights into the merged projections, in place (packed
+        weights: pack them again)."""
         for index, layer in enumerate(self.layers):
-            self.qkv[index].copy_(self._qkv_weight(layer))
             bias = self.qkv_bias[index]
             if bias is not None:
                 bias.copy_(self._qkv_bias(layer))  # type: ignore[arg-type]
-            self.gate_up[index].copy_(self._gate_up_weight(layer))
+            if not self.packed:
+                self.qkv[index].copy_(self._qkv_weight(layer))
+                self.gate_up[index].copy_(self._gate_up_weight(layer))
+        if self.packed:
+            self._take_weights()
 
     def ensure_columns(self, needed: int) -> None:
         """Room for positions 0..needed-1 in every slot (the cache grows by doubling; the
@@ -351,8 +385,9 @@ class SlotDecoder:
             )  # fmt: skip
         picked = torch.arange(n, device=tokens.device) if rows is None else rows
         queries = last[picked] if last is not None else torch.full_like(picked, t - 1)
-        x = x[picked, queries]  # [m, hidden]
-        logits = self.model.lm_head(self._norm(self.model.model.norm, x))
+        x = self._norm(self.model.model.norm, x[picked, queries])  # [m, hidden]
+        head = self.model.lm_head
+        logits = head(x) if self.head is None else cpu_linear.linear(x, self.head, head.bias)
         if self.softcap:  # Gemma's final soft-capping, in the model's dtype as transformers'
             logits = torch.tanh(logits / self.softcap) * self.softcap
         scores: torch.Tensor = logits.float()
@@ -595,6 +630,7 @@ class _Spec(NamedTuple):
     qk_norm: bool
     scaling: float
     act: Any  # the MLP's activation (module), layer 0's
+    packed: bool  # the projections' weights are `cpu_linear.pack`'s
 
 
 class _Spans(NamedTuple):
@@ -653,7 +689,7 @@ def _layer(
     heads, kv_heads, dim, gemma = spec.heads, spec.kv_heads, spec.head_dim, spec.gemma
     group = heads // kv_heads
     h = _normed(x, w.input_norm, gemma)
-    qkv = torch.nn.functional.linear(h, w.qkv, w.qkv_bias)
+    qkv = _linear(h, w.qkv, w.qkv_bias, spec.packed)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     q = q.view(n, t, heads, dim)
     k = k.view(n, t, kv_heads, dim)
@@ -679,7 +715,7 @@ def _layer(
             scale=spec.scaling,
         )  # [n, KVH, G * T, D]
     out = out.view(n, kv_heads, group, t, -1).permute(0, 3, 1, 2, 4).reshape(n, t, -1)
-    attended = torch.nn.functional.linear(out, w.o_proj, w.o_bias)
+    attended = _linear(out, w.o_proj, w.o_bias, spec.packed)
     if gemma:
         assert w.pre_feedforward_norm is not None
         x = x + _normed(attended, w.post_attention_norm, gemma)
@@ -687,11 +723,20 @@ def _layer(
     else:
         x = x + attended
         h = _normed(x, w.post_attention_norm, gemma)
-    gate, up = torch.nn.functional.linear(h, w.gate_up).chunk(2, dim=-1)
-    mlp = torch.nn.functional.linear(spec.act(gate) * up, w.down, w.down_bias)
+    gate, up = _linear(h, w.gate_up, None, spec.packed).chunk(2, dim=-1)
+    mlp = _linear(spec.act(gate) * up, w.down, w.down_bias, spec.packed)
     if w.post_feedforward_norm is not None:
         mlp = _normed(mlp, w.post_feedforward_norm, gemma)
     return x + mlp
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool
+) -> torch.Tensor:
+    """`torch.nn.functional.linear`, or `cpu_linear.linear` for a packed weight."""
+    if packed:
+        return cpu_linear.linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def _span_attention(

@@ -506,8 +506,9 @@ VIEWS = {
 def test_a_decoding_step_stays_within_its_operation_count() -> None:
     """The operations of one decoding step a layer, views aside, counted as torch dispatches
     them on a CPU (where RMSNorm still runs as its parts): four matrix products (merged q/k/v,
-    output, merged gate/up, down), rotary as a roll and two products a tensor, the attention
-    mask made once for all layers; 31 operations in all (39 with separate projections,
+    output, merged gate/up, down: `mm`, or oneDNN's product where the weights are packed),
+    rotary as a roll and two products a tensor, the attention mask made once for all layers;
+    31 operations in all (39 with separate projections,
     transformers' rotary and a boolean mask). More mean a fusion was undone."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -531,7 +532,7 @@ def test_a_decoding_step_stays_within_its_operation_count() -> None:
 
     one, three = per_layer(1), per_layer(3)
     layer = {op: (three.count(op) - one.count(op)) // 2 for op in set(three)}
-    assert layer["mm"] == 4
+    assert layer.get("mm", 0) + layer.get("_linear_pointwise", 0) == 4, layer
     assert sum(layer.values()) <= 31, layer
 
 
