@@ -8,8 +8,11 @@
    contiguous. Each (row, head) pair is one task of an OpenMP loop over `threads` threads: it
    reads its keys once for the scores and its values once for the sum, with no mask and nothing
    outside its span. Vectors of 16 floats (GCC/clang vector extensions, which the compiler maps
-   to the CPU's SIMD registers), so dim is a multiple of 16. Returns 0; 1 when dim or group is
-   out of range; 2 when a buffer could not be allocated. */
+   to the CPU's SIMD registers), so dim is a multiple of 16; a task's body is inlined for head
+   sizes 64, 128 and 256 as constants (a column's key in registers, its loops unrolled: ~1.1x
+   the generic body's speed in float32 and ~1.3x in bfloat16 at SmolLM2's shapes on a 2-core
+   AMD EPYC). Returns 0; 1 when dim or group is out of range; 2 when a buffer could not be
+   allocated. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,7 +126,44 @@ static inline void softmax(float *scores, int64_t len) {
     for (int64_t t = whole; t < len; t++) scores[t] *= inv;
 }
 
-#define KERNEL(NAME, T, LOAD, STORE)                                                           \
+/* One (row, KV head) task: the `group` queries qh attend to the `len` keys kh and values vh
+   (consecutive columns of `dim` = width * LANES); the result to oh. Inlined with a constant
+   `width` for the common head sizes (64, 128, 256), so that a column's key stays in registers
+   and the loops over it unroll. */
+#define TASK(NAME, T, LOAD, STORE)                                                             \
+static inline __attribute__((always_inline)) void NAME(                                       \
+        const T *qh, const T *kh, const T *vh, T *oh, int64_t len, int64_t group,             \
+        const int64_t width, float scale, float *scores) {                                     \
+    const int64_t dim = width * LANES;                                                         \
+    vec qs[MAX_GROUP * MAX_DIM / LANES], acc[MAX_GROUP * MAX_DIM / LANES];                     \
+    vec row[MAX_DIM / LANES];                                                                  \
+    for (int64_t i = 0; i < group * width; i++) {                                              \
+        qs[i] = LOAD(qh + i * LANES) * scale;                                                  \
+        acc[i] = (vec){0};                                                                     \
+    }                                                                                          \
+    for (int64_t t = 0; t < len; t++) {                                                        \
+        for (int64_t v = 0; v < width; v++) row[v] = LOAD(kh + t * dim + v * LANES);           \
+        for (int64_t g = 0; g < group; g++) {                                                  \
+            vec s = qs[g * width] * row[0];                                                    \
+            for (int64_t v = 1; v < width; v++) s += qs[g * width + v] * row[v];               \
+            scores[g * len + t] = lane_sum(s);                                                 \
+        }                                                                                      \
+    }                                                                                          \
+    for (int64_t g = 0; g < group; g++) softmax(scores + g * len, len);                        \
+    for (int64_t t = 0; t < len; t++) {                                                        \
+        for (int64_t v = 0; v < width; v++) row[v] = LOAD(vh + t * dim + v * LANES);           \
+        for (int64_t g = 0; g < group; g++) {                                                  \
+            const float p = scores[g * len + t];                                               \
+            for (int64_t v = 0; v < width; v++) acc[g * width + v] += p * row[v];              \
+        }                                                                                      \
+    }                                                                                          \
+    for (int64_t i = 0; i < group * dim; i++) oh[i] = STORE(acc[i / LANES][i % LANES]);        \
+}
+
+TASK(task_bf16, uint16_t, load_bf16, store_bf16)
+TASK(task_f32, float, load_f32, store_f32)
+
+#define KERNEL(NAME, T, TASK_FN, STORE)                                                        \
 int NAME(const T *q, const T *keys, const T *values, T *out, const int64_t *slots,            \
          const int64_t *starts, const int64_t *ends, int64_t rows, int64_t kv_heads,          \
          int64_t group, int64_t dim, int64_t row_stride, int64_t head_stride, float scale, int threads) {                 \
@@ -136,8 +176,6 @@ int NAME(const T *q, const T *keys, const T *values, T *out, const int64_t *slot
     _Pragma("omp parallel num_threads(threads)")                                               \
     {                                                                                          \
         float *scores = malloc(sizeof(float) * (size_t)(group * longest));                    \
-        vec qs[MAX_GROUP * MAX_DIM / LANES], acc[MAX_GROUP * MAX_DIM / LANES];                 \
-        vec row[MAX_DIM / LANES];                                                              \
         if (!scores) {                                                                         \
             _Pragma("omp atomic write") failed = 2;                                            \
         }                                                                                      \
@@ -152,30 +190,13 @@ int NAME(const T *q, const T *keys, const T *values, T *out, const int64_t *slot
                 }                                                                              \
                 const T *qh = q + (b * kv_heads + h) * group * dim;                            \
                 const int64_t base = (slots ? slots[b] : b) * row_stride + h * head_stride;   \
-                const T *kh = keys + base + start * dim;                                       \
-                const T *vh = values + base + start * dim;                                     \
-                for (int64_t i = 0; i < group * width; i++) {                                  \
-                    qs[i] = LOAD(qh + i * LANES) * scale;                                      \
-                    acc[i] = (vec){0};                                                         \
+                const T *kh = keys + base + start * dim, *vh = values + base + start * dim;   \
+                switch (width) {                                                               \
+                case 4: TASK_FN(qh, kh, vh, oh, len, group, 4, scale, scores); break;          \
+                case 8: TASK_FN(qh, kh, vh, oh, len, group, 8, scale, scores); break;          \
+                case 16: TASK_FN(qh, kh, vh, oh, len, group, 16, scale, scores); break;        \
+                default: TASK_FN(qh, kh, vh, oh, len, group, width, scale, scores);            \
                 }                                                                              \
-                for (int64_t t = 0; t < len; t++) {                                            \
-                    for (int64_t v = 0; v < width; v++) row[v] = LOAD(kh + t * dim + v * LANES); \
-                    for (int64_t g = 0; g < group; g++) {                                      \
-                        vec s = qs[g * width] * row[0];                                        \
-                        for (int64_t v = 1; v < width; v++) s += qs[g * width + v] * row[v];   \
-                        scores[g * len + t] = lane_sum(s);                                     \
-                    }                                                                          \
-                }                                                                              \
-                for (int64_t g = 0; g < group; g++) softmax(scores + g * len, len);            \
-                for (int64_t t = 0; t < len; t++) {                                            \
-                    for (int64_t v = 0; v < width; v++) row[v] = LOAD(vh + t * dim + v * LANES); \
-                    for (int64_t g = 0; g < group; g++) {                                      \
-                        const float p = scores[g * len + t];                                   \
-                        for (int64_t v = 0; v < width; v++) acc[g * width + v] += p * row[v];  \
-                    }                                                                          \
-                }                                                                              \
-                for (int64_t i = 0; i < group * dim; i++)                                      \
-                    oh[i] = STORE(acc[i / LANES][i % LANES]);                                  \
             }                                                                                  \
         }                                                                                      \
         free(scores);                                                                          \
@@ -183,8 +204,8 @@ int NAME(const T *q, const T *keys, const T *values, T *out, const int64_t *slot
     return failed;                                                                             \
 }
 
-KERNEL(decode_attention_bf16, uint16_t, load_bf16, store_bf16)
-KERNEL(decode_attention_f32, float, load_f32, store_f32)
+KERNEL(decode_attention_bf16, uint16_t, task_bf16, store_bf16)
+KERNEL(decode_attention_f32, float, task_f32, store_f32)
 
 /* Attention of the tokens of prompt chunks, each chunk consecutive rows of one slot: rows
    firsts[c] <= b < lasts[c] read slot chunk_slots[c], row b its columns starts[b] <= col <

@@ -58,7 +58,9 @@ def test_one_column_gives_its_value_and_equal_scores_the_mean(
 @needs_compiler
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("kv_heads", "group", "dim"), [(3, 3, 64), (1, 4, 256)], ids=["smollm2", "gemma3_270m"]
+    ("kv_heads", "group", "dim"),
+    [(3, 3, 64), (1, 4, 256), (2, 2, 128), (2, 1, 96)],
+    ids=["smollm2", "gemma3_270m", "dim128", "dim96_not_specialised"],
 )
 def test_spans_attend_as_sdpa_with_a_mask_and_nothing_outside_is_read(
     kernel: cpu_attention.Kernel, dtype: torch.dtype, kv_heads: int, group: int, dim: int
