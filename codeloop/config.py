@@ -247,12 +247,24 @@ class RolloutConfig:
         "or an OpenEnv server's URL (http://host:port): a session per trajectory, its action "
         "the `step` tool. Empty = none.",
     )
+    environments: dict[str, str] = knob(
+        {},
+        "Several environments in one run, as TRL's dict form of environment_factory: a table "
+        "of name = `module:Name` or an OpenEnv URL; each problem's `environment` field names "
+        "its own, and its prompt lists that environment's tools beside rollout.tools "
+        "(docs/environments.md). Not with rollout.environment.",
+    )
     reward_functions: list[str] = knob(
         [],
         "Reward functions in TRL's signature (`module:function`: prompts, completions, "
         "completion_ids, environments and the row's fields, each a list), called once a "
         "trajectory; their values (None left out) and the environment's get_reward() summed "
         "are the reward, in place of the gold answer's (docs/environments.md).",
+    )
+    reward_weights: list[float] = knob(
+        [],
+        "Weights of rollout.reward_functions, one each in their order, as TRL's "
+        "reward_weights (an environment's get_reward() weighs 1); empty = 1 each.",
     )
     environment_reward: Literal["final", "sum"] = knob(
         "final",
@@ -647,7 +659,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise bad
-        return dict(value)
+        item = get_args(tp)[1]
+        if item is Any:
+            return dict(value)
+        return {k: _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad

@@ -25,7 +25,10 @@ captured as a CUDA graph and replayed in one launch:
   columns: the smallest power of two (at least `MIN_WIDTH`) past every row's position.
 - On a CPU a decoding step runs eagerly, its attention by the C kernel of `cpu_attention.py`
   where it builds (`cpu_kernel`): each row reads its own columns 0..p, so no mask is made; the
-  cache is an anonymous memory map, so slots and columns never written take no memory.
+  cache is an anonymous memory map, so slots and columns never written take no memory. Its
+  matrix products use weights packed once for oneDNN where torch can (`cpu_linear.py`):
+  copies made from the model's weights (no merged copy is kept beside them), packed again by
+  `refresh`.
 - On CUDA a decoding step of `b` rows and `width` columns is captured once, lazily, for `b` on a
   ladder (1, 2, 4, 8, then multiples of 16) and replayed for any batch up to `b` (the extra rows
   decode a token 0 at position 0 in free slots). Prefill runs eagerly, right-padded, in chunks

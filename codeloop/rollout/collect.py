@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from codeloop.config import RolloutConfig
@@ -30,11 +30,16 @@ from codeloop.errors import RunError
 from codeloop.progress import progress_bar
 from codeloop.reward import Verdict, Verifier
 from codeloop.rollout.agent import run_trajectory
-from codeloop.rollout.environment import Environment, load_environment
+from codeloop.rollout.environment import (
+    Environment,
+    chosen_environment,
+    load_environment,
+    load_environments,
+)
 from codeloop.rollout.openenv import EnvFault
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
-from codeloop.rollout.trl_rewards import load_reward_function, trl_reward
+from codeloop.rollout.trl_rewards import check_weights, load_reward_function, trl_reward
 from codeloop.types import RolloutStatus, Trajectory
 
 UNSCORED = (Verdict.TIMEOUT, Verdict.VERIFIER_ERROR)  # a gym task's scorer hung or raised
@@ -53,13 +58,20 @@ class Agent:
     rollout: RolloutConfig
     # `rollout.environment`, loaded (None: the tools alone); its methods are tools too
     environment: Environment | None = None
+    # `rollout.environments`, loaded: each problem's `environment` field names its own
+    environments: Mapping[str, Environment] | None = None
 
     def __post_init__(self) -> None:
         tools = toolbox(self.tools, self.rollout.tools)
         environment = self.environment
         if environment is None and self.rollout.environment:
             environment = load_environment(self.rollout.environment)
+        environments = self.environments
+        if environments is None:
+            environments = load_environments(self.rollout.environment, self.rollout.environments)
         methods = list(environment.methods) if environment is not None else []
+        for each in environments.values():
+            methods += [m for m in each.methods if m not in methods]
         listed = [schema.get("function", schema).get("name") for schema in self.fmt.tools]
         if sorted(map(str, listed)) != sorted([*tools, *methods]):
             raise ValueError(
@@ -68,6 +80,15 @@ class Agent:
             )
         object.__setattr__(self, "tools", tools)
         object.__setattr__(self, "environment", environment)
+        object.__setattr__(self, "environments", dict(environments))
+
+    def world(self, problem: Problem) -> tuple[str, Environment | None]:
+        """The environment a problem's trajectories open, and its name in
+        `rollout.environments` ("" for `rollout.environment`'s, or for none)."""
+        if self.environments:
+            name = chosen_environment(problem.row, list(self.environments), problem.id)
+            return name, self.environments[name]
+        return "", self.environment
 
 
 def in_flight_limit(scheduler: Scheduler) -> int:
@@ -119,27 +140,33 @@ async def collect(
     # them all before it blocked the event loop ~1.8 s for 2,000 samples)
     rendered: dict[int, list[int]] = {}
 
-    environment = agent.environment
     for name in agent.rollout.reward_functions:  # a wrong name fails before any sampling
         load_reward_function(name)
+    check_weights(agent.rollout.reward_functions, agent.rollout.reward_weights)
     scored_by_gold = not agent.rollout.reward_functions
-    if environment is not None and not environment.owns_reward and scored_by_gold:
-        unanswered = next((p.id for p in problems if not p.answer), None)
-        if unanswered is not None:
+    # each problem's environment, and a problem no environment can score, before any sampling
+    worlds = {id(problem): agent.world(problem) for problem in problems}
+    for problem in problems:
+        environment = worlds[id(problem)][1]
+        if environment is None or environment.owns_reward or not scored_by_gold:
+            continue
+        if not problem.answer:
             raise RunError(
-                f"problem {unanswered}: no gold answer, and {environment.label} has no "
+                f"problem {problem.id}: no gold answer, and {environment.label} has no "
                 "get_reward to score it (give the problems answers, or the environment a reward)"
             )
 
     def prompt_of(problem: Problem, appended: str) -> list[int]:
+        listing = worlds[id(problem)][0]  # the environment whose tools the prompt lists
         if appended:  # an environment's reset text: this trajectory's own prompt
-            return agent.fmt.prompt_ids(problem.problem, appended)
+            return agent.fmt.prompt_ids(problem.problem, appended, listing)
         if id(problem) not in rendered:
-            rendered[id(problem)] = agent.fmt.prompt_ids(problem.problem)
+            rendered[id(problem)] = agent.fmt.prompt_ids(problem.problem, "", listing)
         return rendered[id(problem)]
 
     async def sample(problem: Problem, key: str | int, index: int) -> Trajectory:
         episode = None
+        environment = worlds[id(problem)][1]
         try:
             async with gate, scheduler.lease() as leased:
                 tools, done = toolbox(agent.tools), None
@@ -164,6 +191,7 @@ async def collect(
             if agent.rollout.reward_functions:  # TRL's reward functions, plus get_reward
                 trajectory.reward = await trl_reward(
                     agent.rollout.reward_functions,
+                    weights=agent.rollout.reward_weights,
                     prompt=problem.problem + (episode.reset_text if episode else ""),
                     completion=trajectory.text,
                     completion_ids=list(trajectory.response_ids),

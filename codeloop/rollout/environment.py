@@ -33,12 +33,12 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from codeloop.config import ConfigError
-from codeloop.errors import CodeloopError
+from codeloop.errors import CodeloopError, RunError
 from codeloop.rollout.openenv import EnvFault, Gate, OpenEnvSession, action_schema, is_url
 from codeloop.rollout.tools import Tool
 from codeloop.types import ExecResult, ExecStatus
@@ -240,3 +240,46 @@ def _served(name: str, where: str) -> Environment:
 def environment_schemas(name: str) -> list[dict[str, Any]]:
     """The tool schemas of `rollout.environment` (none when it is empty)."""
     return list(load_environment(name).schemas) if name else []
+
+
+def load_environments(environment: str, environments: Mapping[str, Any]) -> dict[str, Environment]:
+    """`rollout.environments` (TRL's dict form: several environments, each problem naming its
+    own in its `environment` field), each loaded as `load_environment` loads one; refused with a
+    `ConfigError` beside `rollout.environment` or where a value is not a string."""
+    if environment and environments:
+        raise ConfigError(
+            "rollout.environment and rollout.environments are both set: name one environment, "
+            "or a table of them that the problems choose from"
+        )
+    loaded = {}
+    for name, source in environments.items():
+        if not isinstance(source, str) or not source:
+            raise ConfigError(
+                f"rollout.environments.{name}: expected 'module:Name' or an OpenEnv URL, "
+                f"got {source!r}"
+            )
+        loaded[name] = load_environment(source)
+    return loaded
+
+
+def schemas_by_environment(environments: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each environment of `rollout.environments`: its tools' schemas."""
+    return {name: list(env.schemas) for name, env in load_environments("", environments).items()}
+
+
+def chosen_environment(row: Mapping[str, Any], names: Sequence[str], problem: str) -> str:
+    """The name a problem's `environment` field gives (TRL's column), checked against the
+    names of `rollout.environments`; a one-line `RunError` naming the problem if it is not
+    one of them."""
+    if "environment" not in row:
+        raise RunError(
+            f"problem {problem}: no environment field, and rollout.environments has several "
+            f"({', '.join(names)}): give each problem the name of its own"
+        )
+    chosen = row["environment"]
+    if not isinstance(chosen, str) or chosen not in names:
+        raise RunError(
+            f"problem {problem}: its environment field is {chosen!r}, not one of "
+            f"rollout.environments ({', '.join(names)})"
+        )
+    return chosen

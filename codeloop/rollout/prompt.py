@@ -21,14 +21,14 @@ import copy
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from codeloop.config import POLICY_SETTINGS, POLICY_TEMPLATE
 from codeloop.engine.model import end_of_turn_ids
 from codeloop.errors import ModelError, read_text_input
-from codeloop.rollout.environment import environment_schemas
+from codeloop.rollout.environment import environment_schemas, schemas_by_environment
 from codeloop.rollout.toolcall import CALL_CLOSE
 from codeloop.rollout.tools import PYTHON_SCHEMA, tool_schemas
 
@@ -51,6 +51,7 @@ TURN_SETTINGS = (
     "max_tool_response_chars",
     "tools",
     "environment",
+    "environments",
     "environment_reward",
 )
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
@@ -117,11 +118,20 @@ class PromptFormat:
         user_instruction: str = USER_INSTRUCTION,
         *,
         tools: Sequence[dict[str, Any]] = (PYTHON_SCHEMA,),
+        per_environment: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     ) -> None:
-        """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`)."""
+        """`tools`: the schemas of the tools the prompt lists (the agent's, `tools.py`);
+        `per_environment`: those of each environment of `rollout.environments`, listed after
+        `tools` in the prompts of the problems that name it (`prompt_ids`)."""
         self.tokenizer = tokenizer
         self.system_prompt, self.user_instruction = system_prompt, user_instruction
+        self.listed = {
+            name: [*tools, *schemas] for name, schemas in (per_environment or {}).items()
+        }  # the tools each environment's prompts list
+        # every tool a prompt may list (the policy's record of what it saw)
         self.tools = list(tools)
+        for schemas in self.listed.values():
+            self.tools += [schema for schema in schemas if schema not in self.tools]
         own = None if template_path else _own_template(tokenizer, self.tools)
         path = Path(template_path) if template_path else DEFAULT_TEMPLATE
         inside = PACKAGE_ROOT / path  # `codeloop/recipe/x.jinja`, wherever codeloop is installed
@@ -143,6 +153,7 @@ class PromptFormat:
             cfg.system_prompt or SYSTEM_PROMPT,
             cfg.user_instruction or USER_INSTRUCTION,
             tools=tool_schemas(cfg.tools) + environment_schemas(cfg.environment),
+            per_environment=schemas_by_environment(cfg.environments),
         )
         fmt.eval_settings = dataclasses.asdict(eval_cfg) if eval_cfg is not None else {}
         fmt.turn_settings = {key: copy.copy(getattr(cfg, key)) for key in TURN_SETTINGS}
@@ -180,10 +191,16 @@ class PromptFormat:
         }
         (out / POLICY_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The template's text of `messages`, listing `tools` (default: every tool)."""
         text: str = self.tokenizer.apply_chat_template(
             messages,
-            tools=self.tools,
+            tools=self.tools if tools is None else tools,
             chat_template=self.template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
@@ -196,12 +213,14 @@ class PromptFormat:
             {"role": "user", "content": self.user_instruction.format(problem=problem)},
         ]
 
-    def prompt_ids(self, problem: str, appended: str = "") -> list[int]:
+    def prompt_ids(self, problem: str, appended: str = "", environment: str = "") -> list[int]:
         """The prompt of `problem`; `appended`: text after the user's message (what an
-        environment's `reset` returned, as TRL appends it)."""
+        environment's `reset` returned, as TRL appends it); `environment`: the name of the
+        problem's environment in `rollout.environments`, whose tools it lists."""
         messages = self.messages(problem)
         messages[-1]["content"] += appended
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        tools = self.listed[environment] if environment else None
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def tool_response_ids(self, observation: str) -> list[int]:
         """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header."""

@@ -11,8 +11,9 @@ codeloop calls the same functions unchanged, on one trajectory at a time (lists 
 prompt's text, the decoded response (the tool answers inside it, as the model read them), its
 token ids, the trajectory's environment instance (when `rollout.environment` names one), and
 every field of the problem's row. `trainer_state` is None; `log_extra` and `log_metric` accept
-and drop what they are given. The reward is the sum of the functions' values and of the
-environment's `get_reward()` where it has one; the gold answer is then not scored.
+and drop what they are given. The reward is the sum of the functions' values, each times its
+weight (`rollout.reward_weights`, TRL's `reward_weights`), and of the environment's
+`get_reward()` where it has one (weight 1, as TRL gives it); the gold answer is then not scored.
 """
 
 from __future__ import annotations
@@ -46,9 +47,19 @@ def _drop(*args: Any, **kwargs: Any) -> None:
     """`log_extra` and `log_metric`: what a function logs is not kept."""
 
 
+def check_weights(names: Sequence[str], weights: Sequence[float]) -> None:
+    """`rollout.reward_weights` against `rollout.reward_functions`: none, or one a function."""
+    if weights and len(weights) != len(names):
+        raise ConfigError(
+            f"rollout.reward_weights: {len(weights)} weights for {len(names)} reward functions "
+            "(rollout.reward_functions): give one a function, or none"
+        )
+
+
 async def trl_reward(
     names: Sequence[str],
     *,
+    weights: Sequence[float] = (),
     prompt: str,
     completion: str,
     completion_ids: list[int],
@@ -56,8 +67,10 @@ async def trl_reward(
     environment: Any = None,
     environment_reward: float | None = None,
 ) -> float:
-    """The reward TRL would give one trajectory: the functions' values that are not None and
-    the environment's own reward (`environment_reward`, None without one), summed."""
+    """The reward TRL would give one trajectory: the functions' values that are not None, each
+    times its weight (`weights`: one a function, or none for 1 each), and the environment's own
+    reward (`environment_reward`, None without one), summed."""
+    check_weights(names, weights)
     kwargs: dict[str, Any] = {k: [v] for k, v in row.items() if k not in SKIPPED}
     kwargs |= {
         "prompts": [prompt],
@@ -70,7 +83,7 @@ async def trl_reward(
     if environment is not None:
         kwargs["environments"] = [environment]
     values = [] if environment_reward is None else [environment_reward]
-    for name in names:
+    for index, name in enumerate(names):
         function = load_reward_function(name)
         try:
             if inspect.iscoroutinefunction(function):
@@ -81,7 +94,7 @@ async def trl_reward(
             raise RunError(f"reward function {name}: {type(err).__name__}: {err}") from None
         value = _one_value(name, returned)
         if value is not None:
-            values.append(value)
+            values.append(value * (weights[index] if weights else 1.0))
     return float(sum(values))
 
 

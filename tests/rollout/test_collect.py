@@ -98,9 +98,9 @@ class _CountedFormat(PromptFormat):
 
     rendered = 0
 
-    def prompt_ids(self, problem: str) -> list[int]:
+    def prompt_ids(self, problem: str, appended: str = "", environment: str = "") -> list[int]:
         self.rendered += 1
-        return super().prompt_ids(problem)
+        return super().prompt_ids(problem, appended, environment)
 
 
 def test_each_problems_prompt_is_rendered_once_when_its_first_sample_runs(

@@ -20,7 +20,13 @@ from codeloop.environments.guess_number import GuessNumber
 from codeloop.environments.guess_number_demos import demonstrations, play
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
-from codeloop.rollout.environment import EnvError, environment_schemas, load_environment
+from codeloop.rollout.environment import (
+    EnvError,
+    environment_schemas,
+    load_environment,
+    load_environments,
+    schemas_by_environment,
+)
 from codeloop.rollout.prompt import PromptFormat
 from codeloop.trainer.batch import collate, from_trajectory
 from codeloop.trainer.sft import encode_conversation
@@ -228,6 +234,91 @@ def test_a_reward_that_is_not_a_number_is_one_line_naming_get_reward(
         EnvError, match=r"^BadReward.get_reward returned str \('yes'\); expected a number$"
     ):
         _collect(agent, [_game(2)])
+
+
+class Echo:
+    """A second environment for one run beside the game: it repeats what it is told, and
+    rewards 0.5 once it has."""
+
+    def reset(self, **row) -> str:
+        self.said = ""
+        return " Say something."
+
+    def echo(self, text: str) -> str:
+        """
+        Repeat a text.
+
+        Args:
+            text: What to repeat.
+        """
+        self.said = text
+        return text
+
+    def get_reward(self) -> float:
+        return 0.5 if self.said else 0.0
+
+
+def _two_environments(fmt: PromptFormat, turns: list[str]) -> tuple[Agent, ScriptedEngine]:
+    table = {"guess": GUESS, "echo": "env_cases:Echo"}
+    rollout = RolloutConfig(tools=[], environments=table, max_response_tokens=4000)
+    with_envs = PromptFormat(fmt.tokenizer, tools=[], per_environment=schemas_by_environment(table))
+    engine = ScriptedEngine(with_envs, turns)
+    return Agent(engine, [], with_envs, rollout), engine
+
+
+def test_several_environments_each_problem_with_its_own_tools_instance_and_reward(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's dict form: the row's `environment` field picks the environment; its prompt lists
+    that environment's tools only, its calls reach that environment's instance, and its reward
+    is that environment's."""
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    turns = [_call("guess", number=3), _call("echo", text="hi"), f"done{END}"]
+    agent, engine = _two_environments(fmt, turns)
+    chat = Problem("e", "Talk.", "", row={"id": "e", "environment": "echo"})
+    [[played], [talked]] = _collect(agent, [_game(3, environment="guess"), chat])
+    game_prompt, chat_prompt = (fmt.tokenizer.decode(p) for p in engine.prompts[:2])
+    assert '"name": "guess"' in game_prompt and '"name": "echo"' not in game_prompt
+    assert '"name": "echo"' in chat_prompt and '"name": "guess"' not in chat_prompt
+    assert chat_prompt.count("Talk. Say something.") == 1
+    assert [r.result.stdout for r in played.tool_calls] == ["right: you found it"]
+    assert [r.result.stdout for r in talked.tool_calls] == ["hi"]
+    assert (played.reward, talked.reward) == (1.0, 0.5)
+    # the saved policy records every tool a prompt may list
+    assert sorted(t["function"]["name"] for t in agent.fmt.tools) == ["echo", "guess"]
+
+
+def test_a_problem_without_an_environment_of_the_table_is_one_line_before_sampling(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.errors import RunError
+
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    agent, engine = _two_environments(fmt, [f"x{END}"] * 4)
+    with pytest.raises(
+        RunError,
+        match=r"^problem g3: its environment field is 'chess', not one of rollout.environments "
+        r"\(guess, echo\)$",
+    ):
+        _collect(agent, [_game(2, environment="guess"), _game(3, environment="chess")])
+    with pytest.raises(RunError, match=r"^problem g3: no environment field, and rollout"):
+        _collect(agent, [_game(3)])
+    assert engine.prompts == []  # refused before anything was sampled
+    with pytest.raises(ConfigError, match="rollout.environment and rollout.environments are both"):
+        load_environments(GUESS, {"guess": GUESS})
+    with pytest.raises(ConfigError, match=r"rollout.environments.guess: expected 'module:Name'"):
+        load_environments("", {"guess": 3})
+
+
+def test_a_config_file_names_several_environments_in_a_table(tmp_path: Path) -> None:
+    from codeloop.config import load_config
+
+    path = tmp_path / "run.toml"
+    path.write_text(f'[rollout.environments]\nguess = "{GUESS}"\nother = "http://h:1"\n')
+    assert load_config(path).rollout.environments == {"guess": GUESS, "other": "http://h:1"}
+    path.write_text("[rollout.environments]\nguess = 3\n")
+    with pytest.raises(ConfigError, match="rollout.environments.guess: expected a string, got 3"):
+        load_config(path)
 
 
 def test_the_games_sft_demonstrations_are_the_tokens_a_trajectory_of_that_game_holds(

@@ -50,9 +50,19 @@ def _call(number: int) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def _run(fmt: PromptFormat, functions: list[str], turns: list[str], **row: Any) -> list[Any]:
+def _run(
+    fmt: PromptFormat,
+    functions: list[str],
+    turns: list[str],
+    weights: list[float] | None = None,
+    **row: Any,
+) -> list[Any]:
     rollout = RolloutConfig(
-        tools=[], environment=GUESS, reward_functions=functions, max_response_tokens=4000
+        tools=[],
+        environment=GUESS,
+        reward_functions=functions,
+        reward_weights=weights or [],
+        max_response_tokens=4000,
     )
     with_env = PromptFormat(fmt.tokenizer, tools=environment_schemas(GUESS))
     agent = Agent(ScriptedEngine(with_env, turns), [], with_env, rollout)
@@ -85,6 +95,15 @@ def test_trls_functions_see_the_environment_and_the_row_and_add_to_get_reward(
     assert call["prompts"] == ["Play." + instance.reset(6)] and call["trainer_state"] is None
     assert call["completions"] == [trajectory.text]
     assert call["completion_ids"] == [trajectory.response_ids]
+
+
+def test_reward_weights_weigh_each_function_and_get_reward_weighs_one(fmt: PromptFormat) -> None:
+    functions = [f"{HERE}:fewer_guesses", f"{HERE}:bonus_for_red"]
+    [trajectory] = _run(fmt, functions, [_call(4), _call(6)], [10.0, -2.0], colour="red")
+    # a win (get_reward 1.0, weight 1), one guess left (0.1 x 10), red (0.5 x -2)
+    assert trajectory.reward == pytest.approx(1.0 + 1.0 - 1.0)
+    with pytest.raises(ConfigError, match=r"^rollout.reward_weights: 1 weights for 2 reward"):
+        _run(fmt, functions, [], [1.0])  # refused before anything is sampled
 
 
 def test_a_function_that_does_not_apply_adds_nothing(fmt: PromptFormat) -> None:
