@@ -106,11 +106,14 @@ def disk_warning(run_dir: Path, needed: int) -> str | None:
     )
 
 
-def memory_plan(config: Any, parameters: int, cfg: Config, engine_bytes: int = 4) -> dict[str, int]:
+def memory_plan(
+    config: Any, parameters: int, cfg: Config, engine_bytes: int = 4, packed: bool = False
+) -> dict[str, int]:
     """Bytes of what a run holds at its peak, for a model of `config` (a transformers config)
     with `parameters`: the float32 weights, their gradients and AdamW's two moments; the SFT
     weights kept to score the trained problems; the engine's copy of the weights in the compute
-    dtype (`engine_bytes` a parameter); the logits and the activations of the larger
+    dtype (`engine_bytes` a parameter), and on a CPU (`packed`) its copies packed for oneDNN
+    (`engine/cpu_linear.py`) as many again; the logits and the activations of the larger
     micro-batch (`trainer.micro_batch_tokens`, `sft.micro_batch_tokens`); an evaluation's KV
     cache (EVAL_KV_TOKENS); the process itself (RUNTIME_BYTES)."""
     automatic = micro_batch_tokens(config, available_memory())  # a budget left at 0
@@ -125,7 +128,7 @@ def memory_plan(config: Any, parameters: int, cfg: Config, engine_bytes: int = 4
     return {
         "weights and AdamW": 16 * parameters,
         "SFT weights": 4 * parameters,
-        "engine weights": engine_bytes * parameters,
+        "engine weights": engine_bytes * parameters * (2 if packed else 1),
         "logits": logits * tokens,
         "activations": activations * tokens,
         "KV cache": EVAL_KV_TOKENS * 2 * layers * kv_heads * head_dim * 4,
@@ -314,7 +317,8 @@ async def run_real(cfg: Config, sizes: Sizes | None = None, minutes: float = 0.0
     world = one_process(cfg.trainer.dtype)  # SFT, RL's updates and its engine
     engine_bytes = world.compute_dtype.itemsize
     line, fits = memory_line(
-        memory_plan(model.config, parameters, cfg, engine_bytes), total_bytes()
+        memory_plan(model.config, parameters, cfg, engine_bytes, packed=world.device.type == "cpu"),
+        total_bytes(),
     )
     print(line, file=sys.stdout if fits else sys.stderr, flush=True)
     needed = disk_needed(parameters, len(cfg.recipe.stages), cfg.trainer.keep_checkpoints)

@@ -452,6 +452,8 @@ def test_the_memory_plan_counts_state_logits_activations_and_the_kv_cache() -> N
         "KV cache": 32768 * 2 * 2 * 2 * 16 * 4,  # K and V, 2 layers, 2 heads of 16, float32
         "runtime": 440 * 2**20,  # Python and the libraries
     }
+    packed = memory_plan(config, 10_000, cfg, engine_bytes=2, packed=True)
+    assert packed == {**plan, "engine weights": 40_000}  # and its copies packed for oneDNN
     need = sum(plan.values())
     line, fits = memory_line(plan, need)
     assert fits and line.startswith("memory: about 0.5 GiB at the peak (weights and AdamW 0.0")
