@@ -254,6 +254,13 @@ class RolloutConfig:
         "its own, and its prompt lists that environment's tools beside rollout.tools "
         "(docs/environments.md). Not with rollout.environment.",
     )
+    action_parser: str = knob(
+        "",
+        "A function (`module:function`) that reads the model's action from its turn's text: "
+        "None (no action: the turn ends the trajectory), a call {'name': tool, 'arguments': "
+        "{...}}, or a string (an error the model reads); empty = a JSON tool call in "
+        "<tool_call> (docs/environments.md).",
+    )
     reward_functions: list[str] = knob(
         [],
         "Reward functions in TRL's signature (`module:function`: prompts, completions, "

@@ -11,6 +11,11 @@ context grew past what the engine's server takes: `ContextExceeded`), `truncated
 turn budget ran out before an answer; a tool call in the last turn is not run, since no turn is
 left to read its output), `done` (an environment said its episode was over after a tool call:
 `done`, its answer inserted), `error` (the engine failed).
+
+`rollout.action_parser` replaces the JSON tool call: a function of the turn's text that returns
+the call (or an error for the model, or None: no action, and the turn ends the trajectory). A
+turn that ended with its end-of-turn token and acted is followed by the tool's turn without a
+second end-of-turn (`PromptFormat.tool_response_ids(after_end=True)`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 
 from codeloop.config import RolloutConfig
 from codeloop.engine.protocol import ContextExceeded, Engine, SamplingParams
+from codeloop.rollout.environment import parsed_action
 from codeloop.rollout.prompt import STOP_STRINGS, PromptFormat
 from codeloop.rollout.toolcall import CALL_CLOSE, format_observation, parse_tool_call
 from codeloop.rollout.tools import Tool, Toolbox, ToolExecutor, toolbox
@@ -28,6 +34,7 @@ from codeloop.types import (
     ExecResult,
     ExecStatus,
     RolloutStatus,
+    ToolCall,
     ToolCallRecord,
     Trajectory,
 )
@@ -98,15 +105,21 @@ async def run_trajectory(
             status = RolloutStatus.TRUNCATED_LENGTH
             break
         ended = bool(generation.token_ids) and generation.token_ids[-1] in fmt.end_of_turn_ids
-        if ended or CALL_CLOSE not in turn_text:  # the turn ended: final answer or not
+        call: ToolCall | str | None = None
+        if cfg.action_parser:  # the user's parser reads the action, if any, in the turn
+            call = parsed_action(cfg.action_parser, turn_text, tools)
+            acts = call is not None
+        else:
+            acts = not ended and CALL_CLOSE in turn_text
+        if not acts:  # the turn ended: final answer or not
             status = RolloutStatus.ANSWERED if _has_answer(turn_text) else RolloutStatus.NO_ANSWER
             break
         if turns == cfg.max_turns:  # no turn left to read its output: the call is not run
             break
-        record = await _call_tool(tools, turn_text, f"{prompt_id}#{sample_index}")
+        record = await _call_tool(tools, turn_text, f"{prompt_id}#{sample_index}", call)
         records.append(record)
         observation = fmt.tool_response_ids(
-            format_observation(record.result, cfg.max_tool_response_chars)
+            format_observation(record.result, cfg.max_tool_response_chars), after_end=ended
         )
         if len(response.ids) + len(observation) >= cfg.max_response_tokens:
             status = RolloutStatus.TRUNCATED_LENGTH
@@ -155,8 +168,11 @@ def _has_answer(turn_text: str) -> bool:
     return start >= 0 and turn_text.find("</answer>", start) >= 0
 
 
-async def _call_tool(tools: Toolbox, turn_text: str, who: str) -> ToolCallRecord:
-    call = parse_tool_call(turn_text, tools)
+async def _call_tool(
+    tools: Toolbox, turn_text: str, who: str, parsed: ToolCall | str | None = None
+) -> ToolCallRecord:
+    """Run the turn's call (`parsed`, else the JSON tool call in its text)."""
+    call = parse_tool_call(turn_text, tools) if parsed is None else parsed
     if isinstance(call, str):
         return ToolCallRecord(None, ExecResult(status=ExecStatus.REJECTED, stderr=call), call)
     try:

@@ -33,6 +33,7 @@ from codeloop.rollout.agent import run_trajectory
 from codeloop.rollout.environment import (
     Environment,
     chosen_environment,
+    load_action_parser,
     load_environment,
     load_environments,
 )
@@ -143,6 +144,8 @@ async def collect(
     for name in agent.rollout.reward_functions:  # a wrong name fails before any sampling
         load_reward_function(name)
     check_weights(agent.rollout.reward_functions, agent.rollout.reward_weights)
+    if agent.rollout.action_parser:  # as a wrong reward function's, before any sampling
+        load_action_parser(agent.rollout.action_parser)
     scored_by_gold = not agent.rollout.reward_functions
     # each problem's environment, and a problem no environment can score, before any sampling
     worlds = {id(problem): agent.world(problem) for problem in problems}

@@ -29,6 +29,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import json
 import math
 import numbers
 import os
@@ -40,8 +41,9 @@ from typing import Any
 from codeloop.config import ConfigError
 from codeloop.errors import CodeloopError, RunError
 from codeloop.rollout.openenv import EnvFault, Gate, OpenEnvSession, action_schema, is_url
+from codeloop.rollout.toolcall import checked_call
 from codeloop.rollout.tools import Tool
-from codeloop.types import ExecResult, ExecStatus
+from codeloop.types import ExecResult, ExecStatus, ToolCall
 
 RESERVED = ("reset", "get_reward", "done")
 SERVED_TIMEOUT = 300.0  # seconds a served environment may take to answer a reset or a step
@@ -235,6 +237,36 @@ def _served(name: str, where: str) -> Environment:
 
     label = f"OpenEnv at {url}"
     return Environment(name, session, label, (tool or "step",), (schema,), True, served=True)
+
+
+@functools.cache
+def load_action_parser(name: str) -> Callable[[str], Any]:
+    """The function `rollout.action_parser` names (`module:function`); a `ConfigError` if it
+    does not import or is not callable."""
+    where = f"rollout.action_parser: {name!r}"
+    found = imported(name, where, "module:function")
+    if not callable(found):
+        raise ConfigError(f"{where}: {name.partition(':')[2]} is not a function")
+    return found  # type: ignore[no-any-return]
+
+
+def parsed_action(name: str, turn_text: str, tools: Mapping[str, Tool]) -> ToolCall | str | None:
+    """What `rollout.action_parser` reads in a turn: None (no action), a call checked against
+    `tools`, or the error text to show the model. A parser that raises or returns something
+    else stops the run with one line naming it."""
+    parser = load_action_parser(name)
+    try:
+        value = parser(turn_text)
+    except Exception as err:
+        raise RunError(f"action parser {name}: {type(err).__name__}: {err}") from None
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, Mapping) or "name" not in value:
+        raise RunError(
+            f"action parser {name} returned {value!r}; expected None, a string, or "
+            "{'name': tool, 'arguments': {...}}"
+        )
+    return checked_call(dict(value), tools, json.dumps(dict(value), default=str))
 
 
 def environment_schemas(name: str) -> list[dict[str, Any]]:

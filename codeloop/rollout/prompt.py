@@ -222,9 +222,17 @@ class PromptFormat:
         tools = self.listed[environment] if environment else None
         return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
-    def tool_response_ids(self, observation: str) -> list[int]:
-        """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header."""
-        return self.encode(self._tool_prefix + observation + self._tool_suffix)
+    def tool_response_ids(self, observation: str, after_end: bool = False) -> list[int]:
+        """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header;
+        `after_end`: after a turn that ended with its own end-of-turn token (an action read by
+        `rollout.action_parser`), so without the turn end."""
+        prefix = self._tool_prefix
+        if after_end:
+            ends = (self.tokenizer.decode([token]) for token in self.end_of_turn_ids)
+            prefix = next(
+                (prefix[len(end) :] for end in ends if end and prefix.startswith(end)), prefix
+            )
+        return self.encode(prefix + observation + self._tool_suffix)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)

@@ -38,6 +38,12 @@ def parse_tool_call(turn_text: str, tools: Toolbox = PYTHON_ONLY) -> ToolCall | 
         return f"Error: the tool call is not valid JSON ({err.msg} at {where})."
     if isinstance(payload, list) and payload:  # a list of calls (some models' format): the last
         payload = payload[-1]
+    return checked_call(payload, tools, raw)
+
+
+def checked_call(payload: object, tools: Toolbox, raw: str) -> ToolCall | str:
+    """A call's payload (`{"name": ..., "arguments": {...}}`) checked against `tools`: the
+    call, or the error text to show the model."""
     if not isinstance(payload, dict):
         return 'Error: the tool call must be a JSON object with "name" and "arguments".'
     name, arguments = payload.get("name"), payload.get("arguments")

@@ -5,6 +5,7 @@ and the tokens appended."""
 import asyncio
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,10 @@ from codeloop.rollout.environment import (
     schemas_by_environment,
 )
 from codeloop.rollout.prompt import PromptFormat
+from codeloop.rollout.toolcall import format_observation
 from codeloop.trainer.batch import collate, from_trajectory
 from codeloop.trainer.sft import encode_conversation
-from codeloop.types import RolloutStatus
+from codeloop.types import ExecStatus, RolloutStatus
 
 END = "<|im_end|>"
 GUESS = "codeloop.environments.guess_number:GuessNumber"
@@ -319,6 +321,88 @@ def test_a_config_file_names_several_environments_in_a_table(tmp_path: Path) -> 
     path.write_text("[rollout.environments]\nguess = 3\n")
     with pytest.raises(ConfigError, match="rollout.environments.guess: expected a string, got 3"):
         load_config(path)
+
+
+def bracketed(text: str) -> Any:
+    """An action parser: the turn's last `[n]` is a guess; `[0]` an error for the model."""
+    found = re.findall(r"\[(\d+)\]", text)
+    if not found:
+        return None
+    if found[-1] == "0":
+        return "Error: guess a number from 1."
+    return {"name": "guess", "arguments": {"number": int(found[-1])}}
+
+
+def a_number(text: str) -> Any:
+    return 4
+
+
+def _parsed(fmt: PromptFormat, turns: list[str], parser: str) -> tuple[Agent, ScriptedEngine]:
+    rollout = RolloutConfig(
+        tools=[], environment=GUESS, action_parser=parser, max_response_tokens=4000
+    )
+    with_env = PromptFormat(fmt.tokenizer, tools=environment_schemas(GUESS))
+    engine = ScriptedEngine(with_env, turns)
+    return Agent(engine, [], with_env, rollout), engine
+
+
+def test_an_action_parser_reads_plain_turns_and_the_tokens_stay_the_ones_sampled(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    turns = [f"I guess [0]{END}", f"Then [4]{END}", f"So [7]{END}"]
+    agent, engine = _parsed(fmt, turns, "env_cases:bracketed")
+    [[trajectory]] = _collect(agent, [_game(7)])
+    calls = trajectory.tool_calls
+    assert calls[0].result.status == ExecStatus.REJECTED
+    assert calls[0].result.stderr == "Error: guess a number from 1."
+    assert [c.result.stdout for c in calls[1:]] == [
+        "higher (2 guesses left)",
+        "right: you found it",
+    ]
+    assert trajectory.status == RolloutStatus.DONE and trajectory.reward == 1.0
+    expected_ids, expected_mask = [], []
+    for turn, call in zip(turns, calls, strict=True):
+        answer = format_observation(call.result, agent.rollout.max_tool_response_chars)
+        sampled = agent.fmt.encode(turn)
+        appended = agent.fmt.tool_response_ids(answer, after_end=True)
+        expected_ids += sampled + appended
+        expected_mask += [1] * len(sampled) + [0] * len(appended)
+    assert trajectory.response_ids == expected_ids
+    assert trajectory.loss_mask == expected_mask
+    assert (
+        engine.prompts[-1]
+        == trajectory.prompt_ids
+        + expected_ids[: len(engine.prompts[-1]) - len(trajectory.prompt_ids)]
+    )
+    # each turn's own end-of-turn token, and the tool turn's: none appended twice
+    text = fmt.tokenizer.decode(trajectory.response_ids)
+    assert text.count(END) == 2 * len(turns) and END + END not in text
+
+
+def test_a_turn_the_parser_finds_no_action_in_ends_the_trajectory(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    agent, _ = _parsed(fmt, [f"I give up{END}", f"[3]{END}"], "env_cases:bracketed")
+    [[trajectory]] = _collect(agent, [_game(3)])
+    assert trajectory.status == RolloutStatus.NO_ANSWER and trajectory.num_turns == 1
+    assert trajectory.tool_calls == [] and trajectory.reward == 0.0
+
+
+def test_a_bad_action_parser_is_one_line(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeloop.errors import RunError
+
+    monkeypatch.setitem(sys.modules, "env_cases", sys.modules[__name__])
+    agent, _ = _parsed(fmt, [f"[3]{END}"], "env_cases:a_number")
+    with pytest.raises(RunError, match=r"^action parser env_cases:a_number returned 4; expected"):
+        _collect(agent, [_game(3)])
+    agent, engine = _parsed(fmt, [f"[3]{END}"], "env_cases:nothing_here")
+    with pytest.raises(ConfigError, match="rollout.action_parser: 'env_cases:nothing_here'"):
+        _collect(agent, [_game(3)])
+    assert engine.prompts == []  # refused before anything was sampled
 
 
 def test_the_games_sft_demonstrations_are_the_tokens_a_trajectory_of_that_game_holds(
