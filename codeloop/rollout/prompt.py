@@ -53,6 +53,7 @@ TURN_SETTINGS = (
     "environment",
     "environments",
     "environment_reward",
+    "action_parser",
 )
 _ASSISTANT_MARK, _TOOL_MARK = "\x00ASSISTANT\x00", "\x00OBSERVATION\x00"
 

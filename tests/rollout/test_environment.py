@@ -405,6 +405,23 @@ def test_a_bad_action_parser_is_one_line(
     assert engine.prompts == []  # refused before anything was sampled
 
 
+def test_a_trained_policy_keeps_its_environments_and_action_parser(
+    fmt: PromptFormat, tmp_path: Path
+) -> None:
+    """What shaped the policy's turns is saved beside it and set again when it is evaluated."""
+    from codeloop.config import apply_policy_settings, load_config
+
+    cfg = load_config(
+        None, ["--rollout.tools", "[]", "--rollout.action_parser", "my_parser:bracketed"]
+    )
+    cfg.rollout.environments = {"guess": GUESS}
+    PromptFormat.from_config(fmt.tokenizer, cfg.rollout).save_pretrained(tmp_path)
+    fresh = load_config(None)
+    assert apply_policy_settings(fresh, tmp_path)
+    assert fresh.rollout.environments == {"guess": GUESS}
+    assert fresh.rollout.action_parser == "my_parser:bracketed" and fresh.rollout.tools == []
+
+
 def test_the_games_sft_demonstrations_are_the_tokens_a_trajectory_of_that_game_holds(
     fmt: PromptFormat,
 ) -> None:
