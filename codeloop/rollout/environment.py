@@ -240,14 +240,19 @@ def _served(name: str, where: str) -> Environment:
 
 
 @functools.cache
-def load_action_parser(name: str) -> Callable[[str], Any]:
-    """The function `rollout.action_parser` names (`module:function`); a `ConfigError` if it
-    does not import or is not callable."""
-    where = f"rollout.action_parser: {name!r}"
+def imported_function(name: str, setting: str) -> Callable[..., Any]:
+    """The function `name` (`module:function`) that the setting `setting` names (a reward
+    function, an action parser); a `ConfigError` if it does not import or is not callable."""
+    where = f"{setting}: {name!r}"
     found = imported(name, where, "module:function")
     if not callable(found):
         raise ConfigError(f"{where}: {name.partition(':')[2]} is not a function")
     return found  # type: ignore[no-any-return]
+
+
+def load_action_parser(name: str) -> Callable[[str], Any]:
+    """The function `rollout.action_parser` names."""
+    return imported_function(name, "rollout.action_parser")
 
 
 def parsed_action(name: str, turn_text: str, tools: Mapping[str, Tool]) -> ToolCall | str | None:

@@ -143,6 +143,13 @@ class PromptFormat:
         self.turn_settings: dict[str, Any] = {}  # the rollout budgets it was trained with
         self._tool_prefix, self._tool_suffix = self._tool_turn()
         self.end_of_turn_ids = end_of_turn_ids(tokenizer)
+        # the tool turn's prefix after a turn that ended with its own end-of-turn token: without
+        # the turn end
+        ends = [tokenizer.decode([token]) for token in self.end_of_turn_ids]
+        prefix = self._tool_prefix
+        self._tool_prefix_after_end = next(
+            (prefix[len(end) :] for end in ends if end and prefix.startswith(end)), prefix
+        )
 
     @classmethod
     def from_config(cls, tokenizer: Any, cfg: Any, eval_cfg: Any = None) -> PromptFormat:
@@ -227,12 +234,7 @@ class PromptFormat:
         """The tokens inserted after a `</tool_call>`: turn end, tool turn, next header;
         `after_end`: after a turn that ended with its own end-of-turn token (an action read by
         `rollout.action_parser`), so without the turn end."""
-        prefix = self._tool_prefix
-        if after_end:
-            ends = (self.tokenizer.decode([token]) for token in self.end_of_turn_ids)
-            prefix = next(
-                (prefix[len(end) :] for end in ends if end and prefix.startswith(end)), prefix
-            )
+        prefix = self._tool_prefix_after_end if after_end else self._tool_prefix
         return self.encode(prefix + observation + self._tool_suffix)
 
     def encode(self, text: str) -> list[int]:

@@ -28,19 +28,14 @@ from typing import Any
 
 from codeloop.config import ConfigError
 from codeloop.errors import RunError
-from codeloop.rollout.environment import imported
+from codeloop.rollout.environment import imported_function
 
 SKIPPED = ("prompt", "completion", "completion_ids")  # row fields TRL does not pass on
 
 
-@functools.cache
 def load_reward_function(name: str) -> Callable[..., Any]:
     """The function `name` (`module:function`) names; a `ConfigError` says what is wrong."""
-    where = f"rollout.reward_functions: {name!r}"
-    found = imported(name, where, "module:function")
-    if not callable(found):
-        raise ConfigError(f"{where}: {name.partition(':')[2]} is not a function")
-    return found  # type: ignore[no-any-return]
+    return imported_function(name, "rollout.reward_functions")
 
 
 def _drop(*args: Any, **kwargs: Any) -> None:
@@ -69,8 +64,8 @@ async def trl_reward(
 ) -> float:
     """The reward TRL would give one trajectory: the functions' values that are not None, each
     times its weight (`weights`: one a function, or none for 1 each), and the environment's own
-    reward (`environment_reward`, None without one), summed."""
-    check_weights(names, weights)
+    reward (`environment_reward`, None without one), summed (`weights` checked by
+    `check_weights` before the run)."""
     kwargs: dict[str, Any] = {k: [v] for k, v in row.items() if k not in SKIPPED}
     kwargs |= {
         "prompts": [prompt],

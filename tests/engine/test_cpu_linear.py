@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_helpers import SMALL
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from codeloop.engine import cpu_linear
@@ -12,16 +13,6 @@ from codeloop.engine.slot_cache import SlotDecoder
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"
-)
-
-SMALL = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
 )
 
 

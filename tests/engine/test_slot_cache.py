@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_helpers import SMALL
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
@@ -23,16 +24,6 @@ from codeloop.engine.kv_batch import PrefixCache
 from codeloop.engine.protocol import SamplingParams
 from codeloop.engine.slot_cache import SlotBatch, SlotDecoder, ladder, unsupported_reason
 from codeloop.rollout.prompt import PromptFormat
-
-SMALL = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-)
 
 
 def _model(config: Any) -> Any:

@@ -14,9 +14,8 @@ from codeloop.data.problems import Problem
 from codeloop.errors import RunError
 from codeloop.reward import Verifier
 from codeloop.rollout.collect import Agent, collect
-from codeloop.rollout.environment import environment_schemas
+from codeloop.rollout.environment import environment_schemas, imported_function
 from codeloop.rollout.prompt import PromptFormat
-from codeloop.rollout.trl_rewards import load_reward_function
 
 GUESS = "codeloop.environments.guess_number:GuessNumber"
 HERE = "test_trl_rewards"
@@ -76,7 +75,7 @@ def _run(
 @pytest.fixture(autouse=True)
 def _importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, HERE, sys.modules[__name__])
-    load_reward_function.cache_clear()
+    imported_function.cache_clear()
     CALLS.clear()
 
 
