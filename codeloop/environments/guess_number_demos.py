@@ -1,12 +1,14 @@
-"""SFT demonstrations of guess-the-number: games played by a player that keeps track of where
-the secret can be and guesses a random number inside it.
+"""SFT demonstrations of guess-the-number: games played by a player that opens with a random
+guess, keeps track of where the secret can be, and then guesses the middle of it.
 
 The report's first stage is SFT on the tool-call format, not on the task: these conversations
-teach the format of a call and how to read an answer ("higher": the secret is above the
-guess), while each guess is drawn at random from the numbers still possible (a win in about 62%
-of games of 8 numbers and 3 guesses, where always guessing the middle wins 7 of 8). RL has that
-choice left to learn. Every message is what a trajectory holds: the config's system prompt, the
-row's prompt followed by what `reset` returned, each call's answer as the game gave it.
+teach the format of a call, how to read an answer ("higher": the secret is above the guess) and
+how to halve what is left, while the opening is drawn at random from 1 to 8. The opening decides
+how often the rest can win (of 8 secrets, 7 after opening with 4 or 5, 4 after 1 or 8: 69% of
+games over random openings, 87.5% with the best one), and it does not depend on the secret: RL
+has that choice left to learn. Every message is what a trajectory holds: the config's system
+prompt, the row's prompt followed by what `reset` returned, each call's answer as the game gave
+it.
 
     python -m codeloop.environments.guess_number_demos OUT.jsonl [--games N] [--seed S]
 
@@ -45,8 +47,8 @@ def play(
         {"role": "user", "content": instruction.format(problem=row["prompt"]) + shown},
     ]
     low, high = 1, game.high
+    number = rng.randint(low, high)  # the opening; afterwards the middle of what is left
     while not game.done:
-        number = rng.randint(low, high)
         where = f"It is from {low} to {high}." if low < high else f"It is {low}."
         thought = f"<reason>{where} I guess {number}.</reason>"
         messages.append({"role": "assistant", "content": f"{thought}\n{call(number)}"})
@@ -56,6 +58,7 @@ def play(
             low = number + 1
         elif answer.startswith("lower"):
             high = number - 1
+        number = (low + high) // 2
     return messages
 
 

@@ -3,6 +3,7 @@ the tools, `reset(**row)`, `get_reward()`, `done`; the tokens trained are the to
 and the tokens appended."""
 
 import asyncio
+import collections
 import json
 import random
 import re
@@ -426,16 +427,20 @@ def test_the_games_sft_demonstrations_are_the_tokens_a_trajectory_of_that_game_h
     fmt: PromptFormat,
 ) -> None:
     system, instruction = "Play by calling tools.", "Task: {problem}"
-    row = {"id": "g", "prompt": "Play.", "secret": 6, "high": 8, "guesses": 3}
+    row = {"id": "g", "prompt": "Play.", "secret": 8, "high": 8, "guesses": 3}
     messages = play(row, random.Random(4), system, instruction)
     turns = [m["content"] for m in messages if m["role"] == "assistant"]
     answers = [m["content"] for m in messages if m["role"] == "tool"]
-    # the player kept to where the secret can be: each guess inside what the answers left
-    assert answers == ["higher (2 guesses left)", "lower (1 guess left)", "higher; no guesses left"]
+    # a random opening (4 from this seed), then the middle of what the answers left
+    assert answers == [
+        "higher (2 guesses left)",
+        "higher (1 guess left)",
+        "higher; no guesses left",
+    ]
     assert [t.split("\n")[0] for t in turns] == [
         "<reason>It is from 1 to 8. I guess 4.</reason>",
-        "<reason>It is from 5 to 8. I guess 7.</reason>",
-        "<reason>It is from 5 to 6. I guess 5.</reason>",
+        "<reason>It is from 5 to 8. I guess 6.</reason>",
+        "<reason>It is from 7 to 8. I guess 7.</reason>",
     ]
     rollout = RolloutConfig(tools=[], environment=GUESS, max_response_tokens=4000)
     with_env = PromptFormat(
@@ -460,4 +465,9 @@ def test_the_shipped_demonstrations_are_what_the_generator_writes() -> None:
     wins = sum(
         d["messages"][-1]["content"] == "right: you found it" for d in demonstrations(256, 1)
     )
-    assert 0.5 < wins / 256 < 0.8  # a random player among the numbers left wins ~62%
+    assert 0.6 < wins / 256 < 0.78  # a random opening, then halving: 44 of 64 (69%)
+    openings = collections.Counter(  # the first call's number: every opening, none favoured
+        re.search(r'"number": (\d+)', d["messages"][2]["content"])[1]  # type: ignore[index]
+        for d in demonstrations(256, 1)
+    )
+    assert sorted(openings) == [str(n) for n in range(1, 9)] and min(openings.values()) > 16
