@@ -40,7 +40,17 @@ from typing import Any
 
 from codeloop.config import ConfigError
 from codeloop.errors import CodeloopError, RunError
-from codeloop.rollout.openenv import EnvFault, Gate, OpenEnvSession, action_schema, is_url
+from codeloop.rollout.openenv import (
+    EnvFault,
+    Gate,
+    LocalSession,
+    OpenEnvSession,
+    action_class,
+    action_schema,
+    is_openenv_class,
+    is_url,
+    tool_schema,
+)
 from codeloop.rollout.toolcall import checked_call
 from codeloop.rollout.tools import Tool
 from codeloop.types import ExecResult, ExecStatus, ToolCall
@@ -184,10 +194,17 @@ def load_environment(name: str) -> Environment:
     to read its tool methods (as TRL probes one), each method's schema made from its docstring
     and type hints. A `ConfigError` names the class and the method that is wrong."""
     where = f"rollout.environment: {name!r}"
+    spec, _, tool = name.partition("#")
+    if tool and not tool.isidentifier():
+        raise ConfigError(f"{where}: {tool!r} after '#' is not a tool name")
     if is_url(name):
         return _served(name, where)
-    factory = imported(name, where, "module:Name")
-    attribute = name.partition(":")[2]
+    factory = imported(spec, where, "module:Name")
+    attribute = spec.partition(":")[2]
+    if is_openenv_class(factory):
+        return _constructed(factory, name, where, tool or "step")
+    if tool:
+        raise ConfigError(f"{where}: '#' names an OpenEnv environment's tool; {attribute} is none")
     if not callable(factory):
         raise ConfigError(f"{where}: {attribute} is not a class or a callable")
     try:
@@ -224,8 +241,6 @@ def _served(name: str, where: str) -> Environment:
     """An OpenEnv server at `name`'s URL: its sessions as instances, its action as one tool,
     `step` or the name after the URL's `#`."""
     url, _, tool = name.partition("#")
-    if tool and not tool.isidentifier():
-        raise ConfigError(f"{where}: {tool!r} after '#' is not a tool name")
     try:
         schema = action_schema(url, tool or "step")
     except EnvFault as err:
@@ -237,6 +252,26 @@ def _served(name: str, where: str) -> Environment:
 
     label = f"OpenEnv at {url}"
     return Environment(name, session, label, (tool or "step",), (schema,), True, served=True)
+
+
+def _constructed(cls: type, name: str, where: str, tool: str) -> Environment:
+    """An OpenEnv environment class constructed in this process: an instance per trajectory,
+    its action one tool (`step` or the name after `#`), as its server would offer it."""
+    action = action_class(cls)
+    if action is None:
+        raise ConfigError(
+            f"{where}: cannot tell {cls.__name__}'s action class (subclass "
+            "Environment[Action, Observation, State], or annotate step's action)"
+        )
+    schema = tool_schema(action.model_json_schema(), tool)  # type: ignore[attr-defined]
+    gate = Gate()  # one episode at a time unless the class says its instances are independent
+    gate.limit = None if getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False) else 1
+
+    def session() -> LocalSession:
+        return LocalSession(cls, action, gate)
+
+    label = f"OpenEnv {cls.__name__}"
+    return Environment(name, session, label, (tool,), (schema,), True, served=True)
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""An environment served by OpenEnv, reached by URL: one WebSocket session per trajectory.
+"""An environment served by OpenEnv, reached by URL (one WebSocket session per trajectory) or
+constructed in this process (one instance per trajectory).
 
 `rollout.environment = "http://host:port"` (or `ws://...`) names an OpenEnv server (PyPI
 `openenv`: `create_app(...)`, started from a Docker image, a Space or a Python process). Its
@@ -22,13 +23,21 @@ on a one-session server completes, one trajectory after another. A server that c
 reached, or that goes away mid-episode, is an infrastructure fault (`EnvFault` at the reset,
 a `sandbox_error` answer at a step): the trajectory is left out of its group and of scores,
 never scored 0.
+
+`rollout.environment = "module:Name"` where Name subclasses OpenEnv's `Environment` (as
+`Environment[Action, Observation, State]`) constructs it here instead (`LocalSession`): no
+server, the same tool, observations, rewards and errors; an environment that does not declare
+`SUPPORTS_CONCURRENT_SESSIONS` runs one episode at a time, as its server would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import typing
 import urllib.request
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -37,6 +46,7 @@ from codeloop.errors import CodeloopError
 
 URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
 CAPACITY = "CAPACITY_REACHED"
+BASE = "openenv.core.env_server.interfaces.Environment"  # OpenEnv's environment class
 
 
 class EnvFault(CodeloopError, RuntimeError):
@@ -64,6 +74,12 @@ def action_schema(url: str, name: str = "step", timeout: float = 30.0) -> dict[s
             action = dict(json.loads(response.read())["action"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise EnvFault(f"{address}: {type(err).__name__}: {err}") from None
+    return tool_schema(action, name)
+
+
+def tool_schema(action: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The tool `name` whose arguments are an action's fields (its JSON schema, less
+    `metadata`), its docstring the description."""
     properties = {
         field: {key: value for key, value in spec.items() if key != "title"}
         for field, spec in action.get("properties", {}).items()
@@ -81,6 +97,33 @@ def action_schema(url: str, name: str = "step", timeout: float = 30.0) -> dict[s
             },
         },
     }
+
+
+def _base(cls: type) -> type | None:
+    """OpenEnv's `Environment` among `cls`'s bases (found by name: openenv need not be
+    installed to load a class that is not one)."""
+    return next((c for c in cls.__mro__ if f"{c.__module__}.{c.__qualname__}" == BASE), None)
+
+
+def is_openenv_class(value: Any) -> bool:
+    return inspect.isclass(value) and _base(value) is not None
+
+
+def action_class(cls: type) -> type | None:
+    """The action model of an OpenEnv environment class: the first parameter of its
+    `Environment[Action, Observation, State]` base, else the annotation of `step`'s action."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            origin = typing.get_origin(base)
+            if origin is not None and inspect.isclass(origin) and _base(origin) is not None:
+                found = next(iter(typing.get_args(base)), None)
+                if inspect.isclass(found) and hasattr(found, "model_validate"):
+                    return found
+    try:
+        hint = typing.get_type_hints(cls.step).get("action")  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return hint if inspect.isclass(hint) and hasattr(hint, "model_validate") else None
 
 
 class Gate:
@@ -124,13 +167,29 @@ def _text(data: dict[str, Any]) -> str:
     return json.dumps(fields, ensure_ascii=False)
 
 
-class OpenEnvSession:
+class _Steps:
+    """What an episode's observations said: its step rewards, and whether it is done."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+        self.done = False
+
+    def get_reward(self) -> float:
+        return self.rewards[-1] if self.rewards else 0.0
+
+    def _record(self, data: dict[str, Any]) -> None:
+        reward = data.get("reward")
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            self.rewards.append(float(reward))
+        self.done = bool(data.get("done"))
+
+
+class OpenEnvSession(_Steps):
     """One trajectory's session on an OpenEnv server, in TRL's environment form."""
 
     def __init__(self, url: str, gate: Gate, timeout: float) -> None:
+        super().__init__()
         self.url, self.gate, self.timeout = url, gate, timeout
-        self.rewards: list[float] = []
-        self.done = False
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse[bool] | None = None
 
@@ -157,9 +216,6 @@ class OpenEnvSession:
         data = await self._send({"type": "step", "data": action}, "step")
         self._record(data)
         return _text(data)
-
-    def get_reward(self) -> float:
-        return self.rewards[-1] if self.rewards else 0.0
 
     async def aclose(self) -> None:
         """Ends the session (the server frees its environment) and lets the next one in."""
@@ -208,16 +264,73 @@ class OpenEnvSession:
         data: dict[str, Any] = answer.get("data") or {}
         return data
 
-    def _record(self, data: dict[str, Any]) -> None:
-        reward = data.get("reward")
-        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
-            self.rewards.append(float(reward))
-        self.done = bool(data.get("done"))
-
     async def _close_quietly(self) -> None:
         if self._http is not None:
             await self._http.close()
         self._http, self._ws = None, None
+
+
+class LocalSession(_Steps):
+    """One trajectory's episode of an OpenEnv environment constructed in this process, in the
+    form of `OpenEnvSession`: reset with the row's fields the method accepts, each action
+    validated by the action model (an invalid one is the model's answer, as the server's is),
+    `*_async` awaited where the class overrides them and the others run on a thread (as the
+    server runs them), `close()` at the end."""
+
+    def __init__(self, make: Callable[[], Any], action: type, gate: Gate) -> None:
+        super().__init__()
+        self.make, self.action, self.gate = make, action, gate
+        self._env: Any = None
+        self._entered = False
+
+    async def reset(self, **row: Any) -> str:
+        await self.gate.enter()
+        self._entered = True
+        try:
+            self._env = self.make()
+            data = await self._run("reset", (), row)
+        except BaseException:
+            await self.aclose()
+            raise
+        return "\n\n" + _text(data)
+
+    async def step(self, **action: Any) -> str:
+        if self._env is None:
+            raise EnvFault("no episode (the reset failed)")
+        try:
+            validated = self.action.model_validate(action)  # type: ignore[attr-defined]
+        except ValueError as err:  # pydantic's ValidationError
+            errors = err.errors() if callable(getattr(err, "errors", None)) else []  # type: ignore[attr-defined]
+            raise ValueError(_error_text({"message": "Invalid action", "errors": errors})) from None
+        return _text(await self._run("step", (validated,), {}))
+
+    async def aclose(self) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            await asyncio.to_thread(env.close)
+        if self._entered:
+            self._entered = False
+            await self.gate.leave()
+
+    async def _run(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        from openenv.core.env_server.serialization import serialize_observation
+
+        env, base = self._env, _base(type(self._env))
+        overridden = getattr(type(env), f"{name}_async") is not getattr(base, f"{name}_async")
+        method = getattr(env, f"{name}_async" if overridden else name)
+        parameters = inspect.signature(method).parameters.values()
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters):
+            named = {p.name for p in parameters}
+            kwargs = {k: v for k, v in kwargs.items() if k in named}
+        if overridden:
+            observation = await method(*args, **kwargs)
+        else:
+            observation = await asyncio.to_thread(method, *args, **kwargs)
+        data: dict[str, Any] = serialize_observation(observation)
+        self._record(data)
+        return data
 
 
 def _error_text(error: dict[str, Any]) -> str:

@@ -1,8 +1,10 @@
-"""An OpenEnv server for the tests: a counter whose every step has a reward of its own.
+"""An OpenEnv environment for the tests: a counter whose every step has a reward of its own.
 
 Each `{"amount": n}` adds n; the step's reward is n / 10; the episode is done after three steps.
-So the final reward (the last step's) and the summed one differ. Run as a script:
-`python openenv_counter.py --port P [--max-concurrent-envs N]`.
+So the final reward (the last step's) and the summed one differ. Run as a script to serve it:
+`python openenv_counter.py --port P [--max-concurrent-envs N]`; or constructed in-process
+(`openenv_counter:Counter`), with two variants: `OneAtATime` (no concurrent sessions declared;
+it counts its live episodes) and `Untyped` (no action class to be found).
 """
 
 import argparse
@@ -42,6 +44,31 @@ class Counter(Environment[Add, Count, State]):
     @property
     def state(self) -> State:
         return State(step_count=self.steps)
+
+
+class OneAtATime(Counter):
+    SUPPORTS_CONCURRENT_SESSIONS = False
+    live = most = 0  # episodes between reset and close, now and at most
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **row: Any) -> Count:
+        OneAtATime.live += 1
+        OneAtATime.most = max(OneAtATime.most, OneAtATime.live)
+        return super().reset(seed, episode_id, **row)
+
+    def close(self) -> None:
+        OneAtATime.live -= 1
+
+
+class Untyped(Environment):  # type: ignore[type-arg]
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **row: Any) -> Count:
+        return Count()
+
+    def step(self, action, timeout_s=None, **kwargs):  # type: ignore[no-untyped-def]
+        return Count()
+
+    @property
+    def state(self) -> State:
+        return State()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Environments served by OpenEnv (`rollout.environment = "http://..."`): a WebSocket session
 a trajectory on a real OpenEnv server started on 127.0.0.1, its action the `step` tool, its
 observations the answers, its rewards final or summed, a one-session server queued, a server
-that dies a counted fault."""
+that dies a counted fault. And OpenEnv classes constructed in-process (`module:Name`): the same
+tool, answers and rewards without a server."""
 
 import asyncio
 import json
@@ -168,3 +169,69 @@ def test_the_action_tool_named_after_the_urls_hash_has_the_classs_arguments(
         assert environment_schemas(url)[0]["function"]["name"] == "step"
         with pytest.raises(ConfigError, match="'no way' after '#' is not a tool name"):
             load_environment(url + "#no way")
+
+
+def _guess(number: Any) -> str:
+    call = {"name": "guess", "arguments": {"number": number}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def test_an_openenv_class_constructed_in_process_plays_as_its_server_would(
+    fmt: PromptFormat,
+) -> None:
+    name = "codeloop.environments.guess_number_openenv:GuessNumberServed#guess"
+    # an invalid action is the model's answer (pydantic's reason), then a game won in two
+    agent, engine = _agent(fmt, [_guess("six"), _guess(4), _guess(6)], name)
+    [[trajectory]] = _collect(agent, [_game(6)], k=1, concurrency=1)
+    bad, higher, right = trajectory.tool_calls
+    assert bad.result.status == ExecStatus.ERROR and not bad.infra_fault
+    assert "Invalid action (number: Input should be a valid integer" in bad.result.stderr
+    assert [higher.result.stdout, right.result.stdout] == [
+        "higher (2 guesses left)",
+        "right: you found it",
+    ]
+    assert trajectory.reward == 1.0 and trajectory.status == RolloutStatus.DONE
+    prompt = agent.fmt.tokenizer.decode(engine.prompts[0])
+    assert "Play.\n\nI am thinking of a whole number from 1 to 8." in prompt
+    # the tool is the action model's, as the server's /schema gives it: the class's arguments
+    [constructed] = environment_schemas(name)
+    [method] = environment_schemas("codeloop.environments.guess_number:GuessNumber")
+    for key in ("name", "description", "parameters"):
+        assert constructed["function"][key] == method["function"][key]
+
+
+def test_an_openenv_class_in_process_has_final_or_summed_rewards_and_its_session_limit(
+    fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    turns = [_step(amount=1), _step(amount=2), _step(amount=5)]
+    problem = Problem("c", "Count.", "", row={"id": "c", "prompt": "Count.", "start": 3})
+    final, _ = _agent(fmt, list(turns), "openenv_counter:Counter", "final")
+    [[last]] = _collect(final, [problem], k=1, concurrency=1)
+    summed, _ = _agent(fmt, list(turns), "openenv_counter:Counter", "sum")
+    [[total]] = _collect(summed, [problem], k=1, concurrency=1)
+    assert last.reward == pytest.approx(0.5) and total.reward == pytest.approx(0.8)
+    assert [r.result.stdout for r in total.tool_calls] == [
+        "the counter is 4",
+        "the counter is 6",
+        "the counter is 11",
+    ]
+    # a class that does not declare concurrent sessions: a group of 4 plays one at a time,
+    # each episode closed before the next begins
+    import openenv_counter
+
+    agent, _ = _agent(fmt, turns * 4, "openenv_counter:OneAtATime", "sum")
+    [group] = _collect(agent, [problem], k=4, concurrency=4)
+    assert [t.reward for t in group] == pytest.approx([0.8] * 4)
+    assert openenv_counter.OneAtATime.most == 1 and openenv_counter.OneAtATime.live == 0
+
+
+def test_an_openenv_class_without_an_action_class_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    load_environment.cache_clear()
+    with pytest.raises(ConfigError, match=r"'openenv_counter:Untyped': cannot tell Untyped's act"):
+        load_environment("openenv_counter:Untyped")
+    with pytest.raises(ConfigError, match="'#' names an OpenEnv environment's tool; GuessNumber"):
+        load_environment("codeloop.environments.guess_number:GuessNumber#guess")
