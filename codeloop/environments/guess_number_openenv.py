@@ -3,8 +3,10 @@
     pip install 'codeloop[openenv]'
     python -m codeloop.environments.guess_number_openenv --port 8000 [--max-concurrent-envs 8]
 
-serves it on 127.0.0.1:8000 (OpenEnv's `create_app`, uvicorn); `rollout.environment =
-"http://127.0.0.1:8000"` trains on it (`configs/env_guess_number_openenv.toml`). Its action is
+serves it on 127.0.0.1:8000 (OpenEnv's `create_app`, uvicorn); `configs/env_guess_number.toml`
+with `--rollout.environment 'http://127.0.0.1:8000#guess'` trains on it, and with
+`--rollout.environment codeloop.environments.guess_number_openenv:GuessNumberServed#guess` on
+the class constructed in-process, without the server. Its action is
 `{"number": n}`, each observation's `message` the game's answer, `done` the game's end, and the
 reward 1.0 on the winning step (0.0 on the others), so the final and the summed reward agree.
 `--max-concurrent-envs` is how many episodes the server holds at once (OpenEnv's setting of
