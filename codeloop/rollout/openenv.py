@@ -297,11 +297,13 @@ class LocalSession(_Steps):
     async def step(self, **action: Any) -> str:
         if self._env is None:
             raise EnvFault("no episode (the reset failed)")
+        from pydantic import ValidationError  # OpenEnv's models are pydantic's
+
         try:
             validated = self.action.model_validate(action)  # type: ignore[attr-defined]
-        except ValueError as err:  # pydantic's ValidationError
-            errors = err.errors() if callable(getattr(err, "errors", None)) else []  # type: ignore[attr-defined]
-            raise ValueError(_error_text({"message": "Invalid action", "errors": errors})) from None
+        except ValidationError as err:
+            error = {"message": "Invalid action", "errors": err.errors()}
+            raise ValueError(_error_text(error)) from None
         return _text(await self._run("step", (validated,), {}))
 
     async def aclose(self) -> None:

@@ -3,11 +3,13 @@
 Each `{"amount": n}` adds n; the step's reward is n / 10; the episode is done after three steps.
 So the final reward (the last step's) and the summed one differ. Run as a script to serve it:
 `python openenv_counter.py --port P [--max-concurrent-envs N]`; or constructed in-process
-(`openenv_counter:Counter`), with two variants: `OneAtATime` (no concurrent sessions declared;
-it counts its live episodes) and `Untyped` (no action class to be found).
+(`openenv_counter:Counter`), with variants: `OneAtATime` (no concurrent sessions declared; it
+counts its live episodes), `Awaited` (its own `reset_async`/`step_async`) and `Untyped` (no
+action class to be found).
 """
 
 import argparse
+import asyncio
 from typing import Any
 
 import uvicorn
@@ -57,6 +59,19 @@ class OneAtATime(Counter):
 
     def close(self) -> None:
         OneAtATime.live -= 1
+
+
+class Awaited(Counter):
+    async def reset_async(self, seed: int | None = None, **row: Any) -> Count:
+        await asyncio.sleep(0)
+        return Count(message=f"{self.reset(seed, None, **row).message} (awaited)")
+
+    async def step_async(self, action: Add, timeout_s: float | None = None, **kw: Any) -> Count:
+        await asyncio.sleep(0)
+        counted = self.step(action)
+        return Count(
+            message=f"{counted.message} (awaited)", reward=counted.reward, done=counted.done
+        )
 
 
 class Untyped(Environment):  # type: ignore[type-arg]

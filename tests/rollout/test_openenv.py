@@ -216,6 +216,12 @@ def test_an_openenv_class_in_process_has_final_or_summed_rewards_and_its_session
         "the counter is 6",
         "the counter is 11",
     ]
+    # a class with its own coroutines: they are awaited, the synchronous methods left alone
+    awaited, engine = _agent(fmt, list(turns), "openenv_counter:Awaited", "sum")
+    [[twice]] = _collect(awaited, [problem], k=1, concurrency=1)
+    assert twice.reward == pytest.approx(0.8)
+    assert [r.result.stdout for r in twice.tool_calls][-1] == "the counter is 11 (awaited)"
+    assert "The counter starts at 3. (awaited)" in awaited.fmt.tokenizer.decode(engine.prompts[0])
     # a class that does not declare concurrent sessions: a group of 4 plays one at a time,
     # each episode closed before the next begins
     import openenv_counter
