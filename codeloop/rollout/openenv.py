@@ -25,9 +25,10 @@ a `sandbox_error` answer at a step): the trajectory is left out of its group and
 never scored 0.
 
 `rollout.environment = "module:Name"` where Name subclasses OpenEnv's `Environment` (as
-`Environment[Action, Observation, State]`) constructs it here instead (`LocalSession`): no
-server, the same tool, observations, rewards and errors; an environment that does not declare
-`SUPPORTS_CONCURRENT_SESSIONS` runs one episode at a time, as its server would.
+`Environment[Action, Observation, State]`) constructs it in the running process instead
+(`LocalSession`): no server, the same tool, observations, rewards and errors; an environment
+that does not declare `SUPPORTS_CONCURRENT_SESSIONS` runs one episode at a time, as its server
+would.
 """
 
 from __future__ import annotations
