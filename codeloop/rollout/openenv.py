@@ -296,8 +296,7 @@ class LocalSession(_Steps):
         return "\n\n" + _text(data)
 
     async def step(self, **action: Any) -> str:
-        if self._env is None:
-            raise EnvFault("no episode (the reset failed)")
+        """The action, validated, to the instance's step (a tool exists only after a reset)."""
         from pydantic import ValidationError  # OpenEnv's models are pydantic's
 
         try:

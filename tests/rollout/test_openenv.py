@@ -52,6 +52,23 @@ def _collect(agent: Agent, problems: list[Problem], k: int, concurrency: int) ->
         return asyncio.run(collect(agent, problems, k, verifier, concurrency=concurrency))
 
 
+def _counted(fmt: PromptFormat, name: str) -> None:
+    """A counting episode (+1, +2, +5 from 3) under each reward setting: the last step's
+    reward (5 / 10) or the steps' sum ((1 + 2 + 5) / 10), the counter's answers as it gave them."""
+    row = {"id": "c", "prompt": "Count.", "start": 3}
+    turns = [_step(amount=1), _step(amount=2), _step(amount=5)]
+    for reward, expected in (("final", 0.5), ("sum", 0.8)):
+        agent, _ = _agent(fmt, list(turns), name, reward)
+        [[trajectory]] = _collect(agent, [Problem("c", "Count.", "", row=row)], k=1, concurrency=1)
+        assert trajectory.reward == pytest.approx(expected)
+        assert trajectory.status == RolloutStatus.DONE
+        assert [r.result.stdout for r in trajectory.tool_calls] == [
+            "the counter is 4",
+            "the counter is 6",
+            "the counter is 11",
+        ]
+
+
 def _game(secret: int) -> Problem:
     row = {"id": f"g{secret}", "prompt": "Play.", "secret": secret, "high": 8, "guesses": 3}
     return Problem(row["id"], "Play.", "", row=row)
@@ -86,21 +103,8 @@ def test_a_group_of_8_on_a_one_session_server_completes_one_trajectory_after_ano
 def test_the_reward_is_the_last_steps_or_the_sum_of_the_steps(
     fmt: PromptFormat, openenv_serve: Any
 ) -> None:
-    turns = [_step(amount=1), _step(amount=2), _step(amount=5)]
     with openenv_serve(COUNTER, "--max-concurrent-envs", "2") as url:
-        row = {"id": "c", "prompt": "Count.", "start": 3}
-        problem = Problem("c", "Count.", "", row=row)
-        final, _ = _agent(fmt, list(turns), url, "final")
-        [[last]] = _collect(final, [problem], k=1, concurrency=1)
-        summed, _ = _agent(fmt, list(turns), url, "sum")
-        [[total]] = _collect(summed, [problem], k=1, concurrency=1)
-    assert last.reward == pytest.approx(0.5) and total.reward == pytest.approx(0.8)
-    assert [r.result.stdout for r in total.tool_calls] == [
-        "the counter is 4",
-        "the counter is 6",
-        "the counter is 11",
-    ]
-    assert last.status == RolloutStatus.DONE == total.status
+        _counted(fmt, url)
 
 
 def test_an_environment_error_is_the_models_answer(fmt: PromptFormat, openenv_serve: Any) -> None:
@@ -204,18 +208,9 @@ def test_an_openenv_class_in_process_has_final_or_summed_rewards_and_its_session
     fmt: PromptFormat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    _counted(fmt, "openenv_counter:Counter")
     turns = [_step(amount=1), _step(amount=2), _step(amount=5)]
     problem = Problem("c", "Count.", "", row={"id": "c", "prompt": "Count.", "start": 3})
-    final, _ = _agent(fmt, list(turns), "openenv_counter:Counter", "final")
-    [[last]] = _collect(final, [problem], k=1, concurrency=1)
-    summed, _ = _agent(fmt, list(turns), "openenv_counter:Counter", "sum")
-    [[total]] = _collect(summed, [problem], k=1, concurrency=1)
-    assert last.reward == pytest.approx(0.5) and total.reward == pytest.approx(0.8)
-    assert [r.result.stdout for r in total.tool_calls] == [
-        "the counter is 4",
-        "the counter is 6",
-        "the counter is 11",
-    ]
     # a class with its own coroutines: they are awaited, the synchronous methods left alone
     awaited, engine = _agent(fmt, list(turns), "openenv_counter:Awaited", "sum")
     [[twice]] = _collect(awaited, [problem], k=1, concurrency=1)
